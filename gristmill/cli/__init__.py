@@ -1,0 +1,1 @@
+"""The ``gristmill`` command."""

@@ -1,0 +1,162 @@
+"""``gristmill``: run the processes, manage tenants and keys, migrate."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import typer
+
+from gristmill.config import load_settings
+
+app = typer.Typer(help="Gristmill: a durable, batching inference front end.",
+                  no_args_is_help=True, add_completion=False)
+tenants_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
+app.add_typer(tenants_app, name="tenants")
+
+
+def _logging(level: str = "INFO") -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def _fail(message: str) -> None:
+    typer.secho(message, fg="red", err=True)
+    raise typer.Exit(1)
+
+
+@app.command()
+def migrate(topics: bool = typer.Option(True, help="also create the Kafka topics")) -> None:
+    """Apply database migrations (Alembic) and create missing Kafka topics."""
+    from gristmill.migrate import migrate_database
+    from gristmill.topics import ensure_topics
+
+    settings = load_settings()
+    migrate_database(settings)
+    typer.echo("database schema is at head")
+    if topics:
+        created = ensure_topics(settings)
+        typer.echo(f"kafka topics ready ({len(created)} created)")
+
+
+@app.command()
+def api(host: str | None = None, port: int | None = None,
+        workers: int = typer.Option(1, help="uvicorn worker processes")) -> None:
+    """Run the HTTP API."""
+    import uvicorn
+
+    settings = load_settings()
+    _logging()
+    uvicorn.run("ingest.main:app", host=host or settings.api_host, port=port or settings.api_port,
+                workers=workers, log_level="warning", access_log=False)
+
+
+@app.command()
+def scheduler(
+    workers: int | None = typer.Option(None, help="local worker processes to spawn"),
+    models: str | None = typer.Option(None, help="models each local worker serves, e.g. sim,all-minilm-l6-v2"),
+    socket_dir: Path = typer.Option(Path(".gristmill/run"), help="where the worker socket lives"),
+) -> None:
+    """Run a scheduler (Kafka consumer group member) with its local workers."""
+    from scheduler.service import SchedulerService
+
+    _logging()
+    settings = load_settings()
+    svc = SchedulerService(settings, socket_dir=socket_dir.resolve(), n_workers=workers,
+                           models=models.split(",") if models else None)
+    svc.install_signal_handlers()
+    svc.run()
+
+
+@app.command()
+def worker(socket: Path = typer.Option(..., help="the scheduler's worker socket"),
+           models: str = typer.Option("sim"), worker_id: str | None = None) -> None:
+    """Run one worker that joins a running scheduler (one per GPU)."""
+    import os
+
+    from workers.process import serve
+
+    _logging()
+    key_hex = os.environ.get("GRISTMILL_WORKER_AUTHKEY")
+    authkey = bytes.fromhex(key_hex) if key_hex else (socket.parent / "worker.key").read_bytes()
+    serve(load_settings(), str(socket), authkey, models.split(","), worker_id)
+
+
+@tenants_app.command("add")
+def tenants_add(name: str, tier: str = typer.Option("free", help="free, paid or enterprise")) -> None:
+    """Create a tenant and print its first API key (shown only once)."""
+    from results.db import make_engine
+    from results.tenants import create_tenant, issue_key
+
+    from gristmill.errors import GristmillError
+
+    with make_engine(load_settings().database_url).begin() as conn:
+        try:
+            tenant = create_tenant(conn, name, tier)
+        except GristmillError as exc:
+            _fail(exc.message)
+        key_id, key = issue_key(conn, tenant)
+    typer.echo(f"tenant {name} ({tier}) created; key id {key_id}", err=True)
+    typer.echo(key)
+
+
+@tenants_app.command("add-key")
+def tenants_add_key(name: str) -> None:
+    """Issue another API key for an existing tenant."""
+    from results.db import make_engine
+    from results.tenants import get_tenant, issue_key
+
+    from gristmill.errors import GristmillError
+
+    with make_engine(load_settings().database_url).begin() as conn:
+        try:
+            key_id, key = issue_key(conn, get_tenant(conn, name))
+        except GristmillError as exc:
+            _fail(exc.message)
+    typer.echo(f"key id {key_id}", err=True)
+    typer.echo(key)
+
+
+@tenants_app.command("list")
+def tenants_list() -> None:
+    """List tenants with their keys (prefixes only; keys are stored hashed)."""
+    from results.db import make_engine
+    from results.tenants import list_keys, list_tenants
+
+    with make_engine(load_settings().database_url).connect() as conn:
+        keys = list_keys(conn)
+        for t in list_tenants(conn):
+            typer.echo(f"{t.name}\t{t.tier}\t{t.id}")
+            for k in (k for k in keys if k["name"] == t.name):
+                state = f"revoked {k['revoked_at']:%Y-%m-%d}" if k["revoked_at"] else "active"
+                typer.echo(f"    key {k['id']}  {k['prefix']}...  {state}")
+
+
+@tenants_app.command("revoke")
+def tenants_revoke(key_id: str) -> None:
+    """Revoke an API key by its id (see `gristmill tenants list`)."""
+    from results.db import make_engine
+    from results.tenants import revoke_key
+
+    from gristmill.errors import GristmillError
+
+    with make_engine(load_settings().database_url).begin() as conn:
+        try:
+            revoke_key(conn, key_id)
+        except GristmillError as exc:
+            _fail(exc.message)
+    typer.echo(f"key {key_id} revoked")
+
+
+@app.command()
+def dev(
+    state_dir: Path = typer.Option(Path(".gristmill"), help="where services keep their data"),
+    port: int = typer.Option(8000, help="API port"),
+    workers: int = typer.Option(2, help="worker processes"),
+    models: str = typer.Option("sim,all-minilm-l6-v2", help="models the workers serve"),
+) -> None:
+    """Start Kafka, PostgreSQL, the API, a scheduler and workers locally; print a key."""
+    from gristmill.cli.dev import run_dev
+
+    _logging("WARNING")
+    sys.exit(run_dev(state_dir.resolve(), port=port, workers=workers, models=models))

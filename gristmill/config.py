@@ -1,0 +1,69 @@
+"""One settings object, read once at process start and passed down.
+
+Every knob has a default that works for local development. Deployments set
+``KAFKA_BOOTSTRAP`` and ``DATABASE_URL`` (unprefixed, as most platforms inject
+them) and ``GRISTMILL_*`` for the rest. No other module reads the environment.
+"""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GRISTMILL_", extra="ignore")
+
+    # --- where the services are ---
+    kafka_bootstrap: str = Field(
+        "127.0.0.1:9092", validation_alias=AliasChoices("KAFKA_BOOTSTRAP", "GRISTMILL_KAFKA_BOOTSTRAP")
+    )
+    database_url: str = Field(
+        "postgresql+psycopg://gristmill@127.0.0.1:5432/gristmill",
+        validation_alias=AliasChoices("DATABASE_URL", "GRISTMILL_DATABASE_URL"),
+    )
+    topic_prefix: str = "gristmill"
+    topic_partitions: int = 6
+    topic_replication: int = 1
+
+    # --- ingest ---
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+    max_body_bytes: int = 1_000_000
+    max_input_chars: int = 20_000
+    default_timeout_ms: int = 10_000
+    max_timeout_ms: int = 300_000
+    # Kafka must have the message within this long, else the API answers 503.
+    produce_timeout_ms: int = 5_000
+    # How long an API key lookup is cached; revocation takes effect within it.
+    auth_cache_s: float = 10.0
+    # Fallback poll of the result store when a NOTIFY may have been missed.
+    result_poll_interval_ms: int = 500
+    idempotency_ttl_h: int = 24
+
+    # --- scheduler ---
+    consumer_group: str = "gristmill-scheduler"
+    # Upper bound on how long a request may wait for companions (milliseconds).
+    max_linger_ms: int = 50
+    # Safety margin kept between predicted completion and the deadline (ms).
+    deadline_margin_ms: int = 20
+    # Buffered requests above which Kafka partitions are paused (backpressure).
+    max_buffered: int = 20_000
+    # A batch that takes longer than this is treated as a hung worker (seconds).
+    batch_timeout_s: float = 60.0
+    commit_interval_ms: int = 100
+    workers: int = 2
+    # Comma-separated models each local worker serves, e.g. "sim,embed".
+    worker_models: str = "sim"
+    worker_socket: str = ""
+
+    # --- models ---
+    sim_batch_ms: float = 100.0
+    sim_max_batch: int = 100
+    embed_device: str = "auto"
+    embed_max_batch: int = 256
+    embed_max_tokens: int = 256
+
+
+def load_settings() -> Settings:
+    return Settings()

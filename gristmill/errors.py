@@ -1,0 +1,72 @@
+"""The error tree. Each error knows its HTTP status; ingest maps them in one place.
+
+Client mistakes are 4xx and name the problem; dependency trouble is 503 with a
+Retry-After; nothing here is ever a 500.
+"""
+
+from __future__ import annotations
+
+
+class GristmillError(Exception):
+    status: int = 500
+    code: str = "internal_error"
+
+    def __init__(self, message: str, *, field: str | None = None, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.retry_after_s = retry_after_s
+
+    def to_body(self) -> dict[str, object]:
+        body: dict[str, object] = {"code": self.code, "message": self.message}
+        if self.field is not None:
+            body["field"] = self.field
+        return {"error": body}
+
+
+class InvalidInput(GristmillError):
+    status, code = 400, "invalid_input"
+
+
+class SchemaViolation(GristmillError):
+    status, code = 422, "schema_violation"
+
+
+class IdempotencyConflict(GristmillError):
+    status, code = 422, "idempotency_key_reused"
+
+
+class Unauthorized(GristmillError):
+    status, code = 401, "unauthorized"
+
+
+class Forbidden(GristmillError):
+    status, code = 403, "forbidden"
+
+
+class NotFound(GristmillError):
+    status, code = 404, "not_found"
+
+
+class PayloadTooLarge(GristmillError):
+    status, code = 413, "payload_too_large"
+
+
+class RateLimited(GristmillError):
+    status, code = 429, "rate_limited"
+
+
+class Unavailable(GristmillError):
+    """A dependency (Kafka, PostgreSQL, workers) cannot take the work right now."""
+
+    status, code = 503, "unavailable"
+
+
+class DeadlineExceeded(GristmillError):
+    status, code = 504, "deadline_exceeded"
+
+
+class ModelError(GristmillError):
+    """The model failed on this input (recorded per request, not an HTTP failure of ours)."""
+
+    status, code = 422, "model_error"

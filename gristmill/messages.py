@@ -1,0 +1,57 @@
+"""What crosses Kafka: one message per accepted request.
+
+The message carries everything the scheduler needs to batch and persist the
+request without a database lookup: tenant, priority class, the resolved model
+version, the deadline and the ingest timestamps. Times are Unix epoch seconds
+(floats) because they are compared across processes and hosts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+# Stable namespace so a (tenant, Idempotency-Key) pair always maps to one request id.
+_IDEMPOTENCY_NS = uuid.UUID("0b5c0f7e-4f3a-4a39-9c53-6f0c3f6e2a11")
+
+
+def request_id_for(tenant_id: str, idempotency_key: str | None) -> str:
+    """A retried request with the same key gets the same id, hence the same result row."""
+    if idempotency_key is None:
+        return str(uuid.uuid4())
+    return str(uuid.uuid5(_IDEMPOTENCY_NS, f"{tenant_id}\x00{idempotency_key}"))
+
+
+def body_hash(model: str, input_: Any, params: dict[str, Any]) -> str:
+    """Fingerprint of what was asked, to tell a retry from a reused key (422)."""
+    canon = orjson.dumps({"m": model, "i": input_, "p": params}, option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canon).hexdigest()
+
+
+@dataclass(slots=True)
+class RequestMessage:
+    request_id: str
+    tenant_id: str
+    priority: str  # priority class: enterprise | paid | free | jobs
+    model: str
+    version: str
+    input: Any
+    params: dict[str, Any]
+    deadline: float  # epoch s: after this the caller no longer waits
+    received_at: float  # epoch s: the API accepted the HTTP request
+    body_hash: str = ""
+    job_id: str | None = None
+    item_index: int | None = None
+    attempt: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return orjson.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> RequestMessage:
+        return cls(**orjson.loads(raw))

@@ -1,0 +1,1 @@
+"""HTTP API (FastAPI): auth, validation, idempotency, produce to Kafka, wait for results."""

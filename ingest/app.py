@@ -1,0 +1,84 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import ORJSONResponse
+from sqlalchemy import text
+
+from gristmill import __version__
+from gristmill.config import Settings
+from gristmill.topics import ensure_topics
+from ingest import infer
+from ingest.auth import Authenticator
+from ingest.catalog import ModelCatalog
+from ingest.http import BodyLimit, install_error_handlers
+from ingest.producer import AsyncProducer
+from ingest.state import AppState, get_state
+from ingest.waiters import ResultWaiter
+from results.db import make_async_engine
+from workers.models.registry import build_specs
+
+log = logging.getLogger("gristmill.ingest")
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            ensure_topics(settings, timeout_s=10)
+        except Exception as exc:  # the API still starts; produce answers 503 until Kafka is back
+            log.warning("could not check Kafka topics: %s", exc)
+        engine = make_async_engine(settings.database_url)
+        waiter = ResultWaiter(engine, settings.database_url,
+                              poll_interval_s=settings.result_poll_interval_ms / 1000)
+        state = AppState(
+            settings=settings, engine=engine,
+            producer=AsyncProducer(settings.kafka_bootstrap, timeout_ms=settings.produce_timeout_ms),
+            auth=Authenticator(engine, ttl_s=settings.auth_cache_s),
+            catalog=ModelCatalog(build_specs(settings), engine),
+            waiter=waiter,
+        )
+        app.state.gristmill = state
+        await waiter.start()
+        try:
+            yield
+        finally:
+            await waiter.stop()
+            state.producer.close()
+            await engine.dispose()
+
+    app = FastAPI(title="Gristmill", version=__version__, lifespan=lifespan,
+                  default_response_class=ORJSONResponse)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(infer.router)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> ORJSONResponse:
+        st = get_state(request)
+        checks = {"listener": st.waiter.listening.is_set()}
+        try:
+            async with st.engine.connect() as conn:
+                await conn.execute(text("select 1"))
+            checks["database"] = True
+        except Exception:
+            checks["database"] = False
+        ok = all(checks.values())
+        return ORJSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict[str, object]:
+        st = get_state(request)
+        await st.catalog.refresh()
+        return {"models": st.catalog.listing()}
+
+    return app

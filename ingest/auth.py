@@ -1,0 +1,50 @@
+"""API key authentication with a short cache, so a request costs no DB round trip.
+
+The tenant and its tier come from the key, never from the body. Revocation
+takes effect within ``auth_cache_s``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gristmill.errors import Unauthorized, Unavailable
+from results.tenants import Tenant, lookup_stmt
+
+_NEGATIVE_TTL_S = 1.0
+
+
+class Authenticator:
+    def __init__(self, engine: AsyncEngine, *, ttl_s: float):
+        self.engine = engine
+        self.ttl_s = ttl_s
+        self._cache: dict[str, tuple[Tenant | None, float]] = {}
+
+    async def authenticate(self, authorization: str | None) -> Tenant:
+        if not authorization:
+            raise Unauthorized("missing Authorization header (expected 'Bearer <api key>')")
+        scheme, _, key = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise Unauthorized("Authorization header must be 'Bearer <api key>'")
+        key = key.strip()
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and hit[1] > now:
+            tenant = hit[0]
+        else:
+            try:
+                async with self.engine.connect() as conn:
+                    row = (await conn.execute(lookup_stmt(key))).first()
+            except (SQLAlchemyError, OSError) as exc:
+                raise Unavailable("cannot reach the database to check the API key",
+                                  retry_after_s=2) from exc
+            tenant = Tenant(str(row.id), row.name, row.tier) if row else None
+            self._cache[key] = (tenant, now + (self.ttl_s if tenant else _NEGATIVE_TTL_S))
+            if len(self._cache) > 100_000:  # bound memory under a key-guessing flood
+                self._cache.clear()
+        if tenant is None:
+            raise Unauthorized("unknown or revoked API key")
+        return tenant

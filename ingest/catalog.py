@@ -1,0 +1,80 @@
+"""Which models a request may name: code-level specs joined with the live registry.
+
+A model is routable when its spec is known here (so its input can be
+validated) and some scheduler announced a live worker for it recently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gristmill.errors import NotFound, Unavailable
+from results.modelregistry import live_stmt
+from workers.models.base import ModelSpec
+from workers.models.registry import latest
+
+log = logging.getLogger("gristmill.ingest.catalog")
+
+
+def _version_order(v: str) -> tuple[int, str]:
+    return (int(v), "") if v.isdigit() else (-1, v)
+
+
+class ModelCatalog:
+    def __init__(self, specs: dict[str, dict[str, ModelSpec]], engine: AsyncEngine,
+                 *, refresh_s: float = 2.0):
+        self.specs = specs
+        self.engine = engine
+        self.refresh_s = refresh_s
+        self._live: dict[tuple[str, str], bool] = {}
+        self._fetched_at = 0.0
+        self._lock = asyncio.Lock()
+
+    async def refresh(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self._fetched_at < self.refresh_s:
+            return
+        async with self._lock:
+            if not force and time.monotonic() - self._fetched_at < self.refresh_s:
+                return
+            try:
+                async with self.engine.connect() as conn:
+                    rows = (await conn.execute(live_stmt())).all()
+            except Exception as exc:  # keep the last known state while PostgreSQL is away
+                log.warning("model registry refresh failed: %s", exc)
+                return
+            self._live = {(r.name, r.version): bool(r.live) for r in rows}
+            self._fetched_at = time.monotonic()
+
+    def listing(self) -> list[dict[str, object]]:
+        out = []
+        for name, versions in sorted(self.specs.items()):
+            for version, spec in sorted(versions.items()):
+                out.append({"model": name, "version": version,
+                            "max_batch_size": spec.max_batch_size,
+                            "live": self._live.get((name, version), False),
+                            "params": {p.name: p.default for p in spec.params}})
+        return out
+
+    async def resolve(self, ref: str) -> ModelSpec:
+        """``name`` (latest live version) or ``name@version``."""
+        await self.refresh()
+        name, _, version = ref.partition("@")
+        versions = self.specs.get(name)
+        if not versions or (version and version not in versions):
+            known = ", ".join(sorted(self.specs))
+            raise NotFound(f"unknown model {ref!r} (available: {known})", field="model")
+        if version:
+            spec = versions[version]
+        else:
+            live = [v for v in versions if self._live.get((name, v))]
+            spec = versions[max(live, key=_version_order)] if live else latest(versions)
+        if not self._live.get((spec.name, spec.version)):
+            await self.refresh(force=True)
+            if not self._live.get((spec.name, spec.version)):
+                raise Unavailable(f"no worker is serving model {spec.ref} right now",
+                                  retry_after_s=5)
+        return spec

@@ -1,0 +1,78 @@
+"""HTTP plumbing: the one place errors become status codes, and the body size cap."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import ORJSONResponse
+from sqlalchemy.exc import DBAPIError, OperationalError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gristmill.errors import GristmillError, PayloadTooLarge, SchemaViolation, Unavailable
+
+log = logging.getLogger("gristmill.ingest")
+
+
+def error_response(err: GristmillError) -> ORJSONResponse:
+    headers = {}
+    if err.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
+    return ORJSONResponse(err.to_body(), status_code=err.status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_gristmill(_: Request, exc: Exception) -> ORJSONResponse:
+        assert isinstance(exc, GristmillError)
+        return error_response(exc)
+
+    async def on_validation(_: Request, exc: Exception) -> ORJSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"][1:]) or "body"
+        return error_response(SchemaViolation(f"{loc}: {err['msg']}", field=loc))
+
+    async def on_database(_: Request, exc: Exception) -> ORJSONResponse:
+        log.warning("database unavailable: %s", exc)
+        return error_response(Unavailable("the database is unavailable", retry_after_s=2))
+
+    app.add_exception_handler(GristmillError, on_gristmill)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    for exc_type in (OperationalError, DBAPIError, psycopg.OperationalError, OSError):
+        app.add_exception_handler(exc_type, on_database)
+
+
+class BodyLimit:
+    """413 before reading a body that is too large, declared or streamed."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = PayloadTooLarge(f"request body exceeds {self.max_bytes} bytes")
+        for name, value in scope.get("headers", []):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                await error_response(too_large)(scope, receive, send)
+                return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    raise too_large
+            return msg
+
+        try:
+            await self.app(scope, limited, send)
+        except PayloadTooLarge as exc:
+            await error_response(exc)(scope, receive, send)

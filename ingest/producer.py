@@ -1,0 +1,69 @@
+"""An asyncio face on the idempotent Kafka producer.
+
+``produce`` returns only once the broker has the message with acks=all: that is
+the moment a request becomes durable and may be acknowledged. A background
+thread serves the producer's delivery callbacks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from gristmill.errors import Unavailable
+
+
+class AsyncProducer:
+    def __init__(self, bootstrap: str, *, timeout_ms: int):
+        self._producer = Producer({
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,  # no duplicates or reordering from producer retries
+            "acks": "all",
+            "linger.ms": 1,
+            "message.timeout.ms": timeout_ms,
+            "compression.type": "lz4",
+        })
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="kafka-producer", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.05)
+
+    async def produce(self, topic: str, key: str, value: bytes) -> tuple[int, int]:
+        """(partition, offset) of the durable message; raises Unavailable otherwise."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[tuple[int, int]] = loop.create_future()
+
+        def done(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                loop.call_soon_threadsafe(_set_exc, fut, Unavailable(
+                    f"could not make the request durable in Kafka: {err.str()}", retry_after_s=2))
+            else:
+                loop.call_soon_threadsafe(_set_result, fut, (msg.partition(), msg.offset()))
+
+        try:
+            self._producer.produce(topic, value=value, key=key, on_delivery=done)
+        except BufferError as exc:
+            raise Unavailable("ingest queue to Kafka is full", retry_after_s=1) from exc
+        except KafkaException as exc:
+            raise Unavailable(f"Kafka refused the request: {exc}", retry_after_s=2) from exc
+        return await fut
+
+    def close(self) -> None:
+        self._producer.flush(5)
+        self._stop.set()
+        self._thread.join(timeout=2)
+
+
+def _set_result(fut: asyncio.Future[tuple[int, int]], value: tuple[int, int]) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exc(fut: asyncio.Future[tuple[int, int]], exc: Exception) -> None:
+    if not fut.done():
+        fut.set_exception(exc)

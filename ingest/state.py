@@ -1,0 +1,29 @@
+"""Per-process state of an API instance, built once at startup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gristmill.config import Settings
+from ingest.auth import Authenticator
+from ingest.catalog import ModelCatalog
+from ingest.producer import AsyncProducer
+from ingest.waiters import ResultWaiter
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    engine: AsyncEngine
+    producer: AsyncProducer
+    auth: Authenticator
+    catalog: ModelCatalog
+    waiter: ResultWaiter
+
+
+def get_state(request: Request) -> AppState:
+    state: AppState = request.app.state.gristmill
+    return state

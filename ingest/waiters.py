@@ -1,0 +1,110 @@
+"""Waiting for results: LISTEN/NOTIFY first, polling as the fallback.
+
+One LISTEN connection per API process hears every persisted batch (payload:
+the request ids). Only ids that have a local waiter are fetched, in one query
+per notification. A slow poll covers anything a notification missed (the
+listener reconnecting, a result persisted before the waiter registered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import psycopg
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from results.db import RESULTS_CHANNEL, libpq_url
+from results.schema import requests
+
+log = logging.getLogger("gristmill.ingest.waiters")
+
+RESULT_COLUMNS = (
+    requests.c.request_id, requests.c.status, requests.c.output, requests.c.error,
+    requests.c.model, requests.c.model_version, requests.c.batch_size,
+    requests.c.received_at, requests.c.consumed_at, requests.c.batched_at,
+    requests.c.compute_start_at, requests.c.compute_end_at, requests.c.persisted_at,
+)
+
+
+class ResultWaiter:
+    def __init__(self, engine: AsyncEngine, database_url: str, *, poll_interval_s: float):
+        self.engine = engine
+        self.dsn = libpq_url(database_url)
+        self.poll_interval_s = poll_interval_s
+        self._waiting: dict[str, tuple[asyncio.Future[dict[str, Any]], float]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.listening = asyncio.Event()
+
+    async def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._poll())]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    def register(self, request_id: str) -> asyncio.Future[dict[str, Any]]:
+        """Register before producing, so a fast result cannot slip past."""
+        entry = self._waiting.get(request_id)
+        if entry is not None:
+            return entry[0]
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = (fut, time.monotonic())
+        return fut
+
+    def discard(self, request_id: str) -> None:
+        self._waiting.pop(request_id, None)
+
+    async def fetch(self, ids: list[str]) -> list[dict[str, Any]]:
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(select(*RESULT_COLUMNS).where(requests.c.request_id.in_(ids)))
+            return [dict(r._mapping) for r in rows]
+
+    async def _resolve(self, ids: list[str]) -> None:
+        ids = [i for i in ids if i in self._waiting]
+        if not ids:
+            return
+        for row in await self.fetch(ids):
+            entry = self._waiting.pop(str(row["request_id"]), None)
+            if entry is not None and not entry[0].done():
+                entry[0].set_result(row)
+
+    async def _listen(self) -> None:
+        backoff = 0.1
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
+                    await conn.execute(f"LISTEN {RESULTS_CHANNEL}")
+                    self.listening.set()
+                    backoff = 0.1
+                    # Catch up on anything persisted while we were not listening.
+                    await self._resolve(list(self._waiting))
+                    async for note in conn.notifies():
+                        await self._resolve(note.payload.split(","))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.listening.clear()
+                log.warning("result listener lost its connection (%s); retrying", exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval_s)
+            cutoff = time.monotonic() - self.poll_interval_s
+            stale = [rid for rid, (_, t) in self._waiting.items() if t < cutoff]
+            if not stale:
+                continue
+            try:
+                for i in range(0, len(stale), 1000):
+                    await self._resolve(stale[i:i + 1000])
+            except Exception as exc:
+                log.warning("result poll failed: %s", exc)

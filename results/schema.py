@@ -1,0 +1,119 @@
+"""Table definitions (SQLAlchemy Core). The schema itself changes only through
+Alembic migrations in migrations/; this module mirrors the latest revision so
+queries are written against typed columns."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+metadata = MetaData()
+
+TIERS = ("free", "paid", "enterprise")
+
+tenants = Table(
+    "tenants", metadata,
+    Column("id", UUID(as_uuid=False), primary_key=True, server_default=func.gen_random_uuid()),
+    Column("name", Text, nullable=False, unique=True),
+    Column("tier", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("tier in ('free', 'paid', 'enterprise')", name="tenants_tier_check"),
+)
+
+api_keys = Table(
+    "api_keys", metadata,
+    Column("id", UUID(as_uuid=False), primary_key=True, server_default=func.gen_random_uuid()),
+    Column("tenant_id", UUID(as_uuid=False), ForeignKey("tenants.id"), nullable=False),
+    # sha256 of the key: keys are random and long, so a fast hash is enough and
+    # lets every request be authenticated with one indexed lookup.
+    Column("key_hash", Text, nullable=False, unique=True),
+    Column("prefix", Text, nullable=False),  # first characters, to recognise a key in listings
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("revoked_at", DateTime(timezone=True)),
+)
+
+models = Table(
+    "models", metadata,
+    Column("name", Text, primary_key=True),
+    Column("version", Text, primary_key=True),
+    Column("max_batch_size", Integer, nullable=False),
+    Column("profile_ms", JSONB, nullable=False, server_default="{}"),
+    Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# The request log and result store: exactly one row per request id.
+requests = Table(
+    "requests", metadata,
+    Column("request_id", UUID(as_uuid=False), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=False), nullable=False),
+    Column("priority", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("model_version", Text, nullable=False),
+    Column("params", JSONB, nullable=False, server_default="{}"),
+    Column("input", JSONB),
+    Column("status", Text, nullable=False),  # succeeded | failed | expired
+    Column("output", JSONB),
+    Column("error", Text),
+    Column("attempts", Integer, nullable=False, server_default="1"),
+    Column("batch_id", UUID(as_uuid=False)),
+    Column("batch_size", Integer),
+    Column("job_id", UUID(as_uuid=False)),
+    Column("item_index", Integer),
+    Column("received_at", DateTime(timezone=True), nullable=False),
+    Column("produced_at", DateTime(timezone=True)),
+    Column("consumed_at", DateTime(timezone=True)),
+    Column("batched_at", DateTime(timezone=True)),
+    Column("compute_start_at", DateTime(timezone=True)),
+    Column("compute_end_at", DateTime(timezone=True)),
+    Column("persisted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("deadline_at", DateTime(timezone=True)),
+    Column("kafka_topic", Text),
+    Column("kafka_partition", Integer),
+    Column("kafka_offset", Integer),
+    CheckConstraint("status in ('succeeded', 'failed', 'expired')", name="requests_status_check"),
+    Index("requests_tenant_received", "tenant_id", "received_at"),
+    Index("requests_job_item", "job_id", "item_index"),
+)
+
+batches = Table(
+    "batches", metadata,
+    Column("batch_id", UUID(as_uuid=False), primary_key=True),
+    Column("model", Text, nullable=False),
+    Column("model_version", Text, nullable=False),
+    Column("batch_key", Text, nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("reason", Text, nullable=False),  # full | linger | deadline
+    Column("worker_id", Text),
+    Column("status", Text, nullable=False),
+    Column("error", Text),
+    Column("formed_at", DateTime(timezone=True), nullable=False),
+    Column("compute_start_at", DateTime(timezone=True)),
+    Column("compute_end_at", DateTime(timezone=True)),
+    Column("compute_ms", Float),
+    Column("persisted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+idempotency_keys = Table(
+    "idempotency_keys", metadata,
+    Column("tenant_id", UUID(as_uuid=False), primary_key=True),
+    Column("key", Text, primary_key=True),
+    Column("request_id", UUID(as_uuid=False), nullable=False),
+    Column("body_hash", Text, nullable=False),
+    # When the first attempt's caller gave up: a retry after it re-sends the request,
+    # in case the first attempt died between claiming the key and reaching Kafka.
+    Column("deadline_at", DateTime(timezone=True), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("idempotency_keys_created", "created_at"),
+)

@@ -1,0 +1,93 @@
+"""Tenants and their API keys. Keys are shown once, at creation, and stored hashed."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Select, select, update
+from sqlalchemy.sql import func
+
+from gristmill.errors import InvalidInput, NotFound
+from results.schema import TIERS, api_keys, tenants
+
+KEY_PREFIX = "gm_"
+
+
+@dataclass(frozen=True)
+class Tenant:
+    id: str
+    name: str
+    tier: str
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def lookup_stmt(key: str) -> Select[tuple[str, str, str]]:
+    """The one query that authenticates a request (run by ingest, async)."""
+    return (
+        select(tenants.c.id, tenants.c.name, tenants.c.tier)
+        .join(api_keys, api_keys.c.tenant_id == tenants.c.id)
+        .where(api_keys.c.key_hash == hash_key(key), api_keys.c.revoked_at.is_(None))
+    )
+
+
+def create_tenant(conn: Connection, name: str, tier: str) -> Tenant:
+    if tier not in TIERS:
+        raise InvalidInput(f"tier must be one of {', '.join(TIERS)}", field="tier")
+    existing = conn.execute(select(tenants).where(tenants.c.name == name)).first()
+    if existing is not None:
+        raise InvalidInput(f"tenant {name!r} already exists", field="name")
+    row = conn.execute(
+        tenants.insert().values(name=name, tier=tier).returning(tenants.c.id)
+    ).one()
+    return Tenant(row.id, name, tier)
+
+
+def get_tenant(conn: Connection, name: str) -> Tenant:
+    row = conn.execute(select(tenants).where(tenants.c.name == name)).first()
+    if row is None:
+        raise NotFound(f"no tenant named {name!r}")
+    return Tenant(row.id, row.name, row.tier)
+
+
+def issue_key(conn: Connection, tenant: Tenant) -> tuple[str, str]:
+    """Returns (key id, the key in clear): the only moment the clear key exists."""
+    key = new_key()
+    row = conn.execute(
+        api_keys.insert()
+        .values(tenant_id=tenant.id, key_hash=hash_key(key), prefix=key[:10])
+        .returning(api_keys.c.id)
+    ).one()
+    return row.id, key
+
+
+def list_keys(conn: Connection, tenant_name: str | None = None) -> list[dict[str, object]]:
+    q = (select(tenants.c.name, tenants.c.tier, api_keys.c.id, api_keys.c.prefix,
+                api_keys.c.created_at, api_keys.c.revoked_at)
+         .join(api_keys, api_keys.c.tenant_id == tenants.c.id)
+         .order_by(tenants.c.name, api_keys.c.created_at))
+    if tenant_name is not None:
+        q = q.where(tenants.c.name == tenant_name)
+    return [dict(r._mapping) for r in conn.execute(q)]
+
+
+def list_tenants(conn: Connection) -> list[Tenant]:
+    return [Tenant(r.id, r.name, r.tier)
+            for r in conn.execute(select(tenants).order_by(tenants.c.name))]
+
+
+def revoke_key(conn: Connection, key_id: str) -> None:
+    res = conn.execute(
+        update(api_keys).where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
+        .values(revoked_at=func.now())
+    )
+    if res.rowcount == 0:
+        raise NotFound(f"no active key with id {key_id}")

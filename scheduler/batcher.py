@@ -1,0 +1,238 @@
+"""Per-key request queues and the flush rule. Pure: no Kafka, no sockets, no clock.
+
+Requests are queued under their batch key (model, version and every parameter
+that changes the computation), so a batch never mixes incompatible requests.
+Inside a key, requests wait in one FIFO per priority rank; a batch takes the
+most urgent ranks first, so sync traffic fills a batch before job items do.
+
+A key is ready to flush when
+  * it holds a full batch, or
+  * its oldest request has lingered ``max_linger_s``, or
+  * waiting longer would make its earliest deadline unreachable:
+    earliest deadline - predicted compute - margin.
+Requests that can no longer finish before their deadline are dropped before
+they reach a worker (the caller gets a 504 at once instead of a late answer).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gristmill.messages import RequestMessage
+from scheduler.costmodel import CostModel, ModelRef
+from scheduler.offsets import TopicPartition
+
+
+@dataclass(frozen=True, slots=True)
+class BatchKey:
+    model: str
+    version: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def ref(self) -> ModelRef:
+        return (self.model, self.version)
+
+    def label(self) -> str:
+        ps = ",".join(f"{k}={v}" for k, v in self.params)
+        return f"{self.model}@{self.version}" + (f"[{ps}]" if ps else "")
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    msg: RequestMessage
+    key: BatchKey
+    rank: int  # 0 is the most urgent priority class
+    tp: TopicPartition
+    offset: int
+    consumed_at: float
+    seq: int = 0
+    gone: bool = False  # dropped (expired or revoked) while still in a deque
+
+    @property
+    def deadline(self) -> float:
+        return self.msg.deadline
+
+
+@dataclass
+class Batch:
+    key: BatchKey
+    items: list[Pending]
+    formed_at: float
+    reason: str  # full | linger | deadline
+    batch_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+
+
+@dataclass(frozen=True)
+class FlushPolicy:
+    max_linger_s: float = 0.050
+    margin_s: float = 0.020
+
+
+def flush_time(
+    *, oldest_at: float, earliest_deadline: float, count: int, max_batch: int,
+    predicted_s: float, policy: FlushPolicy,
+) -> float:
+    """When a queue should be flushed at the latest (``-inf`` means now)."""
+    if count >= max_batch:
+        return -math.inf
+    return min(oldest_at + policy.max_linger_s, earliest_deadline - predicted_s - policy.margin_s)
+
+
+class _KeyQueue:
+    def __init__(self, n_ranks: int):
+        self.by_rank: list[deque[Pending]] = [deque() for _ in range(n_ranks)]
+        self.deadlines: list[tuple[float, int, Pending]] = []  # min-heap, lazily cleaned
+        self.count = 0
+
+    def push(self, p: Pending) -> None:
+        self.by_rank[p.rank].append(p)
+        heapq.heappush(self.deadlines, (p.deadline, p.seq, p))
+        self.count += 1
+
+    def _clean(self) -> None:
+        for dq in self.by_rank:
+            while dq and dq[0].gone:
+                dq.popleft()
+        while self.deadlines and self.deadlines[0][2].gone:
+            heapq.heappop(self.deadlines)
+
+    def oldest_at(self) -> float:
+        self._clean()
+        return min((dq[0].consumed_at for dq in self.by_rank if dq), default=math.inf)
+
+    def earliest_deadline(self) -> float:
+        self._clean()
+        return self.deadlines[0][0] if self.deadlines else math.inf
+
+    def best_rank(self) -> int:
+        self._clean()
+        return next((r for r, dq in enumerate(self.by_rank) if dq), len(self.by_rank))
+
+    def pop(self, n: int) -> list[Pending]:
+        out: list[Pending] = []
+        for dq in self.by_rank:
+            while dq and len(out) < n:
+                p = dq.popleft()
+                if not p.gone:
+                    p.gone = True  # leaves the deadline heap lazily
+                    out.append(p)
+        self.count -= len(out)
+        return out
+
+    def discard(self, p: Pending) -> None:
+        if not p.gone:
+            p.gone = True
+            self.count -= 1
+
+
+class Batcher:
+    def __init__(
+        self, *, policy: FlushPolicy, cost: CostModel, max_batch: Callable[[ModelRef], int],
+        n_ranks: int = 4,
+    ):
+        self.policy = policy
+        self.cost = cost
+        self.max_batch = max_batch
+        self.n_ranks = n_ranks
+        self._queues: dict[BatchKey, _KeyQueue] = {}
+        self._seq = itertools.count()
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, p: Pending) -> None:
+        p.seq = next(self._seq)
+        q = self._queues.get(p.key)
+        if q is None:
+            q = self._queues[p.key] = _KeyQueue(self.n_ranks)
+        q.push(p)
+        self._count += 1
+
+    def _predicted_s(self, key: BatchKey, count: int) -> float:
+        n = max(1, min(count, self.max_batch(key.ref)))
+        return self.cost.predict_ms(key.ref, n) / 1000.0
+
+    def _flush_time(self, key: BatchKey, q: _KeyQueue) -> float:
+        return flush_time(
+            oldest_at=q.oldest_at(), earliest_deadline=q.earliest_deadline(), count=q.count,
+            max_batch=self.max_batch(key.ref), predicted_s=self._predicted_s(key, q.count),
+            policy=self.policy,
+        )
+
+    def drop_expired(self, now: float) -> list[Pending]:
+        """Remove requests that cannot finish before their deadline, even if sent now."""
+        dropped: list[Pending] = []
+        for key, q in self._queues.items():
+            single = self.cost.predict_ms(key.ref, 1) / 1000.0
+            while q.count and q.earliest_deadline() < now + single:
+                p = heapq.heappop(q.deadlines)[2]
+                q.discard(p)
+                dropped.append(p)
+        self._count -= len(dropped)
+        self._gc()
+        return dropped
+
+    def take(self, now: float, serves: Callable[[ModelRef], bool]) -> Batch | None:
+        """The batch a free worker should run now, or None if no queue is ready."""
+        best: tuple[int, float, BatchKey] | None = None
+        for key, q in self._queues.items():
+            if q.count == 0 or not serves(key.ref):
+                continue
+            at = self._flush_time(key, q)
+            if at > now:
+                continue
+            cand = (q.best_rank(), at, key)
+            if best is None or cand[:2] < best[:2]:
+                best = cand
+        if best is None:
+            return None
+        key = best[2]
+        q = self._queues[key]
+        full = q.count >= self.max_batch(key.ref)
+        reason = "full" if full else (
+            "linger" if q.oldest_at() + self.policy.max_linger_s <= now else "deadline")
+        items = q.pop(self.max_batch(key.ref))
+        self._count -= len(items)
+        self._gc()
+        return Batch(key=key, items=items, formed_at=now, reason=reason)
+
+    def wake_at(self, serves: Callable[[ModelRef], bool]) -> float:
+        """The earliest time some queue this worker serves becomes ready (inf if none)."""
+        return min(
+            (self._flush_time(k, q) for k, q in self._queues.items() if q.count and serves(k.ref)),
+            default=math.inf,
+        )
+
+    def drop_partitions(self, tps: Iterable[TopicPartition]) -> list[Pending]:
+        """Forget queued requests from revoked partitions (their new owner re-reads them)."""
+        lost = set(tps)
+        dropped: list[Pending] = []
+        for q in self._queues.values():
+            for dq in q.by_rank:
+                for p in dq:
+                    if not p.gone and p.tp in lost:
+                        q.discard(p)
+                        dropped.append(p)
+        self._count -= len(dropped)
+        self._gc()
+        return dropped
+
+    def depth_by_rank(self) -> list[int]:
+        out = [0] * self.n_ranks
+        for q in self._queues.values():
+            for r, dq in enumerate(q.by_rank):
+                out[r] += sum(1 for p in dq if not p.gone)
+        return out
+
+    def _gc(self) -> None:
+        for key in [k for k, q in self._queues.items() if q.count == 0]:
+            del self._queues[key]

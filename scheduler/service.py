@@ -1,0 +1,343 @@
+"""The scheduler process: wires Kafka, the batcher, the workers and PostgreSQL.
+
+Threads, each with one job:
+  * the consumer loop (caller's thread) reads Kafka, queues requests, commits
+    offsets and handles rebalances: it alone touches the Consumer;
+  * one dispatcher per worker takes the batch the flush rule allows, runs it
+    on its worker, and hands the result on (one batch at a time per worker);
+  * a small persister pool writes each batch's results in one transaction and
+    only then marks its offsets done, so a commit never passes unsaved work.
+Shared state (batcher, offset tracker) is guarded by one condition variable.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from tenacity import Retrying, retry_if_exception_type, stop_never, wait_exponential_jitter
+
+from gristmill.config import Settings
+from gristmill.messages import RequestMessage
+from gristmill.topics import PRIORITY_CLASSES, all_request_topics, dead_letter_topic, ensure_topics
+from results import modelregistry
+from results.db import make_engine
+from results.store import persist
+from scheduler.batcher import Batch, BatchKey, Batcher, FlushPolicy, Pending
+from scheduler.costmodel import CostModel, ModelRef
+from scheduler.offsets import OffsetTracker
+from scheduler.retry import RetryPolicy, plan_failure
+from scheduler.rows import batch_row, request_row
+from scheduler.workerpool import WorkerHandle, WorkerLost, WorkerPool
+from workers.models.registry import build_specs
+from workers.protocol import WorkBatch
+
+log = logging.getLogger("gristmill.scheduler")
+
+
+@dataclass
+class _Retry:
+    not_before: float
+    batch: Batch
+
+
+class SchedulerService:
+    def __init__(self, settings: Settings, *, socket_dir: Path, n_workers: int | None = None,
+                 models: list[str] | None = None):
+        self.settings = settings
+        self.specs = build_specs(settings)
+        self.cond = threading.Condition()
+        self.cost = CostModel()
+        self.max_batch: dict[ModelRef, int] = {}
+        self.batcher = Batcher(
+            policy=FlushPolicy(settings.max_linger_ms / 1000, settings.deadline_margin_ms / 1000),
+            cost=self.cost, max_batch=lambda ref: self.max_batch.get(ref, 1),
+            n_ranks=len(PRIORITY_CLASSES),
+        )
+        self.tracker = OffsetTracker()
+        self.retries: deque[_Retry] = deque()
+        self.retry_policy = RetryPolicy()
+        self.handles: list[WorkerHandle] = []
+        self.dispatchers: list[threading.Thread] = []
+        self.stopping = threading.Event()
+        self.engine = make_engine(settings.database_url, pool_size=4)
+        self.persist_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="persist")
+        self.pool = WorkerPool(
+            socket_path=socket_dir / "workers.sock",
+            n_local=settings.workers if n_workers is None else n_workers,
+            models=models or [m for m in settings.worker_models.split(",") if m],
+            on_ready=self._on_worker_ready,
+        )
+        self.producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
+                                  "enable.idempotence": True, "acks": "all"})
+        self.consumer = Consumer({
+            "bootstrap.servers": settings.kafka_bootstrap,
+            "group.id": settings.consumer_group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "cooperative-sticky",
+            # A dead member is noticed within the session timeout; see docs/decisions.
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1500,
+            "fetch.wait.max.ms": 5,
+            "enable.partition.eof": False,
+        })
+        self.stats = {"consumed": 0, "batches": 0, "expired": 0, "failed": 0, "persisted": 0}
+
+    # ---- workers -------------------------------------------------------------------
+    def _on_worker_ready(self, h: WorkerHandle) -> None:
+        with self.cond:
+            for m in h.hello.models:
+                ref = (m.name, m.version)
+                self.max_batch[ref] = min(self.max_batch.get(ref, m.max_batch_size),
+                                          m.max_batch_size)
+                self.cost.seed(ref, {int(k): v for k, v in m.profile_ms.items()})
+            self.handles.append(h)
+            self.cond.notify_all()
+        self._announce()
+        t = threading.Thread(target=self._dispatch_loop, args=(h,), daemon=True,
+                             name=f"dispatch-{h.worker_id}")
+        self.dispatchers.append(t)
+        t.start()
+
+    def _announce(self) -> None:
+        with self.cond:
+            infos = {(m.name, m.version): m for h in self.handles if h.alive for m in h.hello.models}
+        try:
+            with self.engine.begin() as conn:
+                for (name, version), m in infos.items():
+                    modelregistry.announce(conn, name, version, self.max_batch[(name, version)],
+                                           m.profile_ms)
+        except Exception as exc:  # PostgreSQL down: the next heartbeat retries
+            log.warning("model announce failed: %s", exc)
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stopping.wait(5.0):
+            self._announce()
+
+    # ---- dispatch ------------------------------------------------------------------
+    def _next_batch(self, h: WorkerHandle) -> Batch | None:
+        """Block until this worker has a batch to run (None when stopping)."""
+        with self.cond:
+            while not self.stopping.is_set() and h.alive:
+                now = time.time()
+                expired = self.batcher.drop_expired(now)
+                if expired:
+                    self.stats["expired"] += len(expired)
+                    rows = [request_row(p, status="expired",
+                                        error="deadline passed before a worker could run it")
+                            for p in expired]
+                    self._persist_async(rows, None, expired)
+                for r in list(self.retries):
+                    if r.not_before <= now and h.serves(r.batch.key.ref):
+                        self.retries.remove(r)
+                        return r.batch
+                batch = self.batcher.take(now, h.serves)
+                if batch is not None:
+                    self.cond.notify_all()  # the consumer may resume paused partitions
+                    return batch
+                wake = min([self.batcher.wake_at(h.serves),
+                            *[r.not_before for r in self.retries if h.serves(r.batch.key.ref)]])
+                self.cond.wait(timeout=min(max(wake - now, 0.001), 0.25) if wake < math.inf
+                               else 0.25)
+        return None
+
+    def _dispatch_loop(self, h: WorkerHandle) -> None:
+        while True:
+            batch = self._next_batch(h)
+            if batch is None:
+                return
+            self.stats["batches"] += 1
+            first = batch.items[0].msg
+            work = WorkBatch(batch.batch_id, batch.key.model, batch.key.version, first.params,
+                             [p.msg.input for p in batch.items])
+            try:
+                result = h.run(work, self.settings.batch_timeout_s)
+            except WorkerLost as exc:
+                log.warning("%s; handing back batch %s (%d items)", exc, batch.batch_id,
+                            len(batch.items))
+                with self.cond:
+                    self.handles.remove(h)
+                self._on_failure(batch, str(exc))
+                return
+            if result.error is not None:
+                self._on_failure(batch, result.error)
+                continue
+            assert result.outputs is not None
+            ms = (result.compute_end - result.compute_start) * 1000
+            with self.cond:
+                self.cost.observe(batch.key.ref, len(batch.items), ms)
+            rows = [request_row(p, status="succeeded", output=out, batch=batch,
+                                compute_start=result.compute_start,
+                                compute_end=result.compute_end)
+                    for p, out in zip(batch.items, result.outputs, strict=True)]
+            brow = batch_row(batch, worker_id=h.worker_id, status="succeeded", error=None,
+                             compute_start=result.compute_start, compute_end=result.compute_end)
+            self._persist_async(rows, brow, batch.items)
+
+    def _on_failure(self, batch: Batch, error: str) -> None:
+        plan = plan_failure(batch.items, self.retry_policy)
+        now = time.time()
+        with self.cond:
+            for group in plan.retry_groups:
+                self.retries.append(_Retry(now + plan.retry_delay_s, Batch(
+                    key=batch.key, items=group, formed_at=now, reason="retry")))
+            self.cond.notify_all()
+        if plan.failed:
+            self.stats["failed"] += len(plan.failed)
+            rows = [request_row(p, status="failed", error=error, batch=batch) for p in plan.failed]
+            for p in plan.failed:
+                self.producer.produce(dead_letter_topic(self.settings), key=p.msg.request_id,
+                                      value=p.msg.encode(), headers={"error": error[:1000]})
+            self.producer.poll(0)
+            self._persist_async(rows, None, plan.failed)
+
+    # ---- persistence ---------------------------------------------------------------
+    def _persist_async(self, rows: list[dict[str, Any]], brow: dict[str, Any] | None,
+                       items: list[Pending]) -> None:
+        self.persist_pool.submit(self._persist, rows, brow, items)
+
+    def _persist(self, rows: list[dict[str, Any]], brow: dict[str, Any] | None,
+                 items: list[Pending]) -> None:
+        try:
+            for attempt in Retrying(
+                stop=stop_never, wait=wait_exponential_jitter(initial=0.05, max=5.0),
+                retry=retry_if_exception_type(Exception), reraise=True,
+                before_sleep=lambda rs: log.warning(
+                    "persist failed (attempt %d): %s", rs.attempt_number,
+                    rs.outcome.exception() if rs.outcome else None),
+            ):
+                with attempt:
+                    if self.stopping.is_set() and attempt.retry_state.attempt_number > 3:
+                        return  # offsets stay uncommitted: Kafka redelivers this work
+                    persist(self.engine, rows, brow)
+        except Exception:
+            log.exception("giving up on persisting %d results", len(rows))
+            return
+        with self.cond:
+            self.stats["persisted"] += len(rows)
+            for p in items:
+                self.tracker.done(p.tp, p.offset)
+
+    # ---- Kafka ---------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        tps = [(p.topic, p.partition) for p in partitions]
+        log.info("revoked %s", tps)
+        self._commit(only=set(tps))
+        with self.cond:
+            self.batcher.drop_partitions(tps)
+            self.tracker.forget(tps)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        tps = [(p.topic, p.partition) for p in partitions]
+        log.warning("lost %s", tps)
+        with self.cond:
+            self.batcher.drop_partitions(tps)
+            self.tracker.forget(tps)
+
+    def _commit(self, only: set[tuple[str, int]] | None = None) -> None:
+        with self.cond:
+            positions = self.tracker.committable()
+        if only is not None:
+            positions = {tp: o for tp, o in positions.items() if tp in only}
+        if not positions:
+            return
+        try:
+            self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
+                                 asynchronous=False)
+        except Exception as exc:  # e.g. rebalance in progress; the next round retries
+            log.warning("commit failed: %s", exc)
+            return
+        with self.cond:
+            self.tracker.mark_committed(positions)
+
+    def _pending(self, msg: Message, now: float) -> Pending:
+        req = RequestMessage.decode(msg.value())
+        ts_type, ts_ms = msg.timestamp()
+        req.extra["produced_at"] = ts_ms / 1000.0 if ts_ms > 0 else None
+        spec = self.specs.get(req.model, {}).get(req.version)
+        params = spec.batch_params(req.params) if spec else tuple(sorted(req.params.items()))
+        rank = PRIORITY_CLASSES.index(req.priority) if req.priority in PRIORITY_CLASSES else 2
+        return Pending(msg=req, key=BatchKey(req.model, req.version, params), rank=rank,
+                       tp=(msg.topic(), msg.partition()), offset=msg.offset(), consumed_at=now)
+
+    def run(self) -> None:
+        ensure_topics(self.settings)
+        self.pool.start()
+        threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
+        self.consumer.subscribe(all_request_topics(self.settings), on_assign=self._on_assign,
+                                on_revoke=self._on_revoke, on_lost=self._on_lost)
+        paused = False
+        last_commit = 0.0
+        log.info("scheduler running")
+        while not self.stopping.is_set():
+            msgs = self.consumer.consume(num_messages=500, timeout=0.02)
+            now = time.time()
+            if msgs:
+                with self.cond:
+                    for msg in msgs:
+                        if msg.error():
+                            if msg.error().code() != KafkaError._PARTITION_EOF:
+                                log.warning("consume error: %s", msg.error())
+                            continue
+                        try:
+                            p = self._pending(msg, now)
+                        except Exception as exc:  # a malformed message must not stall a partition
+                            log.error("undecodable message at %s[%d]@%d: %s", msg.topic(),
+                                      msg.partition(), msg.offset(), exc)
+                            continue
+                        self.tracker.track(p.tp, p.offset)
+                        self.batcher.add(p)
+                        self.stats["consumed"] += 1
+                    self.cond.notify_all()
+            # Backpressure: stop fetching while the buffers are full.
+            depth = len(self.batcher)
+            if not paused and depth >= self.settings.max_buffered:
+                self.consumer.pause(self.consumer.assignment())
+                paused = True
+            elif paused and depth < self.settings.max_buffered // 2:
+                self.consumer.resume(self.consumer.assignment())
+                paused = False
+            if now - last_commit >= self.settings.commit_interval_ms / 1000:
+                self._commit()
+                last_commit = now
+            self.producer.poll(0)
+        self._shutdown()
+
+    def stop(self, *_: object) -> None:
+        self.stopping.set()
+        with self.cond:
+            self.cond.notify_all()
+
+    def _shutdown(self) -> None:
+        """Finish in-flight batches, persist, commit, leave the group."""
+        log.info("scheduler stopping")
+        # Dispatchers return after the batch they are running; queued requests that
+        # never started are not committed, so the partitions' next owner re-reads them.
+        deadline = time.time() + self.settings.batch_timeout_s
+        for t in self.dispatchers:
+            t.join(timeout=max(0.1, deadline - time.time()))
+        for h in list(self.handles):
+            h.stop()
+        self.persist_pool.shutdown(wait=True)
+        self._commit()
+        self.consumer.close()
+        self.producer.flush(5)
+        self.pool.stop()
+        log.info("scheduler stopped: %s", self.stats)
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)

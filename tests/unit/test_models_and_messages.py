@@ -1,0 +1,75 @@
+"""Model specs validate requests; messages round-trip; ids are stable per key."""
+
+from __future__ import annotations
+
+import pytest
+
+from gristmill.config import Settings
+from gristmill.errors import InvalidInput
+from gristmill.messages import RequestMessage, body_hash, request_id_for
+from results.store import notify_payloads
+from workers.models.registry import build_specs, latest
+from workers.models.sim import SimSpec, sim_output
+
+SPECS = build_specs(Settings())
+
+
+def test_sim_spec_rejects_non_strings_and_empty_and_long() -> None:
+    spec = SPECS["sim"]["1"]
+    with pytest.raises(InvalidInput, match="string"):
+        spec.validate_input(5)
+    with pytest.raises(InvalidInput, match="empty"):
+        spec.validate_input("  ")
+    with pytest.raises(InvalidInput, match="at most"):
+        spec.validate_input("x" * (spec.max_input_chars + 1))
+    spec.validate_input("hello")
+
+
+def test_params_defaults_unknown_and_types() -> None:
+    spec = SPECS["sim"]["1"]
+    assert spec.normalize_params(None) == {"salt": ""}
+    with pytest.raises(InvalidInput, match="unknown parameter 'temperature'") as exc:
+        spec.normalize_params({"temperature": 1})
+    assert exc.value.field == "params.temperature"
+    with pytest.raises(InvalidInput, match="must be str"):
+        spec.normalize_params({"salt": 3})
+    assert spec.batch_params({"salt": "x"}) == (("salt", "x"),)
+
+
+def test_sim_predict_is_per_input_and_ordered() -> None:
+    model = SimSpec(name="sim", version="1", max_batch_size=10, batch_ms=1).load()
+    out = model.predict(["a", "b", "a"], {"salt": ""})
+    assert out == [sim_output("a"), sim_output("b"), sim_output("a")]
+    assert out[0] != out[1]
+    with pytest.raises(ValueError):
+        model.predict(["x"] * 11, {})
+
+
+def test_latest_version_is_numeric_aware() -> None:
+    a = SimSpec(name="sim", version="2", max_batch_size=1)
+    b = SimSpec(name="sim", version="10", max_batch_size=1)
+    assert latest({"2": a, "10": b}) is b
+
+
+def test_request_id_is_stable_per_tenant_and_key() -> None:
+    assert request_id_for("t1", "k") == request_id_for("t1", "k")
+    assert request_id_for("t1", "k") != request_id_for("t2", "k")
+    assert request_id_for("t1", None) != request_id_for("t1", None)
+
+
+def test_body_hash_ignores_key_order() -> None:
+    assert body_hash("m", "x", {"a": 1, "b": 2}) == body_hash("m", "x", {"b": 2, "a": 1})
+    assert body_hash("m", "x", {}) != body_hash("m", "y", {})
+
+
+def test_message_round_trip() -> None:
+    m = RequestMessage(request_id="r", tenant_id="t", priority="free", model="sim", version="1",
+                       input="hi", params={"salt": ""}, deadline=2.0, received_at=1.0)
+    assert RequestMessage.decode(m.encode()) == m
+
+
+def test_notify_payloads_fit_and_keep_every_id() -> None:
+    ids = [f"{i:036d}" for i in range(1000)]
+    payloads = notify_payloads(ids)
+    assert all(len(p) < 8000 for p in payloads)
+    assert [x for p in payloads for x in p.split(",")] == ids

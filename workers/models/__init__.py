@@ -1,0 +1,1 @@
+"""Models behind one small interface (see base.py); the registry names them."""

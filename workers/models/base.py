@@ -1,0 +1,93 @@
+"""The fixed batch API every model implements.
+
+A ``ModelSpec`` is light: ingest imports it to validate requests without loading
+weights. ``spec.load()`` returns a ``Model``, which owns the weights and turns a
+list of inputs into a list of outputs of the same length, in the same order.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gristmill.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """A request parameter. ``batching`` params change the computation, so requests
+    that differ in one never share a batch (they are part of the batch key)."""
+
+    name: str
+    type: type
+    default: Any
+    batching: bool = True
+
+
+@dataclass
+class ModelSpec(ABC):
+    name: str
+    version: str
+    max_batch_size: int
+    max_input_chars: int = 20_000
+    params: tuple[ParamSpec, ...] = field(default_factory=tuple)
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def validate_input(self, value: Any) -> None:
+        """Text models take one non-empty string per request."""
+        if not isinstance(value, str):
+            raise InvalidInput(f"input must be a string, got {type(value).__name__}", field="input")
+        if not value.strip():
+            raise InvalidInput("input must not be empty", field="input")
+        if len(value) > self.max_input_chars:
+            raise InvalidInput(
+                f"input is {len(value)} characters; at most {self.max_input_chars} allowed",
+                field="input",
+            )
+
+    def normalize_params(self, params: dict[str, Any] | None) -> dict[str, Any]:
+        """Fill defaults and reject unknown or mistyped parameters."""
+        params = dict(params or {})
+        known = {p.name: p for p in self.params}
+        unknown = sorted(set(params) - set(known))
+        if unknown:
+            allowed = ", ".join(sorted(known)) or "none"
+            raise InvalidInput(
+                f"unknown parameter {unknown[0]!r} for model {self.name} (allowed: {allowed})",
+                field=f"params.{unknown[0]}",
+            )
+        out: dict[str, Any] = {}
+        for p in self.params:
+            value = params.get(p.name, p.default)
+            # bool is an int subclass; do not let True pass as a number or vice versa.
+            if not isinstance(value, p.type) or (p.type is not bool and isinstance(value, bool)):
+                raise InvalidInput(
+                    f"parameter {p.name} must be {p.type.__name__}", field=f"params.{p.name}"
+                )
+            out[p.name] = value
+        return out
+
+    def batch_params(self, params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+        """The part of the (normalized) params that goes into the batch key."""
+        return tuple(sorted((p.name, params[p.name]) for p in self.params if p.batching))
+
+    @abstractmethod
+    def load(self) -> Model:
+        """Load weights and return a ready model (called in the worker process only)."""
+
+
+class Model(ABC):
+    spec: ModelSpec
+
+    @abstractmethod
+    def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> list[Any]:
+        """Outputs for ``inputs``, same length, same order. One call at a time."""
+
+    def warmup(self) -> dict[int, float]:
+        """Run representative batches; return measured ms per batch by batch size."""
+        return {}

@@ -1,0 +1,77 @@
+"""The worker process: load models, warm up, then run one batch at a time.
+
+It connects to its scheduler's socket, announces the models it serves with
+their measured cost profile, and then answers every WorkBatch with a
+WorkResult. When the scheduler goes away the worker exits: it never runs
+work that nobody will persist.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import traceback
+from multiprocessing.connection import Client
+
+from gristmill.config import Settings
+from workers.models.base import Model
+from workers.models.registry import build_specs, latest
+from workers.protocol import Hello, ModelInfo, WorkBatch, WorkResult
+
+log = logging.getLogger("gristmill.worker")
+
+
+def load_models(settings: Settings, names: list[str]) -> dict[tuple[str, str], Model]:
+    """Load every requested ``name`` or ``name@version`` (all versions for a bare name)."""
+    specs = build_specs(settings)
+    models: dict[tuple[str, str], Model] = {}
+    for ref in names:
+        name, _, version = ref.partition("@")
+        if name not in specs:
+            raise SystemExit(f"unknown model {name!r}; known: {', '.join(sorted(specs))}")
+        versions = specs[name]
+        chosen = [versions[version]] if version else list(versions.values())
+        if version and version not in versions:
+            raise SystemExit(f"unknown version {ref!r}")
+        for spec in chosen or [latest(versions)]:
+            models[(spec.name, spec.version)] = spec.load()
+    return models
+
+
+def run_batch(models: dict[tuple[str, str], Model], batch: WorkBatch) -> WorkResult:
+    start = time.time()
+    try:
+        model = models[(batch.model, batch.version)]
+        outputs = model.predict(batch.inputs, batch.params)
+        if len(outputs) != len(batch.inputs):
+            raise RuntimeError(f"model returned {len(outputs)} outputs for {len(batch.inputs)}")
+        return WorkResult(batch.batch_id, outputs, None, start, time.time())
+    except Exception as exc:  # the scheduler decides about retries; we only report
+        log.warning("batch %s failed: %s", batch.batch_id, exc)
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        return WorkResult(batch.batch_id, None, detail, start, time.time())
+
+
+def serve(settings: Settings, socket_path: str, authkey: bytes, model_names: list[str],
+          worker_id: str | None = None) -> None:
+    models = load_models(settings, model_names)
+    infos = []
+    for (name, version), model in models.items():
+        profile = model.warmup()
+        infos.append(ModelInfo(name, version, model.spec.max_batch_size, profile))
+        log.info("model %s@%s ready, warmup profile %s", name, version, profile)
+    wid = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+    device = os.environ.get("CUDA_VISIBLE_DEVICES", "cpu")
+    conn = Client(socket_path, family="AF_UNIX", authkey=authkey)
+    conn.send(Hello(worker_id=wid, pid=os.getpid(), device=device, models=infos))
+    while True:
+        try:
+            batch = conn.recv()
+        except (EOFError, OSError):
+            log.info("scheduler went away; worker %s exits", wid)
+            return
+        if batch is None:  # orderly shutdown
+            return
+        conn.send(run_batch(models, batch))
