@@ -1,0 +1,25 @@
+"""Throwaway local servers for development and tests: Kafka (KRaft, from plain jars) and
+PostgreSQL (initdb + pg_ctl), each in its own work directory and process group.
+
+``python -m gristmill.devservices up`` starts both and prints their addresses.
+"""
+
+from gristmill.devservices.kafka import (
+    KafkaBroker,
+    KafkaCluster,
+    KafkaStartError,
+    ensure_kafka_jars,
+)
+from gristmill.devservices.ports import free_port, wait_for_port
+from gristmill.devservices.postgres import PostgresError, PostgresServer
+
+__all__ = [
+    "KafkaBroker",
+    "KafkaCluster",
+    "KafkaStartError",
+    "PostgresError",
+    "PostgresServer",
+    "ensure_kafka_jars",
+    "free_port",
+    "wait_for_port",
+]

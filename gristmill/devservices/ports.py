@@ -1,0 +1,38 @@
+"""Small TCP port helpers for the throwaway dev/test servers."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """Return a port that was free a moment ago (the OS picks it for port 0).
+
+    There is an unavoidable race between closing this socket and the server binding the
+    port, but the kernel hands out ephemeral ports round-robin, so reuse is very unlikely.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    """True if something accepts TCP connections on host:port right now."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_port(host: str, port: int, timeout_s: float) -> None:
+    """Block until host:port accepts a TCP connection; raise TimeoutError after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if port_open(host, port, timeout_s=min(0.5, max(timeout_s, 0.05))):
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{host}:{port} did not accept connections within {timeout_s:.1f}s")
+        time.sleep(0.1)

@@ -1,0 +1,170 @@
+"""A whole Gristmill on loopback for end-to-end tests: real Kafka, real PostgreSQL,
+the API over real HTTP, a scheduler with worker processes.
+
+KAFKA_BOOTSTRAP / DATABASE_URL, when set, point the suite at existing servers;
+each run then uses its own topic prefix and consumer group so runs never mix.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from gristmill.config import Settings
+from gristmill.devservices import KafkaCluster, PostgresServer, free_port
+from gristmill.migrate import migrate_database
+from gristmill.topics import ensure_topics
+from results.db import make_engine
+from results.tenants import create_tenant, issue_key
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Services:
+    bootstrap: str
+    database_url: str
+    kafka: KafkaCluster | None = None
+    postgres: PostgresServer | None = None
+
+
+@contextmanager
+def local_services(workdir: Path, *, n_brokers: int = 1) -> Iterator[Services]:
+    kafka = pg = None
+    try:
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+        if not bootstrap:
+            kafka = KafkaCluster(workdir / "kafka", n_brokers=n_brokers, partitions=3)
+            kafka.start()
+            bootstrap = kafka.bootstrap
+        url = os.environ.get("DATABASE_URL")
+        if not url:
+            # PostgreSQL runs as an unprivileged user, which cannot enter pytest's
+            # private (0700) temp folders: give it a traversable one of its own.
+            pg_dir = Path(tempfile.mkdtemp(prefix="gristmill-pg-"))
+            pg_dir.chmod(0o711)
+            pg = PostgresServer(pg_dir, fast=True)
+            pg.start()
+            url = pg.url
+        yield Services(bootstrap, url, kafka, pg)
+    finally:
+        if kafka is not None:
+            kafka.stop()
+        if pg is not None:
+            pg.stop()
+            shutil.rmtree(pg.workdir, ignore_errors=True)
+
+
+@dataclass
+class System:
+    services: Services
+    env: dict[str, str]
+    workdir: Path
+    url: str = ""
+    keys: dict[str, str] = field(default_factory=dict)  # tier -> API key
+    tenant_ids: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> Settings:
+        return Settings(**{k: v for k, v in self.env.items() if k in ("KAFKA_BOOTSTRAP", "DATABASE_URL")},
+                        topic_prefix=self.env["GRISTMILL_TOPIC_PREFIX"],
+                        topic_partitions=int(self.env["GRISTMILL_TOPIC_PARTITIONS"]))
+
+    def headers(self, tier: str = "paid") -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[tier]}"}
+
+    def start_api(self, name: str = "api", env: dict[str, str] | None = None) -> str:
+        port = free_port()
+        log = (self.workdir / f"{name}.log").open("ab")
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "ingest.main:app", "--host", "127.0.0.1",
+             "--port", str(port), "--log-level", "warning"],
+            env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+            start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    return url
+            except httpx.HTTPError:
+                pass
+            if self.procs[name].poll() is not None:
+                raise RuntimeError(f"API exited; see {self.workdir / (name + '.log')}")
+            time.sleep(0.2)
+        raise RuntimeError("API did not start")
+
+    def start_scheduler(self, name: str = "scheduler", *, workers: int = 2,
+                        models: str = "sim,all-minilm-l6-v2") -> None:
+        log = (self.workdir / f"{name}.log").open("ab")
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "gristmill", "scheduler", "--workers", str(workers),
+             "--models", models, "--socket-dir", str(self.workdir / f"run-{name}")],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int | None:
+        p = self.procs.pop(name)
+        if p.poll() is None:
+            os.killpg(p.pid, sig)
+            try:
+                p.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        return p.returncode
+
+    def wait_until_serving(self, model: str = "sim", timeout_s: float = 120) -> None:
+        deadline = time.time() + timeout_s
+        last = ""
+        while time.time() < deadline:
+            for name, p in self.procs.items():
+                if p.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {p.returncode}")
+            r = httpx.post(f"{self.url}/v1/infer", headers=self.headers(),
+                           json={"model": model, "input": "warm up"}, timeout=30)
+            if r.status_code == 200:
+                return
+            last = r.text
+            time.sleep(0.5)
+        raise RuntimeError(f"model {model} not served in time: {last}")
+
+    def close(self) -> None:
+        for name in list(self.procs):
+            self.stop(name)
+
+
+def build_system(services: Services, workdir: Path, *, sim_batch_ms: int = 100) -> System:
+    run = uuid.uuid4().hex[:8]
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP": services.bootstrap,
+        "DATABASE_URL": services.database_url,
+        "GRISTMILL_TOPIC_PREFIX": f"gm-test-{run}",
+        "GRISTMILL_CONSUMER_GROUP": f"gm-test-{run}",
+        "GRISTMILL_TOPIC_PARTITIONS": "3",
+        "GRISTMILL_SIM_BATCH_MS": str(sim_batch_ms),
+        "PYTHONUNBUFFERED": "1",
+    }
+    system = System(services=services, env=env, workdir=workdir)
+    settings = system.settings
+    migrate_database(settings)
+    ensure_topics(settings)
+    with make_engine(settings.database_url).begin() as conn:
+        for tier in ("free", "paid", "enterprise"):
+            tenant = create_tenant(conn, f"{tier}-{run}", tier)
+            system.tenant_ids[tier] = tenant.id
+            system.keys[tier] = issue_key(conn, tenant)[1]
+    return system
