@@ -7,16 +7,21 @@ them) and ``GRISTMILL_*`` for the rest. No other module reads the environment.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="GRISTMILL_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="GRISTMILL_", extra="ignore", validate_by_name=True, validate_by_alias=True
+    )
 
     # --- where the services are ---
     kafka_bootstrap: str = Field(
-        "127.0.0.1:9092", validation_alias=AliasChoices("KAFKA_BOOTSTRAP", "GRISTMILL_KAFKA_BOOTSTRAP")
+        "127.0.0.1:9092",
+        validation_alias=AliasChoices("KAFKA_BOOTSTRAP", "GRISTMILL_KAFKA_BOOTSTRAP"),
     )
     database_url: str = Field(
         "postgresql+psycopg://gristmill@127.0.0.1:5432/gristmill",
@@ -67,3 +72,17 @@ class Settings(BaseSettings):
 
 def load_settings() -> Settings:
     return Settings()
+
+
+def settings_from_env(env: Mapping[str, str]) -> Settings:
+    """The settings a process started with environment ``env`` would read."""
+    values: dict[str, str] = {}
+    for name, f in Settings.model_fields.items():
+        keys = [f"GRISTMILL_{name.upper()}"]
+        if isinstance(f.validation_alias, AliasChoices):
+            keys = [str(k) for k in f.validation_alias.choices] + keys
+        for k in keys:
+            if k in env:
+                values[name] = env[k]
+                break
+    return Settings.model_validate({**values}, by_name=True)

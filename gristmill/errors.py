@@ -11,7 +11,9 @@ class GristmillError(Exception):
     status: int = 500
     code: str = "internal_error"
 
-    def __init__(self, message: str, *, field: str | None = None, retry_after_s: float | None = None):
+    def __init__(
+        self, message: str, *, field: str | None = None, retry_after_s: float | None = None
+    ):
         super().__init__(message)
         self.message = message
         self.field = field

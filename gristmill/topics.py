@@ -44,9 +44,14 @@ def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
     }
     wanted = [*all_request_topics(settings), dead_letter_topic(settings)]
     new = [
-        NewTopic(t, num_partitions=settings.topic_partitions,
-                 replication_factor=settings.topic_replication, config=configs)
-        for t in wanted if t not in existing
+        NewTopic(
+            t,
+            num_partitions=settings.topic_partitions,
+            replication_factor=settings.topic_replication,
+            config=configs,
+        )
+        for t in wanted
+        if t not in existing
     ]
     if not new:
         return []

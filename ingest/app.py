@@ -34,11 +34,15 @@ def create_app(settings: Settings) -> FastAPI:
         except Exception as exc:  # the API still starts; produce answers 503 until Kafka is back
             log.warning("could not check Kafka topics: %s", exc)
         engine = make_async_engine(settings.database_url)
-        waiter = ResultWaiter(engine, settings.database_url,
-                              poll_interval_s=settings.result_poll_interval_ms / 1000)
+        waiter = ResultWaiter(
+            engine, settings.database_url, poll_interval_s=settings.result_poll_interval_ms / 1000
+        )
         state = AppState(
-            settings=settings, engine=engine,
-            producer=AsyncProducer(settings.kafka_bootstrap, timeout_ms=settings.produce_timeout_ms),
+            settings=settings,
+            engine=engine,
+            producer=AsyncProducer(
+                settings.kafka_bootstrap, timeout_ms=settings.produce_timeout_ms
+            ),
             auth=Authenticator(engine, ttl_s=settings.auth_cache_s),
             catalog=ModelCatalog(build_specs(settings), engine),
             waiter=waiter,
@@ -52,8 +56,12 @@ def create_app(settings: Settings) -> FastAPI:
             state.producer.close()
             await engine.dispose()
 
-    app = FastAPI(title="Gristmill", version=__version__, lifespan=lifespan,
-                  default_response_class=ORJSONResponse)
+    app = FastAPI(
+        title="Gristmill",
+        version=__version__,
+        lifespan=lifespan,
+        default_response_class=ORJSONResponse,
+    )
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.include_router(infer.router)

@@ -39,8 +39,9 @@ class Authenticator:
                 async with self.engine.connect() as conn:
                     row = (await conn.execute(lookup_stmt(key))).first()
             except (SQLAlchemyError, OSError) as exc:
-                raise Unavailable("cannot reach the database to check the API key",
-                                  retry_after_s=2) from exc
+                raise Unavailable(
+                    "cannot reach the database to check the API key", retry_after_s=2
+                ) from exc
             tenant = Tenant(str(row.id), row.name, row.tier) if row else None
             self._cache[key] = (tenant, now + (self.ttl_s if tenant else _NEGATIVE_TTL_S))
             if len(self._cache) > 100_000:  # bound memory under a key-guessing flood

@@ -25,8 +25,9 @@ def _version_order(v: str) -> tuple[int, str]:
 
 
 class ModelCatalog:
-    def __init__(self, specs: dict[str, dict[str, ModelSpec]], engine: AsyncEngine,
-                 *, refresh_s: float = 2.0):
+    def __init__(
+        self, specs: dict[str, dict[str, ModelSpec]], engine: AsyncEngine, *, refresh_s: float = 2.0
+    ):
         self.specs = specs
         self.engine = engine
         self.refresh_s = refresh_s
@@ -53,10 +54,15 @@ class ModelCatalog:
         out = []
         for name, versions in sorted(self.specs.items()):
             for version, spec in sorted(versions.items()):
-                out.append({"model": name, "version": version,
-                            "max_batch_size": spec.max_batch_size,
-                            "live": self._live.get((name, version), False),
-                            "params": {p.name: p.default for p in spec.params}})
+                out.append(
+                    {
+                        "model": name,
+                        "version": version,
+                        "max_batch_size": spec.max_batch_size,
+                        "live": self._live.get((name, version), False),
+                        "params": {p.name: p.default for p in spec.params},
+                    }
+                )
         return out
 
     async def resolve(self, ref: str) -> ModelSpec:
@@ -75,6 +81,7 @@ class ModelCatalog:
         if not self._live.get((spec.name, spec.version)):
             await self.refresh(force=True)
             if not self._live.get((spec.name, spec.version)):
-                raise Unavailable(f"no worker is serving model {spec.ref} right now",
-                                  retry_after_s=5)
+                raise Unavailable(
+                    f"no worker is serving model {spec.ref} right now", retry_after_s=5
+                )
         return spec

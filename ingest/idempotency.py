@@ -28,29 +28,51 @@ class Claim:
     first_deadline: datetime | None = None  # when the first attempt's caller gave up
 
 
-async def claim(engine: AsyncEngine, *, tenant_id: str, key: str, request_id: str,
-                body_hash: str, deadline: float) -> Claim:
-    stmt = (insert(idempotency_keys)
-            .values(tenant_id=tenant_id, key=key, request_id=request_id, body_hash=body_hash,
-                    deadline_at=ts(deadline))
-            .on_conflict_do_nothing()
-            .returning(idempotency_keys.c.request_id))
+async def claim(
+    engine: AsyncEngine,
+    *,
+    tenant_id: str,
+    key: str,
+    request_id: str,
+    body_hash: str,
+    deadline: float,
+) -> Claim:
+    stmt = (
+        insert(idempotency_keys)
+        .values(
+            tenant_id=tenant_id,
+            key=key,
+            request_id=request_id,
+            body_hash=body_hash,
+            deadline_at=ts(deadline),
+        )
+        .on_conflict_do_nothing()
+        .returning(idempotency_keys.c.request_id)
+    )
     async with engine.begin() as conn:
         if (await conn.execute(stmt)).first() is not None:
             return Claim(first=True)
-        row = (await conn.execute(
-            select(idempotency_keys.c.body_hash, idempotency_keys.c.deadline_at)
-            .where(idempotency_keys.c.tenant_id == tenant_id, idempotency_keys.c.key == key)
-        )).one()
+        row = (
+            await conn.execute(
+                select(idempotency_keys.c.body_hash, idempotency_keys.c.deadline_at).where(
+                    idempotency_keys.c.tenant_id == tenant_id, idempotency_keys.c.key == key
+                )
+            )
+        ).one()
     if row.body_hash != body_hash:
         raise IdempotencyConflict(
-            "Idempotency-Key was already used with a different request body", field="Idempotency-Key")
+            "Idempotency-Key was already used with a different request body",
+            field="Idempotency-Key",
+        )
     return Claim(first=False, first_deadline=row.deadline_at)
 
 
 async def expire_old(engine: AsyncEngine, ttl_h: int) -> int:
     """Keys are kept at least ``ttl_h`` hours; older ones may be reused."""
     async with engine.begin() as conn:
-        res = await conn.execute(delete(idempotency_keys).where(
-            idempotency_keys.c.created_at < func.now() - func.make_interval(0, 0, 0, 0, ttl_h)))
+        res = await conn.execute(
+            delete(idempotency_keys).where(
+                idempotency_keys.c.created_at < func.now() - func.make_interval(0, 0, 0, 0, ttl_h)
+            )
+        )
         return int(res.rowcount or 0)

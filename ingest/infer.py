@@ -67,25 +67,39 @@ async def infer(
     params = spec.normalize_params(body.params)
     timeout_ms = body.timeout_ms or st.settings.default_timeout_ms
     if timeout_ms > st.settings.max_timeout_ms:
-        raise InvalidInput(f"timeout_ms may be at most {st.settings.max_timeout_ms}",
-                           field="timeout_ms")
+        raise InvalidInput(
+            f"timeout_ms may be at most {st.settings.max_timeout_ms}", field="timeout_ms"
+        )
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_KEY_LENGTH:
-        raise InvalidInput(f"Idempotency-Key must be 1..{MAX_KEY_LENGTH} characters",
-                           field="Idempotency-Key")
+        raise InvalidInput(
+            f"Idempotency-Key must be 1..{MAX_KEY_LENGTH} characters", field="Idempotency-Key"
+        )
     deadline = received + timeout_ms / 1000
     rid = request_id_for(tenant.id, idempotency_key)
     msg = RequestMessage(
-        request_id=rid, tenant_id=tenant.id, priority=TIER_TO_CLASS[tenant.tier],
-        model=spec.name, version=spec.version, input=body.input, params=params,
-        deadline=deadline, received_at=received,
+        request_id=rid,
+        tenant_id=tenant.id,
+        priority=TIER_TO_CLASS[tenant.tier],
+        model=spec.name,
+        version=spec.version,
+        input=body.input,
+        params=params,
+        deadline=deadline,
+        received_at=received,
         body_hash=body_hash(spec.ref, body.input, params),
     )
     fut = st.waiter.register(rid)
     try:
         send = True
         if idempotency_key is not None:
-            c = await claim(st.engine, tenant_id=tenant.id, key=idempotency_key,
-                            request_id=rid, body_hash=msg.body_hash, deadline=deadline)
+            c = await claim(
+                st.engine,
+                tenant_id=tenant.id,
+                key=idempotency_key,
+                request_id=rid,
+                body_hash=msg.body_hash,
+                deadline=deadline,
+            )
             if not c.first:
                 done = await st.waiter.fetch([rid])
                 if done:
@@ -97,19 +111,23 @@ async def infer(
         if send:
             await st.producer.produce(request_topic(st.settings, msg.priority), rid, msg.encode())
         try:
-            row = await asyncio.wait_for(asyncio.shield(fut), timeout=max(0.0, deadline - time.time()))
+            row = await asyncio.wait_for(
+                asyncio.shield(fut), timeout=max(0.0, deadline - time.time())
+            )
         except TimeoutError as exc:
             raise DeadlineExceeded(
                 f"no result within timeout_ms={timeout_ms}; the request stays accepted "
-                f"and its result can be fetched at /v1/requests/{rid}") from exc
+                f"and its result can be fetched at /v1/requests/{rid}"
+            ) from exc
         return ORJSONResponse(result_body(row, (time.time() - received) * 1000))
     finally:
         st.waiter.discard(rid)
 
 
 @router.get("/v1/requests/{request_id}")
-async def get_request(request: Request, request_id: str,
-                      authorization: str | None = Header(default=None)) -> ORJSONResponse:
+async def get_request(
+    request: Request, request_id: str, authorization: str | None = Header(default=None)
+) -> ORJSONResponse:
     """A request's result by id, for callers whose wait timed out. Tenant-scoped."""
     st: AppState = get_state(request)
     tenant = await st.auth.authenticate(authorization)
@@ -118,11 +136,20 @@ async def get_request(request: Request, request_id: str,
     except ValueError as exc:
         raise NotFound(f"no request {request_id}") from exc
     async with st.engine.connect() as conn:
-        row = (await conn.execute(select(*RESULT_COLUMNS).where(
-            requests.c.request_id == request_id, requests.c.tenant_id == tenant.id))).first()
+        row = (
+            await conn.execute(
+                select(*RESULT_COLUMNS).where(
+                    requests.c.request_id == request_id, requests.c.tenant_id == tenant.id
+                )
+            )
+        ).first()
     if row is None:
-        raise NotFound(f"no finished request {request_id} for this tenant "
-                       "(it may still be queued)")
+        raise NotFound(f"no finished request {request_id} for this tenant (it may still be queued)")
     data = dict(row._mapping)
-    return ORJSONResponse({"status": data["status"], "error": data["error"],
-                           **(result_body(data) if data["status"] == "succeeded" else {})})
+    return ORJSONResponse(
+        {
+            "status": data["status"],
+            "error": data["error"],
+            **(result_body(data) if data["status"] == "succeeded" else {}),
+        }
+    )

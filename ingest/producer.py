@@ -17,14 +17,16 @@ from gristmill.errors import Unavailable
 
 class AsyncProducer:
     def __init__(self, bootstrap: str, *, timeout_ms: int):
-        self._producer = Producer({
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,  # no duplicates or reordering from producer retries
-            "acks": "all",
-            "linger.ms": 1,
-            "message.timeout.ms": timeout_ms,
-            "compression.type": "lz4",
-        })
+        self._producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,  # no duplicates or reordering from producer retries
+                "acks": "all",
+                "linger.ms": 1,
+                "message.timeout.ms": timeout_ms,
+                "compression.type": "lz4",
+            }
+        )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="kafka-producer", daemon=True)
         self._thread.start()
@@ -40,10 +42,17 @@ class AsyncProducer:
 
         def done(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
-                loop.call_soon_threadsafe(_set_exc, fut, Unavailable(
-                    f"could not make the request durable in Kafka: {err.str()}", retry_after_s=2))
+                loop.call_soon_threadsafe(
+                    _set_exc,
+                    fut,
+                    Unavailable(
+                        f"could not make the request durable in Kafka: {err.str()}", retry_after_s=2
+                    ),
+                )
             else:
-                loop.call_soon_threadsafe(_set_result, fut, (msg.partition(), msg.offset()))
+                loop.call_soon_threadsafe(
+                    _set_result, fut, (msg.partition() or 0, msg.offset() or 0)
+                )
 
         try:
             self._producer.produce(topic, value=value, key=key, on_delivery=done)

@@ -24,10 +24,19 @@ from results.schema import requests
 log = logging.getLogger("gristmill.ingest.waiters")
 
 RESULT_COLUMNS = (
-    requests.c.request_id, requests.c.status, requests.c.output, requests.c.error,
-    requests.c.model, requests.c.model_version, requests.c.batch_size,
-    requests.c.received_at, requests.c.consumed_at, requests.c.batched_at,
-    requests.c.compute_start_at, requests.c.compute_end_at, requests.c.persisted_at,
+    requests.c.request_id,
+    requests.c.status,
+    requests.c.output,
+    requests.c.error,
+    requests.c.model,
+    requests.c.model_version,
+    requests.c.batch_size,
+    requests.c.received_at,
+    requests.c.consumed_at,
+    requests.c.batched_at,
+    requests.c.compute_start_at,
+    requests.c.compute_end_at,
+    requests.c.persisted_at,
 )
 
 
@@ -105,6 +114,6 @@ class ResultWaiter:
                 continue
             try:
                 for i in range(0, len(stale), 1000):
-                    await self._resolve(stale[i:i + 1000])
+                    await self._resolve(stale[i : i + 1000])
             except Exception as exc:
                 log.warning("result poll failed: %s", exc)

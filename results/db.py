@@ -26,13 +26,15 @@ def libpq_url(url: str) -> str:
 
 
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
-    return create_engine(sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size,
-                         pool_pre_ping=True)
+    return create_engine(
+        sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+    )
 
 
 def make_async_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
-    return create_async_engine(sqlalchemy_url(url), pool_size=pool_size,
-                               max_overflow=pool_size, pool_pre_ping=True)
+    return create_async_engine(
+        sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+    )
 
 
 def ts(epoch_s: float | None) -> datetime | None:

@@ -17,19 +17,28 @@ from results.schema import models
 STALE_AFTER_S = 30.0
 
 
-def announce(conn: Connection, name: str, version: str, max_batch_size: int,
-             profile_ms: dict[int, float]) -> None:
-    stmt = insert(models).values(name=name, version=version, max_batch_size=max_batch_size,
-                                 profile_ms={str(k): v for k, v in profile_ms.items()})
-    conn.execute(stmt.on_conflict_do_update(
-        index_elements=["name", "version"],
-        set_={"max_batch_size": stmt.excluded.max_batch_size,
-              "profile_ms": stmt.excluded.profile_ms, "last_seen_at": func.now()},
-    ))
+def announce(
+    conn: Connection, name: str, version: str, max_batch_size: int, profile_ms: dict[int, float]
+) -> None:
+    stmt = insert(models).values(
+        name=name,
+        version=version,
+        max_batch_size=max_batch_size,
+        profile_ms={str(k): v for k, v in profile_ms.items()},
+    )
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["name", "version"],
+            set_={
+                "max_batch_size": stmt.excluded.max_batch_size,
+                "profile_ms": stmt.excluded.profile_ms,
+                "last_seen_at": func.now(),
+            },
+        )
+    )
 
 
 def live_stmt() -> Select[Any]:
     """All models with whether each has been announced recently."""
     fresh = models.c.last_seen_at > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, STALE_AFTER_S)
-    return select(models.c.name, models.c.version, models.c.max_batch_size,
-                  fresh.label("live"))
+    return select(models.c.name, models.c.version, models.c.max_batch_size, fresh.label("live"))

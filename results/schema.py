@@ -24,7 +24,8 @@ metadata = MetaData()
 TIERS = ("free", "paid", "enterprise")
 
 tenants = Table(
-    "tenants", metadata,
+    "tenants",
+    metadata,
     Column("id", UUID(as_uuid=False), primary_key=True, server_default=func.gen_random_uuid()),
     Column("name", Text, nullable=False, unique=True),
     Column("tier", Text, nullable=False),
@@ -33,7 +34,8 @@ tenants = Table(
 )
 
 api_keys = Table(
-    "api_keys", metadata,
+    "api_keys",
+    metadata,
     Column("id", UUID(as_uuid=False), primary_key=True, server_default=func.gen_random_uuid()),
     Column("tenant_id", UUID(as_uuid=False), ForeignKey("tenants.id"), nullable=False),
     # sha256 of the key: keys are random and long, so a fast hash is enough and
@@ -45,7 +47,8 @@ api_keys = Table(
 )
 
 models = Table(
-    "models", metadata,
+    "models",
+    metadata,
     Column("name", Text, primary_key=True),
     Column("version", Text, primary_key=True),
     Column("max_batch_size", Integer, nullable=False),
@@ -55,7 +58,8 @@ models = Table(
 
 # The request log and result store: exactly one row per request id.
 requests = Table(
-    "requests", metadata,
+    "requests",
+    metadata,
     Column("request_id", UUID(as_uuid=False), primary_key=True),
     Column("tenant_id", UUID(as_uuid=False), nullable=False),
     Column("priority", Text, nullable=False),
@@ -88,7 +92,8 @@ requests = Table(
 )
 
 batches = Table(
-    "batches", metadata,
+    "batches",
+    metadata,
     Column("batch_id", UUID(as_uuid=False), primary_key=True),
     Column("model", Text, nullable=False),
     Column("model_version", Text, nullable=False),
@@ -106,7 +111,8 @@ batches = Table(
 )
 
 idempotency_keys = Table(
-    "idempotency_keys", metadata,
+    "idempotency_keys",
+    metadata,
     Column("tenant_id", UUID(as_uuid=False), primary_key=True),
     Column("key", Text, primary_key=True),
     Column("request_id", UUID(as_uuid=False), nullable=False),

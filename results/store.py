@@ -38,16 +38,20 @@ def notify_payloads(request_ids: Sequence[str]) -> list[str]:
     return out
 
 
-def write_results(conn: Connection, request_rows: list[dict[str, Any]],
-                  batch_row: dict[str, Any] | None) -> list[str]:
+def write_results(
+    conn: Connection, request_rows: list[dict[str, Any]], batch_row: dict[str, Any] | None
+) -> list[str]:
     """Upsert rows and announce them; returns the ids that were newly written."""
     if batch_row is not None:
         conn.execute(insert(batches).values(batch_row).on_conflict_do_nothing())
     if not request_rows:
         return []
-    stmt = (insert(requests).values(request_rows)
-            .on_conflict_do_nothing(index_elements=["request_id"])
-            .returning(requests.c.request_id))
+    stmt = (
+        insert(requests)
+        .values(request_rows)
+        .on_conflict_do_nothing(index_elements=["request_id"])
+        .returning(requests.c.request_id)
+    )
     written = [r[0] for r in conn.execute(stmt)]
     # Announce every id, written now or before: a waiter may be waiting on a
     # redelivered request whose first row landed while it was not yet listening.
@@ -56,7 +60,8 @@ def write_results(conn: Connection, request_rows: list[dict[str, Any]],
     return written
 
 
-def persist(engine: Engine, request_rows: list[dict[str, Any]],
-            batch_row: dict[str, Any] | None) -> list[str]:
+def persist(
+    engine: Engine, request_rows: list[dict[str, Any]], batch_row: dict[str, Any] | None
+) -> list[str]:
     with engine.begin() as conn:
         return write_results(conn, request_rows, batch_row)

@@ -45,9 +45,7 @@ def create_tenant(conn: Connection, name: str, tier: str) -> Tenant:
     existing = conn.execute(select(tenants).where(tenants.c.name == name)).first()
     if existing is not None:
         raise InvalidInput(f"tenant {name!r} already exists", field="name")
-    row = conn.execute(
-        tenants.insert().values(name=name, tier=tier).returning(tenants.c.id)
-    ).one()
+    row = conn.execute(tenants.insert().values(name=name, tier=tier).returning(tenants.c.id)).one()
     return Tenant(row.id, name, tier)
 
 
@@ -70,23 +68,33 @@ def issue_key(conn: Connection, tenant: Tenant) -> tuple[str, str]:
 
 
 def list_keys(conn: Connection, tenant_name: str | None = None) -> list[dict[str, object]]:
-    q = (select(tenants.c.name, tenants.c.tier, api_keys.c.id, api_keys.c.prefix,
-                api_keys.c.created_at, api_keys.c.revoked_at)
-         .join(api_keys, api_keys.c.tenant_id == tenants.c.id)
-         .order_by(tenants.c.name, api_keys.c.created_at))
+    q = (
+        select(
+            tenants.c.name,
+            tenants.c.tier,
+            api_keys.c.id,
+            api_keys.c.prefix,
+            api_keys.c.created_at,
+            api_keys.c.revoked_at,
+        )
+        .join(api_keys, api_keys.c.tenant_id == tenants.c.id)
+        .order_by(tenants.c.name, api_keys.c.created_at)
+    )
     if tenant_name is not None:
         q = q.where(tenants.c.name == tenant_name)
     return [dict(r._mapping) for r in conn.execute(q)]
 
 
 def list_tenants(conn: Connection) -> list[Tenant]:
-    return [Tenant(r.id, r.name, r.tier)
-            for r in conn.execute(select(tenants).order_by(tenants.c.name))]
+    return [
+        Tenant(r.id, r.name, r.tier) for r in conn.execute(select(tenants).order_by(tenants.c.name))
+    ]
 
 
 def revoke_key(conn: Connection, key_id: str) -> None:
     res = conn.execute(
-        update(api_keys).where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
+        update(api_keys)
+        .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
         .values(revoked_at=func.now())
     )
     if res.rowcount == 0:

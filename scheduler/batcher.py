@@ -77,8 +77,13 @@ class FlushPolicy:
 
 
 def flush_time(
-    *, oldest_at: float, earliest_deadline: float, count: int, max_batch: int,
-    predicted_s: float, policy: FlushPolicy,
+    *,
+    oldest_at: float,
+    earliest_deadline: float,
+    count: int,
+    max_batch: int,
+    predicted_s: float,
+    policy: FlushPolicy,
 ) -> float:
     """When a queue should be flushed at the latest (``-inf`` means now)."""
     if count >= max_batch:
@@ -135,7 +140,11 @@ class _KeyQueue:
 
 class Batcher:
     def __init__(
-        self, *, policy: FlushPolicy, cost: CostModel, max_batch: Callable[[ModelRef], int],
+        self,
+        *,
+        policy: FlushPolicy,
+        cost: CostModel,
+        max_batch: Callable[[ModelRef], int],
         n_ranks: int = 4,
     ):
         self.policy = policy
@@ -163,8 +172,11 @@ class Batcher:
 
     def _flush_time(self, key: BatchKey, q: _KeyQueue) -> float:
         return flush_time(
-            oldest_at=q.oldest_at(), earliest_deadline=q.earliest_deadline(), count=q.count,
-            max_batch=self.max_batch(key.ref), predicted_s=self._predicted_s(key, q.count),
+            oldest_at=q.oldest_at(),
+            earliest_deadline=q.earliest_deadline(),
+            count=q.count,
+            max_batch=self.max_batch(key.ref),
+            predicted_s=self._predicted_s(key, q.count),
             policy=self.policy,
         )
 
@@ -198,8 +210,11 @@ class Batcher:
         key = best[2]
         q = self._queues[key]
         full = q.count >= self.max_batch(key.ref)
-        reason = "full" if full else (
-            "linger" if q.oldest_at() + self.policy.max_linger_s <= now else "deadline")
+        reason = (
+            "full"
+            if full
+            else ("linger" if q.oldest_at() + self.policy.max_linger_s <= now else "deadline")
+        )
         items = q.pop(self.max_batch(key.ref))
         self._count -= len(items)
         self._gc()

@@ -33,8 +33,9 @@ class FailurePlan:
     failed: list[Pending]  # out of attempts: record as failed
 
 
-def plan_failure(items: list[Pending], policy: RetryPolicy,
-                 rng: random.Random | None = None) -> FailurePlan:
+def plan_failure(
+    items: list[Pending], policy: RetryPolicy, rng: random.Random | None = None
+) -> FailurePlan:
     if len(items) > 1:
         mid = len(items) // 2
         return FailurePlan([items[:mid], items[mid:]], 0.0, [])

@@ -32,7 +32,7 @@ from gristmill.topics import PRIORITY_CLASSES, all_request_topics, dead_letter_t
 from results import modelregistry
 from results.db import make_engine
 from results.store import persist
-from scheduler.batcher import Batch, BatchKey, Batcher, FlushPolicy, Pending
+from scheduler.batcher import Batch, Batcher, BatchKey, FlushPolicy, Pending
 from scheduler.costmodel import CostModel, ModelRef
 from scheduler.offsets import OffsetTracker
 from scheduler.retry import RetryPolicy, plan_failure
@@ -51,8 +51,14 @@ class _Retry:
 
 
 class SchedulerService:
-    def __init__(self, settings: Settings, *, socket_dir: Path, n_workers: int | None = None,
-                 models: list[str] | None = None):
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        socket_dir: Path,
+        n_workers: int | None = None,
+        models: list[str] | None = None,
+    ):
         self.settings = settings
         self.specs = build_specs(settings)
         self.cond = threading.Condition()
@@ -60,7 +66,8 @@ class SchedulerService:
         self.max_batch: dict[ModelRef, int] = {}
         self.batcher = Batcher(
             policy=FlushPolicy(settings.max_linger_ms / 1000, settings.deadline_margin_ms / 1000),
-            cost=self.cost, max_batch=lambda ref: self.max_batch.get(ref, 1),
+            cost=self.cost,
+            max_batch=lambda ref: self.max_batch.get(ref, 1),
             n_ranks=len(PRIORITY_CLASSES),
         )
         self.tracker = OffsetTracker()
@@ -77,20 +84,27 @@ class SchedulerService:
             models=models or [m for m in settings.worker_models.split(",") if m],
             on_ready=self._on_worker_ready,
         )
-        self.producer = Producer({"bootstrap.servers": settings.kafka_bootstrap,
-                                  "enable.idempotence": True, "acks": "all"})
-        self.consumer = Consumer({
-            "bootstrap.servers": settings.kafka_bootstrap,
-            "group.id": settings.consumer_group,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "partition.assignment.strategy": "cooperative-sticky",
-            # A dead member is noticed within the session timeout; see docs/decisions.
-            "session.timeout.ms": 6000,
-            "heartbeat.interval.ms": 1500,
-            "fetch.wait.max.ms": 5,
-            "enable.partition.eof": False,
-        })
+        self.producer = Producer(
+            {
+                "bootstrap.servers": settings.kafka_bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+            }
+        )
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": settings.kafka_bootstrap,
+                "group.id": settings.consumer_group,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "partition.assignment.strategy": "cooperative-sticky",
+                # A dead member is noticed within the session timeout; see docs/decisions.
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 1500,
+                "fetch.wait.max.ms": 5,
+                "enable.partition.eof": False,
+            }
+        )
         self.stats = {"consumed": 0, "batches": 0, "expired": 0, "failed": 0, "persisted": 0}
 
     # ---- workers -------------------------------------------------------------------
@@ -98,25 +112,30 @@ class SchedulerService:
         with self.cond:
             for m in h.hello.models:
                 ref = (m.name, m.version)
-                self.max_batch[ref] = min(self.max_batch.get(ref, m.max_batch_size),
-                                          m.max_batch_size)
+                self.max_batch[ref] = min(
+                    self.max_batch.get(ref, m.max_batch_size), m.max_batch_size
+                )
                 self.cost.seed(ref, {int(k): v for k, v in m.profile_ms.items()})
             self.handles.append(h)
             self.cond.notify_all()
         self._announce()
-        t = threading.Thread(target=self._dispatch_loop, args=(h,), daemon=True,
-                             name=f"dispatch-{h.worker_id}")
+        t = threading.Thread(
+            target=self._dispatch_loop, args=(h,), daemon=True, name=f"dispatch-{h.worker_id}"
+        )
         self.dispatchers.append(t)
         t.start()
 
     def _announce(self) -> None:
         with self.cond:
-            infos = {(m.name, m.version): m for h in self.handles if h.alive for m in h.hello.models}
+            infos = {
+                (m.name, m.version): m for h in self.handles if h.alive for m in h.hello.models
+            }
         try:
             with self.engine.begin() as conn:
                 for (name, version), m in infos.items():
-                    modelregistry.announce(conn, name, version, self.max_batch[(name, version)],
-                                           m.profile_ms)
+                    modelregistry.announce(
+                        conn, name, version, self.max_batch[(name, version)], m.profile_ms
+                    )
         except Exception as exc:  # PostgreSQL down: the next heartbeat retries
             log.warning("model announce failed: %s", exc)
 
@@ -133,9 +152,14 @@ class SchedulerService:
                 expired = self.batcher.drop_expired(now)
                 if expired:
                     self.stats["expired"] += len(expired)
-                    rows = [request_row(p, status="expired",
-                                        error="deadline passed before a worker could run it")
-                            for p in expired]
+                    rows = [
+                        request_row(
+                            p,
+                            status="expired",
+                            error="deadline passed before a worker could run it",
+                        )
+                        for p in expired
+                    ]
                     self._persist_async(rows, None, expired)
                 for r in list(self.retries):
                     if r.not_before <= now and h.serves(r.batch.key.ref):
@@ -145,10 +169,15 @@ class SchedulerService:
                 if batch is not None:
                     self.cond.notify_all()  # the consumer may resume paused partitions
                     return batch
-                wake = min([self.batcher.wake_at(h.serves),
-                            *[r.not_before for r in self.retries if h.serves(r.batch.key.ref)]])
-                self.cond.wait(timeout=min(max(wake - now, 0.001), 0.25) if wake < math.inf
-                               else 0.25)
+                wake = min(
+                    [
+                        self.batcher.wake_at(h.serves),
+                        *[r.not_before for r in self.retries if h.serves(r.batch.key.ref)],
+                    ]
+                )
+                self.cond.wait(
+                    timeout=min(max(wake - now, 0.001), 0.25) if wake < math.inf else 0.25
+                )
         return None
 
     def _dispatch_loop(self, h: WorkerHandle) -> None:
@@ -158,13 +187,19 @@ class SchedulerService:
                 return
             self.stats["batches"] += 1
             first = batch.items[0].msg
-            work = WorkBatch(batch.batch_id, batch.key.model, batch.key.version, first.params,
-                             [p.msg.input for p in batch.items])
+            work = WorkBatch(
+                batch.batch_id,
+                batch.key.model,
+                batch.key.version,
+                first.params,
+                [p.msg.input for p in batch.items],
+            )
             try:
                 result = h.run(work, self.settings.batch_timeout_s)
             except WorkerLost as exc:
-                log.warning("%s; handing back batch %s (%d items)", exc, batch.batch_id,
-                            len(batch.items))
+                log.warning(
+                    "%s; handing back batch %s (%d items)", exc, batch.batch_id, len(batch.items)
+                )
                 with self.cond:
                     self.handles.remove(h)
                 self._on_failure(batch, str(exc))
@@ -176,12 +211,25 @@ class SchedulerService:
             ms = (result.compute_end - result.compute_start) * 1000
             with self.cond:
                 self.cost.observe(batch.key.ref, len(batch.items), ms)
-            rows = [request_row(p, status="succeeded", output=out, batch=batch,
-                                compute_start=result.compute_start,
-                                compute_end=result.compute_end)
-                    for p, out in zip(batch.items, result.outputs, strict=True)]
-            brow = batch_row(batch, worker_id=h.worker_id, status="succeeded", error=None,
-                             compute_start=result.compute_start, compute_end=result.compute_end)
+            rows = [
+                request_row(
+                    p,
+                    status="succeeded",
+                    output=out,
+                    batch=batch,
+                    compute_start=result.compute_start,
+                    compute_end=result.compute_end,
+                )
+                for p, out in zip(batch.items, result.outputs, strict=True)
+            ]
+            brow = batch_row(
+                batch,
+                worker_id=h.worker_id,
+                status="succeeded",
+                error=None,
+                compute_start=result.compute_start,
+                compute_end=result.compute_end,
+            )
             self._persist_async(rows, brow, batch.items)
 
     def _on_failure(self, batch: Batch, error: str) -> None:
@@ -189,32 +237,46 @@ class SchedulerService:
         now = time.time()
         with self.cond:
             for group in plan.retry_groups:
-                self.retries.append(_Retry(now + plan.retry_delay_s, Batch(
-                    key=batch.key, items=group, formed_at=now, reason="retry")))
+                self.retries.append(
+                    _Retry(
+                        now + plan.retry_delay_s,
+                        Batch(key=batch.key, items=group, formed_at=now, reason="retry"),
+                    )
+                )
             self.cond.notify_all()
         if plan.failed:
             self.stats["failed"] += len(plan.failed)
             rows = [request_row(p, status="failed", error=error, batch=batch) for p in plan.failed]
             for p in plan.failed:
-                self.producer.produce(dead_letter_topic(self.settings), key=p.msg.request_id,
-                                      value=p.msg.encode(), headers={"error": error[:1000]})
+                self.producer.produce(
+                    dead_letter_topic(self.settings),
+                    key=p.msg.request_id,
+                    value=p.msg.encode(),
+                    headers={"error": error[:1000]},
+                )
             self.producer.poll(0)
             self._persist_async(rows, None, plan.failed)
 
     # ---- persistence ---------------------------------------------------------------
-    def _persist_async(self, rows: list[dict[str, Any]], brow: dict[str, Any] | None,
-                       items: list[Pending]) -> None:
+    def _persist_async(
+        self, rows: list[dict[str, Any]], brow: dict[str, Any] | None, items: list[Pending]
+    ) -> None:
         self.persist_pool.submit(self._persist, rows, brow, items)
 
-    def _persist(self, rows: list[dict[str, Any]], brow: dict[str, Any] | None,
-                 items: list[Pending]) -> None:
+    def _persist(
+        self, rows: list[dict[str, Any]], brow: dict[str, Any] | None, items: list[Pending]
+    ) -> None:
         try:
             for attempt in Retrying(
-                stop=stop_never, wait=wait_exponential_jitter(initial=0.05, max=5.0),
-                retry=retry_if_exception_type(Exception), reraise=True,
+                stop=stop_never,
+                wait=wait_exponential_jitter(initial=0.05, max=5.0),
+                retry=retry_if_exception_type(Exception),
+                reraise=True,
                 before_sleep=lambda rs: log.warning(
-                    "persist failed (attempt %d): %s", rs.attempt_number,
-                    rs.outcome.exception() if rs.outcome else None),
+                    "persist failed (attempt %d): %s",
+                    rs.attempt_number,
+                    rs.outcome.exception() if rs.outcome else None,
+                ),
             ):
                 with attempt:
                     if self.stopping.is_set() and attempt.retry_state.attempt_number > 3:
@@ -255,8 +317,10 @@ class SchedulerService:
         if not positions:
             return
         try:
-            self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
-                                 asynchronous=False)
+            self.consumer.commit(
+                offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
+                asynchronous=False,
+            )
         except Exception as exc:  # e.g. rebalance in progress; the next round retries
             log.warning("commit failed: %s", exc)
             return
@@ -264,39 +328,62 @@ class SchedulerService:
             self.tracker.mark_committed(positions)
 
     def _pending(self, msg: Message, now: float) -> Pending:
-        req = RequestMessage.decode(msg.value())
-        ts_type, ts_ms = msg.timestamp()
+        value, topic, partition, offset = msg.value(), msg.topic(), msg.partition(), msg.offset()
+        assert value is not None and topic is not None and partition is not None
+        assert offset is not None
+        req = RequestMessage.decode(value)
+        _, ts_ms = msg.timestamp()
         req.extra["produced_at"] = ts_ms / 1000.0 if ts_ms > 0 else None
         spec = self.specs.get(req.model, {}).get(req.version)
         params = spec.batch_params(req.params) if spec else tuple(sorted(req.params.items()))
         rank = PRIORITY_CLASSES.index(req.priority) if req.priority in PRIORITY_CLASSES else 2
-        return Pending(msg=req, key=BatchKey(req.model, req.version, params), rank=rank,
-                       tp=(msg.topic(), msg.partition()), offset=msg.offset(), consumed_at=now)
+        return Pending(
+            msg=req,
+            key=BatchKey(req.model, req.version, params),
+            rank=rank,
+            tp=(topic, partition),
+            offset=offset,
+            consumed_at=now,
+        )
 
     def run(self) -> None:
         ensure_topics(self.settings)
         self.pool.start()
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
-        self.consumer.subscribe(all_request_topics(self.settings), on_assign=self._on_assign,
-                                on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self.consumer.subscribe(
+            all_request_topics(self.settings),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
         paused = False
         last_commit = 0.0
         log.info("scheduler running")
         while not self.stopping.is_set():
-            msgs = self.consumer.consume(num_messages=500, timeout=0.02)
+            # consume() waits for its whole timeout unless the count is reached, which
+            # would add that wait to every request: block on poll() for the first
+            # message only, then drain whatever is already fetched without waiting.
+            first = self.consumer.poll(0.05)
+            msgs = [] if first is None else [first, *self.consumer.consume(499, timeout=0)]
             now = time.time()
             if msgs:
                 with self.cond:
                     for msg in msgs:
-                        if msg.error():
-                            if msg.error().code() != KafkaError._PARTITION_EOF:
-                                log.warning("consume error: %s", msg.error())
+                        err = msg.error()
+                        if err is not None:
+                            if err.code() != KafkaError._PARTITION_EOF:
+                                log.warning("consume error: %s", err)
                             continue
                         try:
                             p = self._pending(msg, now)
                         except Exception as exc:  # a malformed message must not stall a partition
-                            log.error("undecodable message at %s[%d]@%d: %s", msg.topic(),
-                                      msg.partition(), msg.offset(), exc)
+                            log.error(
+                                "undecodable message at %s[%d]@%d: %s",
+                                msg.topic(),
+                                msg.partition(),
+                                msg.offset(),
+                                exc,
+                            )
                             continue
                         self.tracker.track(p.tp, p.offset)
                         self.batcher.add(p)

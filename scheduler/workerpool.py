@@ -8,6 +8,7 @@ restarted with backoff; its batch is handed back to the scheduler.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -48,7 +49,9 @@ class WorkerHandle:
         try:
             self.conn.send(batch)
             if not self.conn.poll(timeout_s):
-                raise WorkerLost(f"worker {self.worker_id} exceeded the {timeout_s:.0f}s batch timeout")
+                raise WorkerLost(
+                    f"worker {self.worker_id} exceeded the {timeout_s:.0f}s batch timeout"
+                )
             result: WorkResult = self.conn.recv()
             return result
         except (EOFError, OSError, BrokenPipeError) as exc:
@@ -60,24 +63,27 @@ class WorkerHandle:
     def kill(self) -> None:
         self.alive = False
         if self.hello.pid and self.hello.pid != os.getpid():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.hello.pid, 9)
-            except ProcessLookupError:
-                pass
         self.conn.close()
 
     def stop(self) -> None:
         self.alive = False
-        try:
+        with contextlib.suppress(OSError):
             self.conn.send(None)
-        except OSError:
-            pass
         self.conn.close()
 
 
 class WorkerPool:
-    def __init__(self, *, socket_path: Path, n_local: int, models: list[str],
-                 on_ready: Callable[[WorkerHandle], None], env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        *,
+        socket_path: Path,
+        n_local: int,
+        models: list[str],
+        on_ready: Callable[[WorkerHandle], None],
+        env: dict[str, str] | None = None,
+    ):
         self.socket_path = socket_path
         self.authkey = secrets.token_bytes(32)
         self.n_local = n_local
@@ -101,8 +107,17 @@ class WorkerPool:
 
     def _spawn(self, i: int) -> None:
         env = {**os.environ, **self.env, "GRISTMILL_WORKER_AUTHKEY": self.authkey.hex()}
-        cmd = [sys.executable, "-m", "workers", "--socket", str(self.socket_path),
-               "--models", ",".join(self.models), "--worker-id", f"{os.getpid()}-w{i}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "workers",
+            "--socket",
+            str(self.socket_path),
+            "--models",
+            ",".join(self.models),
+            "--worker-id",
+            f"{os.getpid()}-w{i}",
+        ]
         self._procs[i] = subprocess.Popen(cmd, env=env)
         log.info("spawned worker %d (pid %d)", i, self._procs[i].pid)  # type: ignore[union-attr]
 
@@ -111,8 +126,12 @@ class WorkerPool:
         while not self._stopping.wait(0.5):
             for i, proc in enumerate(self._procs):
                 if proc is not None and proc.poll() is not None and not self._stopping.is_set():
-                    log.warning("worker %d exited with %s; restarting in %.1fs",
-                                i, proc.returncode, backoff[i])
+                    log.warning(
+                        "worker %d exited with %s; restarting in %.1fs",
+                        i,
+                        proc.returncode,
+                        backoff[i],
+                    )
                     time.sleep(backoff[i])
                     backoff[i] = min(backoff[i] * 2, 30.0)
                     self._spawn(i)
@@ -132,8 +151,11 @@ class WorkerPool:
                 conn.close()
                 continue
             proc = next((p for p in self._procs if p is not None and p.pid == hello.pid), None)
-            log.info("worker %s ready: %s", hello.worker_id,
-                     ", ".join(f"{m.name}@{m.version}" for m in hello.models))
+            log.info(
+                "worker %s ready: %s",
+                hello.worker_id,
+                ", ".join(f"{m.name}@{m.version}" for m in hello.models),
+            )
             self.on_ready(WorkerHandle(conn, hello, proc))
 
     def stop(self, timeout_s: float = 10.0) -> None:

@@ -20,10 +20,18 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     key_hex = os.environ.get("GRISTMILL_WORKER_AUTHKEY")
     # A worker started by hand reads the key the scheduler left beside its socket.
-    authkey = bytes.fromhex(key_hex) if key_hex else (
-        Path(args.socket).parent / "worker.key").read_bytes()
-    serve(load_settings(), args.socket, authkey, [m for m in args.models.split(",") if m],
-          args.worker_id)
+    authkey = (
+        bytes.fromhex(key_hex)
+        if key_hex
+        else (Path(args.socket).parent / "worker.key").read_bytes()
+    )
+    serve(
+        load_settings(),
+        args.socket,
+        authkey,
+        [m for m in args.models.split(",") if m],
+        args.worker_id,
+    )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,13 @@ def run_batch(models: dict[tuple[str, str], Model], batch: WorkBatch) -> WorkRes
         return WorkResult(batch.batch_id, None, detail, start, time.time())
 
 
-def serve(settings: Settings, socket_path: str, authkey: bytes, model_names: list[str],
-          worker_id: str | None = None) -> None:
+def serve(
+    settings: Settings,
+    socket_path: str,
+    authkey: bytes,
+    model_names: list[str],
+    worker_id: str | None = None,
+) -> None:
     models = load_models(settings, model_names)
     infos = []
     for (name, version), model in models.items():

@@ -20,18 +20,20 @@ from pathlib import Path
 
 import httpx
 
-from gristmill.config import Settings
+from gristmill.config import settings_from_env
 from gristmill.devservices import KafkaCluster, PostgresServer, free_port
 
 
 def _child(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     log = log_path.open("ab")
-    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
-def _wait_ready(url: str, key: str, model: str, timeout_s: float,
-                procs: list[subprocess.Popen[bytes]]) -> dict[str, object]:
+def _wait_ready(
+    url: str, key: str, model: str, timeout_s: float, procs: list[subprocess.Popen[bytes]]
+) -> dict[str, object]:
     """Poll until one real request succeeds end to end."""
     deadline = time.time() + timeout_s
     last = "no answer yet"
@@ -40,8 +42,12 @@ def _wait_ready(url: str, key: str, model: str, timeout_s: float,
             if p.poll() is not None:
                 raise RuntimeError(f"{p.args!r} exited with {p.returncode}; see .gristmill/logs")
         try:
-            r = httpx.post(f"{url}/v1/infer", json={"model": model, "input": "hello gristmill"},
-                           headers={"Authorization": f"Bearer {key}"}, timeout=15)
+            r = httpx.post(
+                f"{url}/v1/infer",
+                json={"model": model, "input": "hello gristmill"},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=15,
+            )
             if r.status_code == 200:
                 body: dict[str, object] = r.json()
                 return body
@@ -80,7 +86,7 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
             pg = PostgresServer(services / "postgres")
             pg.start()
             env["DATABASE_URL"] = pg.url
-        settings = Settings(KAFKA_BOOTSTRAP=env["KAFKA_BOOTSTRAP"], DATABASE_URL=env["DATABASE_URL"])
+        settings = settings_from_env(env)
         migrate_database(settings)
         ensure_topics(settings)
         with make_engine(settings.database_url).begin() as conn:
@@ -92,38 +98,74 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
 
         api_port = port or free_port()
         url = f"http://127.0.0.1:{api_port}"
-        print(f"starting API on {url} and a scheduler with {workers} worker(s) [{models}] ...",
-              flush=True)
-        procs.append(_child([sys.executable, "-m", "uvicorn", "ingest.main:app", "--host",
-                             "127.0.0.1", "--port", str(api_port), "--log-level", "warning"],
-                            env, logs / "api.log"))
-        procs.append(_child([sys.executable, "-m", "gristmill", "scheduler", "--workers",
-                             str(workers), "--models", models, "--socket-dir",
-                             str(state_dir / "run")], env, logs / "scheduler.log"))
+        print(
+            f"starting API on {url} and a scheduler with {workers} worker(s) [{models}] ...",
+            flush=True,
+        )
+        procs.append(
+            _child(
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "ingest.main:app",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(api_port),
+                    "--log-level",
+                    "warning",
+                ],
+                env,
+                logs / "api.log",
+            )
+        )
+        procs.append(
+            _child(
+                [
+                    sys.executable,
+                    "-m",
+                    "gristmill",
+                    "scheduler",
+                    "--workers",
+                    str(workers),
+                    "--models",
+                    models,
+                    "--socket-dir",
+                    str(state_dir / "run"),
+                ],
+                env,
+                logs / "scheduler.log",
+            )
+        )
         answer = _wait_ready(url, key, "sim", 300, procs)
 
         (state_dir / "dev.env").write_text(
             f"GRISTMILL_URL={url}\nGRISTMILL_API_KEY={key}\n"
-            f"KAFKA_BOOTSTRAP={env['KAFKA_BOOTSTRAP']}\nDATABASE_URL={env['DATABASE_URL']}\n")
-        print(f"""
+            f"KAFKA_BOOTSTRAP={env['KAFKA_BOOTSTRAP']}\nDATABASE_URL={env['DATABASE_URL']}\n"
+        )
+        print(
+            f"""
 Gristmill is running.
   API:       {url}   (docs at {url}/docs)
   API key:   {key}
-  Kafka:     {env['KAFKA_BOOTSTRAP']}
-  Postgres:  {env['DATABASE_URL']}
+  Kafka:     {env["KAFKA_BOOTSTRAP"]}
+  Postgres:  {env["DATABASE_URL"]}
   Logs:      {logs}
-  Env file:  {state_dir / 'dev.env'}
+  Env file:  {state_dir / "dev.env"}
 
 Try it:
   curl -s {url}/v1/infer -H 'Authorization: Bearer {key}' \\
        -H 'Content-Type: application/json' -d '{{"model": "sim", "input": "hello"}}'
 
-First answer: {answer.get('output')}  (batch of {answer.get('batch_size')})
-Press Ctrl-C to stop.""", flush=True)
+First answer: {answer.get("output")}  (batch of {answer.get("batch_size")})
+Press Ctrl-C to stop.""",
+            flush=True,
+        )
         while not stop.is_set():
             for p in procs:
                 if p.poll() is not None:
-                    print(f"{p.args[2:4]} exited with {p.returncode}; stopping", flush=True)
+                    print(f"{p.args!r} exited with {p.returncode}; stopping", flush=True)
                     stop.set()
             stop.wait(1.0)
         return 0

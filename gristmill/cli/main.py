@@ -10,8 +10,11 @@ import typer
 
 from gristmill.config import load_settings
 
-app = typer.Typer(help="Gristmill: a durable, batching inference front end.",
-                  no_args_is_help=True, add_completion=False)
+app = typer.Typer(
+    help="Gristmill: a durable, batching inference front end.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 tenants_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
 app.add_typer(tenants_app, name="tenants")
 
@@ -40,21 +43,32 @@ def migrate(topics: bool = typer.Option(True, help="also create the Kafka topics
 
 
 @app.command()
-def api(host: str | None = None, port: int | None = None,
-        workers: int = typer.Option(1, help="uvicorn worker processes")) -> None:
+def api(
+    host: str | None = None,
+    port: int | None = None,
+    workers: int = typer.Option(1, help="uvicorn worker processes"),
+) -> None:
     """Run the HTTP API."""
     import uvicorn
 
     settings = load_settings()
     _logging()
-    uvicorn.run("ingest.main:app", host=host or settings.api_host, port=port or settings.api_port,
-                workers=workers, log_level="warning", access_log=False)
+    uvicorn.run(
+        "ingest.main:app",
+        host=host or settings.api_host,
+        port=port or settings.api_port,
+        workers=workers,
+        log_level="warning",
+        access_log=False,
+    )
 
 
 @app.command()
 def scheduler(
     workers: int | None = typer.Option(None, help="local worker processes to spawn"),
-    models: str | None = typer.Option(None, help="models each local worker serves, e.g. sim,all-minilm-l6-v2"),
+    models: str | None = typer.Option(
+        None, help="models each local worker serves, e.g. sim,all-minilm-l6-v2"
+    ),
     socket_dir: Path = typer.Option(Path(".gristmill/run"), help="where the worker socket lives"),
 ) -> None:
     """Run a scheduler (Kafka consumer group member) with its local workers."""
@@ -62,15 +76,22 @@ def scheduler(
 
     _logging()
     settings = load_settings()
-    svc = SchedulerService(settings, socket_dir=socket_dir.resolve(), n_workers=workers,
-                           models=models.split(",") if models else None)
+    svc = SchedulerService(
+        settings,
+        socket_dir=socket_dir.resolve(),
+        n_workers=workers,
+        models=models.split(",") if models else None,
+    )
     svc.install_signal_handlers()
     svc.run()
 
 
 @app.command()
-def worker(socket: Path = typer.Option(..., help="the scheduler's worker socket"),
-           models: str = typer.Option("sim"), worker_id: str | None = None) -> None:
+def worker(
+    socket: Path = typer.Option(..., help="the scheduler's worker socket"),
+    models: str = typer.Option("sim"),
+    worker_id: str | None = None,
+) -> None:
     """Run one worker that joins a running scheduler (one per GPU)."""
     import os
 
@@ -83,12 +104,13 @@ def worker(socket: Path = typer.Option(..., help="the scheduler's worker socket"
 
 
 @tenants_app.command("add")
-def tenants_add(name: str, tier: str = typer.Option("free", help="free, paid or enterprise")) -> None:
+def tenants_add(
+    name: str, tier: str = typer.Option("free", help="free, paid or enterprise")
+) -> None:
     """Create a tenant and print its first API key (shown only once)."""
+    from gristmill.errors import GristmillError
     from results.db import make_engine
     from results.tenants import create_tenant, issue_key
-
-    from gristmill.errors import GristmillError
 
     with make_engine(load_settings().database_url).begin() as conn:
         try:
@@ -103,10 +125,9 @@ def tenants_add(name: str, tier: str = typer.Option("free", help="free, paid or 
 @tenants_app.command("add-key")
 def tenants_add_key(name: str) -> None:
     """Issue another API key for an existing tenant."""
+    from gristmill.errors import GristmillError
     from results.db import make_engine
     from results.tenants import get_tenant, issue_key
-
-    from gristmill.errors import GristmillError
 
     with make_engine(load_settings().database_url).begin() as conn:
         try:
@@ -135,10 +156,9 @@ def tenants_list() -> None:
 @tenants_app.command("revoke")
 def tenants_revoke(key_id: str) -> None:
     """Revoke an API key by its id (see `gristmill tenants list`)."""
+    from gristmill.errors import GristmillError
     from results.db import make_engine
     from results.tenants import revoke_key
-
-    from gristmill.errors import GristmillError
 
     with make_engine(load_settings().database_url).begin() as conn:
         try:

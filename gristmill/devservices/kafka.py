@@ -174,7 +174,10 @@ class KafkaCluster:
     """One or more combined broker+controller Kafka nodes on 127.0.0.1 with fresh ports.
 
     Ports are chosen once in ``__init__`` and reused by ``restart`` because the static voter
-    list names them. Data lives under ``workdir/node-<i>/data`` and survives stop/start.
+    list names them. Data lives under ``workdir/node-<i>/data`` and survives stop/start (and a
+    new object on the same workdir with the same ``n_brokers``). ``extra_config`` adds or
+    overrides server.properties entries; ``extra_jvm_opts`` is appended to the JVM flags
+    (``-XX:TieredStopAtLevel=1`` starts ~25% faster at some cost in peak throughput).
     """
 
     def __init__(

@@ -19,8 +19,9 @@ TS = sa.DateTime(timezone=True)
 def upgrade() -> None:
     op.create_table(
         "tenants",
-        sa.Column("id", UUID(as_uuid=False), primary_key=True,
-                  server_default=sa.text("gen_random_uuid()")),
+        sa.Column(
+            "id", UUID(as_uuid=False), primary_key=True, server_default=sa.text("gen_random_uuid()")
+        ),
         sa.Column("name", sa.Text, nullable=False, unique=True),
         sa.Column("tier", sa.Text, nullable=False),
         sa.Column("created_at", TS, nullable=False, server_default=sa.func.now()),
@@ -28,8 +29,9 @@ def upgrade() -> None:
     )
     op.create_table(
         "api_keys",
-        sa.Column("id", UUID(as_uuid=False), primary_key=True,
-                  server_default=sa.text("gen_random_uuid()")),
+        sa.Column(
+            "id", UUID(as_uuid=False), primary_key=True, server_default=sa.text("gen_random_uuid()")
+        ),
         sa.Column("tenant_id", UUID(as_uuid=False), sa.ForeignKey("tenants.id"), nullable=False),
         sa.Column("key_hash", sa.Text, nullable=False, unique=True),
         sa.Column("prefix", sa.Text, nullable=False),
@@ -72,8 +74,9 @@ def upgrade() -> None:
         sa.Column("kafka_topic", sa.Text),
         sa.Column("kafka_partition", sa.Integer),
         sa.Column("kafka_offset", sa.Integer),
-        sa.CheckConstraint("status in ('succeeded', 'failed', 'expired')",
-                           name="requests_status_check"),
+        sa.CheckConstraint(
+            "status in ('succeeded', 'failed', 'expired')", name="requests_status_check"
+        ),
     )
     op.create_index("requests_tenant_received", "requests", ["tenant_id", "received_at"])
     op.create_index("requests_job_item", "requests", ["job_id", "item_index"])

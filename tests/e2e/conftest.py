@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.system import Services, System, build_system, local_services
+from gristmill.devservices.stack import Services, System, build_system, local_services
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

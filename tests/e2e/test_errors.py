@@ -6,14 +6,21 @@ import httpx
 import pytest
 
 from gristmill.devservices import free_port
-from tests.e2e.system import System
+from gristmill.devservices.stack import System
 
 
-def post(system: System, content: bytes | str, headers: dict[str, str] | None = None,
-         url: str | None = None) -> httpx.Response:
-    return httpx.post(f"{url or system.url}/v1/infer", content=content,
-                      headers={"Content-Type": "application/json", **system.headers(),
-                               **(headers or {})}, timeout=30)
+def post(
+    system: System,
+    content: bytes | str,
+    headers: dict[str, str] | None = None,
+    url: str | None = None,
+) -> httpx.Response:
+    return httpx.post(
+        f"{url or system.url}/v1/infer",
+        content=content,
+        headers={"Content-Type": "application/json", **system.headers(), **(headers or {})},
+        timeout=30,
+    )
 
 
 def error(r: httpx.Response) -> dict[str, str]:
@@ -30,30 +37,37 @@ def test_body_not_an_object_is_400(system: System) -> None:
     assert post(system, b'["sim"]').status_code == 400
 
 
-@pytest.mark.parametrize("body,field", [
-    ('{"input": "x"}', "model"),
-    ('{"model": "sim"}', "input"),
-    ('{"model": 3, "input": "x"}', "model"),
-    ('{"model": "sim", "input": "x", "timeout_ms": "soon"}', "timeout_ms"),
-    ('{"model": "sim", "input": "x", "timeout_ms": -5}', "timeout_ms"),
-    ('{"model": "sim", "input": "x", "params": []}', "params"),
-    ('{"model": "sim", "input": "x", "surprise": 1}', "surprise"),
-])
+@pytest.mark.parametrize(
+    "body,field",
+    [
+        ('{"input": "x"}', "model"),
+        ('{"model": "sim"}', "input"),
+        ('{"model": 3, "input": "x"}', "model"),
+        ('{"model": "sim", "input": "x", "timeout_ms": "soon"}', "timeout_ms"),
+        ('{"model": "sim", "input": "x", "timeout_ms": -5}', "timeout_ms"),
+        ('{"model": "sim", "input": "x", "params": []}', "params"),
+        ('{"model": "sim", "input": "x", "surprise": 1}', "surprise"),
+    ],
+)
 def test_schema_violations_are_422_naming_the_field(system: System, body: str, field: str) -> None:
     r = post(system, body)
     assert r.status_code == 422, r.text
     assert error(r)["field"] == field
 
 
-@pytest.mark.parametrize("body,field,status", [
-    ('{"model": "sim", "input": ""}', "input", 400),
-    ('{"model": "sim", "input": 42}', "input", 400),
-    ('{"model": "sim", "input": "x", "params": {"salt": 1}}', "params.salt", 400),
-    ('{"model": "sim", "input": "x", "params": {"nope": 1}}', "params.nope", 400),
-    ('{"model": "sim", "input": "x", "timeout_ms": 999999999}', "timeout_ms", 400),
-])
-def test_invalid_values_are_400_naming_the_field(system: System, body: str, field: str,
-                                                 status: int) -> None:
+@pytest.mark.parametrize(
+    "body,field,status",
+    [
+        ('{"model": "sim", "input": ""}', "input", 400),
+        ('{"model": "sim", "input": 42}', "input", 400),
+        ('{"model": "sim", "input": "x", "params": {"salt": 1}}', "params.salt", 400),
+        ('{"model": "sim", "input": "x", "params": {"nope": 1}}', "params.nope", 400),
+        ('{"model": "sim", "input": "x", "timeout_ms": 999999999}', "timeout_ms", 400),
+    ],
+)
+def test_invalid_values_are_400_naming_the_field(
+    system: System, body: str, field: str, status: int
+) -> None:
     r = post(system, body)
     assert r.status_code == status, r.text
     assert error(r)["field"] == field
@@ -92,8 +106,9 @@ def test_overlong_idempotency_key_is_400(system: System) -> None:
 
 def test_kafka_unreachable_is_503_with_retry_after(system: System) -> None:
     dead = f"127.0.0.1:{free_port()}"
-    url = system.start_api("api-no-kafka", env={"KAFKA_BOOTSTRAP": dead,
-                                                "GRISTMILL_PRODUCE_TIMEOUT_MS": "1500"})
+    url = system.start_api(
+        "api-no-kafka", env={"KAFKA_BOOTSTRAP": dead, "GRISTMILL_PRODUCE_TIMEOUT_MS": "1500"}
+    )
     try:
         r = post(system, '{"model": "sim", "input": "x"}', url=url)
         assert r.status_code == 503 and "Retry-After" in r.headers

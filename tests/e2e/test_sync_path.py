@@ -9,16 +9,25 @@ import uuid
 import httpx
 from sqlalchemy import select
 
+from gristmill.devservices.stack import System
 from results.db import make_engine
 from results.schema import batches, requests
-from tests.e2e.system import System
 from workers.models.sim import sim_output
 
 
-def infer(system: System, body: dict[str, object], tier: str = "paid",
-          headers: dict[str, str] | None = None, timeout: float = 30) -> httpx.Response:
-    return httpx.post(f"{system.url}/v1/infer", json=body,
-                      headers={**system.headers(tier), **(headers or {})}, timeout=timeout)
+def infer(
+    system: System,
+    body: dict[str, object],
+    tier: str = "paid",
+    headers: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> httpx.Response:
+    return httpx.post(
+        f"{system.url}/v1/infer",
+        json=body,
+        headers={**system.headers(tier), **(headers or {})},
+        timeout=timeout,
+    )
 
 
 def test_one_request_answers_with_its_own_output_and_timings(system: System) -> None:
@@ -41,8 +50,15 @@ def test_request_log_row_has_every_stage_timestamp(system: System) -> None:
     with make_engine(system.settings.database_url).connect() as conn:
         row = conn.execute(select(requests).where(requests.c.request_id == rid)).one()
         b = conn.execute(select(batches).where(batches.c.batch_id == row.batch_id)).one()
-    stages = [row.received_at, row.produced_at, row.consumed_at, row.batched_at,
-              row.compute_start_at, row.compute_end_at, row.persisted_at]
+    stages = [
+        row.received_at,
+        row.produced_at,
+        row.consumed_at,
+        row.batched_at,
+        row.compute_start_at,
+        row.compute_end_at,
+        row.persisted_at,
+    ]
     assert all(s is not None for s in stages)
     assert row.received_at <= row.consumed_at <= row.batched_at <= row.compute_start_at
     assert row.compute_start_at < row.compute_end_at <= row.persisted_at
@@ -56,10 +72,16 @@ def test_500_concurrent_requests_share_few_batches_and_each_gets_its_own(system:
     async def run() -> list[httpx.Response]:
         limits = httpx.Limits(max_connections=500)
         async with httpx.AsyncClient(limits=limits, timeout=60) as client:
-            return await asyncio.gather(*[
-                client.post(f"{system.url}/v1/infer", headers=system.headers(),
-                            json={"model": "sim", "input": x, "timeout_ms": 30000})
-                for x in inputs])
+            return await asyncio.gather(
+                *[
+                    client.post(
+                        f"{system.url}/v1/infer",
+                        headers=system.headers(),
+                        json={"model": "sim", "input": x, "timeout_ms": 30000},
+                    )
+                    for x in inputs
+                ]
+            )
 
     responses = asyncio.run(run())
     assert [r.status_code for r in responses] == [200] * 500
@@ -68,16 +90,23 @@ def test_500_concurrent_requests_share_few_batches_and_each_gets_its_own(system:
         assert b["output"] == sim_output(x)
     assert len({b["request_id"] for b in bodies}) == 500
     with make_engine(system.settings.database_url).connect() as conn:
-        batch_ids = {r.batch_id for r in conn.execute(
-            select(requests.c.batch_id).where(
-                requests.c.request_id.in_([b["request_id"] for b in bodies])))}
+        batch_ids = {
+            r.batch_id
+            for r in conn.execute(
+                select(requests.c.batch_id).where(
+                    requests.c.request_id.in_([b["request_id"] for b in bodies])
+                )
+            )
+        }
     assert len(batch_ids) < 50, f"500 requests took {len(batch_ids)} batches"
 
 
 def test_lone_request_is_answered_within_linger_plus_compute(system: System) -> None:
     time.sleep(0.5)  # let earlier traffic drain
-    best = min(infer(system, {"model": "sim", "input": f"lone {i}"}).json()["timings"]["total_ms"]
-               for i in range(3))
+    best = min(
+        infer(system, {"model": "sim", "input": f"lone {i}"}).json()["timings"]["total_ms"]
+        for i in range(3)
+    )
     # max linger 50 ms + compute 100 ms + overhead; generous for a loaded 2-core CI box
     assert best < 150 + 250
 
@@ -111,8 +140,9 @@ def test_idempotent_retry_returns_same_answer_without_computing_again(system: Sy
     assert first.json()["request_id"] == second.json()["request_id"]
     assert first.json()["output"] == second.json()["output"]
     with make_engine(system.settings.database_url).connect() as conn:
-        n = conn.execute(select(requests.c.request_id).where(
-            requests.c.request_id == first.json()["request_id"])).all()
+        n = conn.execute(
+            select(requests.c.request_id).where(requests.c.request_id == first.json()["request_id"])
+        ).all()
     assert len(n) == 1
 
 
@@ -122,10 +152,15 @@ def test_idempotent_retry_in_flight_waits_for_the_first(system: System) -> None:
 
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=30) as client:
+
             async def call(delay: float) -> httpx.Response:
                 await asyncio.sleep(delay)
-                return await client.post(f"{system.url}/v1/infer", json=body,
-                                         headers={**system.headers(), "Idempotency-Key": key})
+                return await client.post(
+                    f"{system.url}/v1/infer",
+                    json=body,
+                    headers={**system.headers(), "Idempotency-Key": key},
+                )
+
             return await asyncio.gather(call(0), call(0.02), call(0.04))
 
     rs = asyncio.run(run())
@@ -135,8 +170,12 @@ def test_idempotent_retry_in_flight_waits_for_the_first(system: System) -> None:
 
 def test_same_idempotency_key_with_other_body_is_422(system: System) -> None:
     key = f"idem-{uuid.uuid4()}"
-    assert infer(system, {"model": "sim", "input": "one"},
-                 headers={"Idempotency-Key": key}).status_code == 200
+    assert (
+        infer(
+            system, {"model": "sim", "input": "one"}, headers={"Idempotency-Key": key}
+        ).status_code
+        == 200
+    )
     r = infer(system, {"model": "sim", "input": "two"}, headers={"Idempotency-Key": key})
     assert r.status_code == 422
     assert r.json()["error"]["code"] == "idempotency_key_reused"

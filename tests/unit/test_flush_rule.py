@@ -22,20 +22,36 @@ def make_batcher(max_batch: int = 4, compute_ms: float = 100.0) -> Batcher:
 
 
 def test_full_queue_flushes_now() -> None:
-    assert flush_time(oldest_at=10.0, earliest_deadline=99.0, count=8, max_batch=8,
-                      predicted_s=0.1, policy=POLICY) == -math.inf
+    assert (
+        flush_time(
+            oldest_at=10.0,
+            earliest_deadline=99.0,
+            count=8,
+            max_batch=8,
+            predicted_s=0.1,
+            policy=POLICY,
+        )
+        == -math.inf
+    )
 
 
 def test_linger_caps_the_wait() -> None:
-    at = flush_time(oldest_at=10.0, earliest_deadline=99.0, count=1, max_batch=8,
-                    predicted_s=0.1, policy=POLICY)
+    at = flush_time(
+        oldest_at=10.0, earliest_deadline=99.0, count=1, max_batch=8, predicted_s=0.1, policy=POLICY
+    )
     assert at == pytest.approx(10.05)
 
 
 def test_deadline_forces_an_earlier_flush() -> None:
     # deadline 10.2 - compute 0.1 - margin 0.02 = 10.08 < linger end? no: linger ends 10.05.
-    assert flush_time(oldest_at=10.0, earliest_deadline=10.15, count=1, max_batch=8,
-                      predicted_s=0.1, policy=POLICY) == pytest.approx(10.03)
+    assert flush_time(
+        oldest_at=10.0,
+        earliest_deadline=10.15,
+        count=1,
+        max_batch=8,
+        predicted_s=0.1,
+        policy=POLICY,
+    ) == pytest.approx(10.03)
 
 
 def test_lone_request_waits_for_linger_then_goes() -> None:
@@ -130,10 +146,13 @@ def test_drop_partitions_forgets_only_those() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 3)), max_size=60),
-       st.integers(1, 7))
+@given(
+    st.lists(st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(0, 3)), max_size=60),
+    st.integers(1, 7),
+)
 def test_property_batches_are_homogeneous_and_lose_nothing(
-        reqs: list[tuple[str, int]], max_batch: int) -> None:
+    reqs: list[tuple[str, int]], max_batch: int
+) -> None:
     b = make_batcher(max_batch=max_batch)
     added = []
     for salt, rank in reqs:

@@ -63,8 +63,17 @@ def test_body_hash_ignores_key_order() -> None:
 
 
 def test_message_round_trip() -> None:
-    m = RequestMessage(request_id="r", tenant_id="t", priority="free", model="sim", version="1",
-                       input="hi", params={"salt": ""}, deadline=2.0, received_at=1.0)
+    m = RequestMessage(
+        request_id="r",
+        tenant_id="t",
+        priority="free",
+        model="sim",
+        version="1",
+        input="hi",
+        params={"salt": ""},
+        deadline=2.0,
+        received_at=1.0,
+    )
     assert RequestMessage.decode(m.encode()) == m
 
 

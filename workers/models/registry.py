@@ -16,11 +16,21 @@ DEFAULT_MODEL = "sim"
 
 def build_specs(settings: Settings) -> dict[str, dict[str, ModelSpec]]:
     specs: list[ModelSpec] = [
-        SimSpec(name="sim", version="1", max_batch_size=settings.sim_max_batch,
-                max_input_chars=settings.max_input_chars, batch_ms=settings.sim_batch_ms),
-        EmbedSpec(name="all-minilm-l6-v2", version="1", max_batch_size=settings.embed_max_batch,
-                  max_input_chars=settings.max_input_chars, device=settings.embed_device,
-                  max_tokens=settings.embed_max_tokens),
+        SimSpec(
+            name="sim",
+            version="1",
+            max_batch_size=settings.sim_max_batch,
+            max_input_chars=settings.max_input_chars,
+            batch_ms=settings.sim_batch_ms,
+        ),
+        EmbedSpec(
+            name="all-minilm-l6-v2",
+            version="1",
+            max_batch_size=settings.embed_max_batch,
+            max_input_chars=settings.max_input_chars,
+            device=settings.embed_device,
+            max_tokens=settings.embed_max_tokens,
+        ),
     ]
     out: dict[str, dict[str, ModelSpec]] = {}
     for spec in specs:
@@ -30,6 +40,8 @@ def build_specs(settings: Settings) -> dict[str, dict[str, ModelSpec]]:
 
 def latest(versions: dict[str, ModelSpec]) -> ModelSpec:
     """Highest version wins when a request names no version (numeric-aware)."""
+
     def order(v: str) -> tuple[int, str]:
         return (int(v), "") if v.isdigit() else (-1, v)
+
     return versions[max(versions, key=order)]

@@ -35,7 +35,7 @@ class SimSpec(ModelSpec):
 
 class SimModel(Model):
     def __init__(self, spec: SimSpec):
-        self.spec = spec
+        self.spec: SimSpec = spec
         self._batch_s = spec.batch_ms / 1000.0
 
     def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> list[Any]:

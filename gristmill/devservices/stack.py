@@ -1,4 +1,4 @@
-"""A whole Gristmill on loopback for end-to-end tests: real Kafka, real PostgreSQL,
+"""A whole Gristmill on loopback (tests, benchmarks, chaos runs): real Kafka, real PostgreSQL,
 the API over real HTTP, a scheduler with worker processes.
 
 KAFKA_BOOTSTRAP / DATABASE_URL, when set, point the suite at existing servers;
@@ -22,14 +22,14 @@ from pathlib import Path
 
 import httpx
 
-from gristmill.config import Settings
+from gristmill.config import Settings, settings_from_env
 from gristmill.devservices import KafkaCluster, PostgresServer, free_port
 from gristmill.migrate import migrate_database
 from gristmill.topics import ensure_topics
 from results.db import make_engine
 from results.tenants import create_tenant, issue_key
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]  # repo root: processes run from here
 
 
 @dataclass
@@ -79,9 +79,7 @@ class System:
 
     @property
     def settings(self) -> Settings:
-        return Settings(**{k: v for k, v in self.env.items() if k in ("KAFKA_BOOTSTRAP", "DATABASE_URL")},
-                        topic_prefix=self.env["GRISTMILL_TOPIC_PREFIX"],
-                        topic_partitions=int(self.env["GRISTMILL_TOPIC_PARTITIONS"]))
+        return settings_from_env(self.env)
 
     def headers(self, tier: str = "paid") -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[tier]}"}
@@ -90,10 +88,24 @@ class System:
         port = free_port()
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "ingest.main:app", "--host", "127.0.0.1",
-             "--port", str(port), "--log-level", "warning"],
-            env={**self.env, **(env or {})}, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-            start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "ingest.main:app",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            env={**self.env, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+        )
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -107,13 +119,29 @@ class System:
             time.sleep(0.2)
         raise RuntimeError("API did not start")
 
-    def start_scheduler(self, name: str = "scheduler", *, workers: int = 2,
-                        models: str = "sim,all-minilm-l6-v2") -> None:
+    def start_scheduler(
+        self, name: str = "scheduler", *, workers: int = 2, models: str = "sim,all-minilm-l6-v2"
+    ) -> None:
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "gristmill", "scheduler", "--workers", str(workers),
-             "--models", models, "--socket-dir", str(self.workdir / f"run-{name}")],
-            env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "gristmill",
+                "scheduler",
+                "--workers",
+                str(workers),
+                "--models",
+                models,
+                "--socket-dir",
+                str(self.workdir / f"run-{name}"),
+            ],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            start_new_session=True,
+        )
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int | None:
         p = self.procs.pop(name)
@@ -133,8 +161,12 @@ class System:
             for name, p in self.procs.items():
                 if p.poll() is not None:
                     raise RuntimeError(f"{name} exited with {p.returncode}")
-            r = httpx.post(f"{self.url}/v1/infer", headers=self.headers(),
-                           json={"model": model, "input": "warm up"}, timeout=30)
+            r = httpx.post(
+                f"{self.url}/v1/infer",
+                headers=self.headers(),
+                json={"model": model, "input": "warm up"},
+                timeout=30,
+            )
             if r.status_code == 200:
                 return
             last = r.text

