@@ -318,8 +318,12 @@ class Bench:
         res: list[dict[str, Any]] = []
         self.out["predict"] = res
 
-        def run(label: str, n: int, reps: int, ids: bool = False, **attrs: Any) -> None:
+        def run(label: str, n: int, reps: int, ids: bool = False, switch_s: float = 0.0,
+                **attrs: Any) -> None:
             saved = {k: getattr(m, k) for k in attrs}
+            saved_switch = sys.getswitchinterval()
+            if switch_s:  # how much GIL hand-over latency costs the tokenizer thread
+                sys.setswitchinterval(switch_s)
             for k, v in attrs.items():
                 setattr(m, k, v)
             m.capture_graphs()  # shapes depend on bucket_tokens; keep captures out of timings
@@ -352,6 +356,7 @@ class Bench:
                     f"waste {med['padding_waste']:.2f} chunks {med['chunks']:.0f}"
                 )
             finally:
+                sys.setswitchinterval(saved_switch)
                 for k, v in saved.items():
                     setattr(m, k, v)
             self.save()
@@ -365,6 +370,7 @@ class Bench:
         run("no_bucketing", 1024, 8, bucket_tokens=10**9, use_graphs=False)
         run("no_pipeline", 1024, 8, pipeline=False)
         run("pageable", 1024, 8, pin=False)
+        run("gil_switch_0.2ms", 1024, 8, switch_s=0.0002)
         run("slow_tokenizer_call", 1024, 8, _encode=m.tokenizer.encode_batch)
         for n in (64, 256, 1024):
             run("pretokenized", n, 10, ids=True)

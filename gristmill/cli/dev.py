@@ -74,7 +74,16 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
     pg: PostgresServer | None = None
     procs: list[subprocess.Popen[bytes]] = []
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    running = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        stop.set()
+        if not running.is_set():  # still starting up: abort right away
+            raise KeyboardInterrupt
+
+    # SIGINT explicitly too: a backgrounded process inherits it ignored.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     try:
         if "KAFKA_BOOTSTRAP" not in env:
             print("starting Kafka (KRaft) ...", flush=True)
