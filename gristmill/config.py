@@ -46,6 +46,17 @@ class Settings(BaseSettings):
     result_poll_interval_ms: int = 500
     idempotency_ttl_h: int = 24
 
+    # --- jobs ---
+    max_job_items: int = 1_000_000  # per job, JSONL upload
+    max_job_json_items: int = 100_000  # per job, JSON body
+    max_job_bytes: int = 1_073_741_824  # 1 GB upload
+    default_completion_window_s: int = 86_400
+    max_completion_window_s: int = 7 * 86_400
+    # A job still 'submitting' without a heartbeat for this long is finished by another API.
+    submit_stale_s: float = 30.0
+    webhook_max_attempts: int = 8
+    webhook_timeout_s: float = 10.0
+
     # --- scheduler ---
     consumer_group: str = "gristmill-scheduler"
     # Upper bound on how long a request may wait for companions (milliseconds).

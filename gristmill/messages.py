@@ -26,6 +26,11 @@ def request_id_for(tenant_id: str, idempotency_key: str | None) -> str:
     return str(uuid.uuid5(_IDEMPOTENCY_NS, f"{tenant_id}\x00{idempotency_key}"))
 
 
+def job_item_request_id(job_id: str, index: int, attempt: int = 0) -> str:
+    """Each attempt of a job item has its own, reproducible request id."""
+    return str(uuid.uuid5(_IDEMPOTENCY_NS, f"job\x00{job_id}\x00{index}\x00{attempt}"))
+
+
 def body_hash(model: str, input_: Any, params: dict[str, Any]) -> str:
     """Fingerprint of what was asked, to tell a retry from a reused key (422)."""
     canon = orjson.dumps({"m": model, "i": input_, "p": params}, option=orjson.OPT_SORT_KEYS)

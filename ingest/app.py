@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -13,17 +14,32 @@ from sqlalchemy import text
 from gristmill import __version__
 from gristmill.config import Settings
 from gristmill.topics import ensure_topics
-from ingest import infer
+from ingest import infer, jobs
 from ingest.auth import Authenticator
 from ingest.catalog import ModelCatalog
 from ingest.http import BodyLimit, install_error_handlers
+from ingest.job_submit import JobPublisher
 from ingest.producer import AsyncProducer
 from ingest.state import AppState, get_state
 from ingest.waiters import ResultWaiter
+from ingest.webhooks import webhook_loop
 from results.db import make_async_engine
 from workers.models.registry import build_specs
 
 log = logging.getLogger("gristmill.ingest")
+
+
+async def finish_stale_submissions(state: AppState, interval_s: float = 5.0) -> None:
+    """Finish phase 2 of job submissions whose API instance died mid-way."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            job_id = await asyncio.to_thread(state.jobs.claim_stale)
+            if job_id is not None:
+                log.warning("finishing the submission of job %s left by another instance", job_id)
+                await asyncio.to_thread(state.jobs.publish, job_id)
+        except Exception as exc:  # Kafka or PostgreSQL away: the next pass retries
+            log.warning("stale submission pass failed: %s", exc)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -46,14 +62,22 @@ def create_app(settings: Settings) -> FastAPI:
             auth=Authenticator(engine, ttl_s=settings.auth_cache_s),
             catalog=ModelCatalog(build_specs(settings), engine),
             waiter=waiter,
+            jobs=JobPublisher(settings),
         )
         app.state.gristmill = state
         await waiter.start()
+        background = [
+            asyncio.create_task(webhook_loop(engine, settings)),
+            asyncio.create_task(finish_stale_submissions(state)),
+        ]
         try:
             yield
         finally:
+            for task in background:
+                task.cancel()
             await waiter.stop()
             state.producer.close()
+            state.jobs.close()
             await engine.dispose()
 
     app = FastAPI(
@@ -65,6 +89,7 @@ def create_app(settings: Settings) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.include_router(infer.router)
+    app.include_router(jobs.router)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

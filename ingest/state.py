@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gristmill.config import Settings
 from ingest.auth import Authenticator
 from ingest.catalog import ModelCatalog
+from ingest.job_submit import JobPublisher
 from ingest.producer import AsyncProducer
 from ingest.waiters import ResultWaiter
 
@@ -22,6 +23,7 @@ class AppState:
     auth: Authenticator
     catalog: ModelCatalog
     waiter: ResultWaiter
+    jobs: JobPublisher
 
 
 def get_state(request: Request) -> AppState:

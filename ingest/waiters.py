@@ -4,6 +4,11 @@ One LISTEN connection per API process hears every persisted batch (payload:
 the request ids). Only ids that have a local waiter are fetched, in one query
 per notification. A slow poll covers anything a notification missed (the
 listener reconnecting, a result persisted before the waiter registered).
+
+While the listener is cut off from PostgreSQL no result can reach a caller, so
+new requests are refused with 503 + Retry-After instead of being accepted into
+Kafka and left to time out; the listener reconnects on its own (within about a
+second of the database coming back) and requests are taken again.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import psycopg
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gristmill.errors import Unavailable
 from results.db import RESULTS_CHANNEL, libpq_url
 from results.schema import requests
 
@@ -61,6 +67,11 @@ class ResultWaiter:
 
     def register(self, request_id: str) -> asyncio.Future[dict[str, Any]]:
         """Register before producing, so a fast result cannot slip past."""
+        if not self.listening.is_set():
+            raise Unavailable(
+                "results cannot be delivered right now: the database is unreachable",
+                retry_after_s=2,
+            )
         entry = self._waiting.get(request_id)
         if entry is not None:
             return entry[0]
@@ -103,7 +114,7 @@ class ResultWaiter:
                 self.listening.clear()
                 log.warning("result listener lost its connection (%s); retrying", exc)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, 1.0)  # a restarted database is found fast
 
     async def _poll(self) -> None:
         while True:

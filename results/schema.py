@@ -66,9 +66,9 @@ requests = Table(
     Column("model", Text, nullable=False),
     Column("model_version", Text, nullable=False),
     Column("params", JSONB, nullable=False, server_default="{}"),
-    Column("input", JSONB),
-    Column("status", Text, nullable=False),  # succeeded | failed | expired
-    Column("output", JSONB),
+    Column("input", JSONB(none_as_null=True)),  # NULL for job items (kept in job_items)
+    Column("status", Text, nullable=False),  # succeeded | failed | expired | cancelled
+    Column("output", JSONB(none_as_null=True)),
     Column("error", Text),
     Column("attempts", Integer, nullable=False, server_default="1"),
     Column("batch_id", UUID(as_uuid=False)),
@@ -86,7 +86,9 @@ requests = Table(
     Column("kafka_topic", Text),
     Column("kafka_partition", Integer),
     Column("kafka_offset", Integer),
-    CheckConstraint("status in ('succeeded', 'failed', 'expired')", name="requests_status_check"),
+    CheckConstraint(
+        "status in ('succeeded', 'failed', 'expired', 'cancelled')", name="requests_status_check"
+    ),
     Index("requests_tenant_received", "tenant_id", "received_at"),
     Index("requests_job_item", "job_id", "item_index"),
 )
@@ -122,4 +124,49 @@ idempotency_keys = Table(
     Column("deadline_at", DateTime(timezone=True), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Index("idempotency_keys_created", "created_at"),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("job_id", UUID(as_uuid=False), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=False), nullable=False),
+    Column("model", Text, nullable=False),
+    Column("model_version", Text, nullable=False),
+    Column("params", JSONB, nullable=False, server_default="{}"),
+    Column("metadata", JSONB),
+    Column("total_items", Integer, nullable=False),
+    Column("submit_state", Text, nullable=False, server_default="submitting"),
+    Column(
+        "submit_heartbeat_at", DateTime(timezone=True), nullable=False, server_default=func.now()
+    ),
+    Column("succeeded", Integer, nullable=False, server_default="0"),
+    Column("failed", Integer, nullable=False, server_default="0"),
+    Column("expired", Integer, nullable=False, server_default="0"),
+    Column("cancelled", Integer, nullable=False, server_default="0"),
+    Column("attempt", Integer, nullable=False, server_default="0"),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("cancelled_at", DateTime(timezone=True)),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("idempotency_key", Text),
+    Column("body_hash", Text),
+    Column("webhook_url", Text),
+    Column("webhook_secret", Text),
+    Column("webhook_attempts", Integer, nullable=False, server_default="0"),
+    Column("webhook_next_at", DateTime(timezone=True)),
+    Column("webhook_delivered_at", DateTime(timezone=True)),
+    Column("webhook_error", Text),
+)
+
+job_items = Table(
+    "job_items",
+    metadata,
+    Column("job_id", UUID(as_uuid=False), primary_key=True),
+    Column("item_index", Integer, primary_key=True),
+    Column("custom_id", Text),
+    Column("input", JSONB, nullable=False),
+    Column("request_id", UUID(as_uuid=False), nullable=False),
+    Column("attempt", Integer, nullable=False, server_default="0"),
 )

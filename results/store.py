@@ -16,10 +16,12 @@ from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.dialects.postgresql import insert
 
 from results.db import RESULTS_CHANNEL
+from results.jobs import record_job_results
 from results.schema import batches, requests
 
 # PostgreSQL caps a NOTIFY payload at 8000 bytes; stay well below.
 _NOTIFY_CHUNK = 7000
+_INSERT_CHUNK = 1000
 
 
 def notify_payloads(request_ids: Sequence[str]) -> list[str]:
@@ -46,13 +48,18 @@ def write_results(
         conn.execute(insert(batches).values(batch_row).on_conflict_do_nothing())
     if not request_rows:
         return []
-    stmt = (
-        insert(requests)
-        .values(request_rows)
-        .on_conflict_do_nothing(index_elements=["request_id"])
-        .returning(requests.c.request_id)
-    )
-    written = [r[0] for r in conn.execute(stmt)]
+    rows: list[Any] = []
+    # One multi-row INSERT per chunk: PostgreSQL caps a statement at 65535 parameters.
+    for i in range(0, len(request_rows), _INSERT_CHUNK):
+        stmt = (
+            insert(requests)
+            .values(request_rows[i : i + _INSERT_CHUNK])
+            .on_conflict_do_nothing(index_elements=["request_id"])
+            .returning(requests.c.request_id, requests.c.job_id, requests.c.status)
+        )
+        rows.extend(conn.execute(stmt).all())
+    written = [str(r.request_id) for r in rows]
+    record_job_results(conn, ((r.job_id, r.status) for r in rows))
     # Announce every id, written now or before: a waiter may be waiting on a
     # redelivered request whose first row landed while it was not yet listening.
     for payload in notify_payloads([r["request_id"] for r in request_rows]):

@@ -154,6 +154,7 @@ class Batcher:
         self._queues: dict[BatchKey, _KeyQueue] = {}
         self._seq = itertools.count()
         self._count = 0
+        self._by_rank = [0] * n_ranks
 
     def __len__(self) -> int:
         return self._count
@@ -165,6 +166,7 @@ class Batcher:
             q = self._queues[p.key] = _KeyQueue(self.n_ranks)
         q.push(p)
         self._count += 1
+        self._by_rank[p.rank] += 1
 
     def _predicted_s(self, key: BatchKey, count: int) -> float:
         n = max(1, min(count, self.max_batch(key.ref)))
@@ -189,8 +191,7 @@ class Batcher:
                 p = heapq.heappop(q.deadlines)[2]
                 q.discard(p)
                 dropped.append(p)
-        self._count -= len(dropped)
-        self._gc()
+        self._forget(dropped)
         return dropped
 
     def take(self, now: float, serves: Callable[[ModelRef], bool]) -> Batch | None:
@@ -216,8 +217,7 @@ class Batcher:
             else ("linger" if q.oldest_at() + self.policy.max_linger_s <= now else "deadline")
         )
         items = q.pop(self.max_batch(key.ref))
-        self._count -= len(items)
-        self._gc()
+        self._forget(items)
         return Batch(key=key, items=items, formed_at=now, reason=reason)
 
     def wake_at(self, serves: Callable[[ModelRef], bool]) -> float:
@@ -237,16 +237,18 @@ class Batcher:
                     if not p.gone and p.tp in lost:
                         q.discard(p)
                         dropped.append(p)
-        self._count -= len(dropped)
-        self._gc()
+        self._forget(dropped)
         return dropped
 
     def depth_by_rank(self) -> list[int]:
-        out = [0] * self.n_ranks
-        for q in self._queues.values():
-            for r, dq in enumerate(q.by_rank):
-                out[r] += sum(1 for p in dq if not p.gone)
-        return out
+        """Queued requests per priority rank (kept current, O(1))."""
+        return list(self._by_rank)
+
+    def _forget(self, items: list[Pending]) -> None:
+        self._count -= len(items)
+        for p in items:
+            self._by_rank[p.rank] -= 1
+        self._gc()
 
     def _gc(self) -> None:
         for key in [k for k, q in self._queues.items() if q.count == 0]:

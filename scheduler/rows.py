@@ -26,7 +26,7 @@ def request_row(
         "model": m.model,
         "model_version": m.version,
         "params": m.params,
-        "input": m.input,
+        "input": None if m.job_id else m.input,  # job items keep theirs in job_items
         "status": status,
         "output": output,
         "error": error,

@@ -28,10 +28,18 @@ from tenacity import Retrying, retry_if_exception_type, stop_never, wait_exponen
 
 from gristmill.config import Settings
 from gristmill.messages import RequestMessage
-from gristmill.topics import PRIORITY_CLASSES, all_request_topics, dead_letter_topic, ensure_topics
+from gristmill.topics import (
+    PRIORITY_CLASSES,
+    all_request_topics,
+    dead_letter_topic,
+    ensure_topics,
+    request_topic,
+)
 from results import modelregistry
 from results.db import make_engine
+from results.jobs import cancelled_unfinished_stmt
 from results.store import persist
+from scheduler.backpressure import BufferBudget, paused_classes
 from scheduler.batcher import Batch, Batcher, BatchKey, FlushPolicy, Pending
 from scheduler.costmodel import CostModel, ModelRef
 from scheduler.offsets import OffsetTracker
@@ -48,6 +56,11 @@ log = logging.getLogger("gristmill.scheduler")
 class _Retry:
     not_before: float
     batch: Batch
+
+
+def _short(exc: BaseException | None) -> str:
+    """The first line of an error: SQLAlchemy's full text repeats the whole statement."""
+    return str(exc).splitlines()[0][:300] if exc else ""
 
 
 class SchedulerService:
@@ -75,7 +88,11 @@ class SchedulerService:
         self.retry_policy = RetryPolicy()
         self.handles: list[WorkerHandle] = []
         self.dispatchers: list[threading.Thread] = []
+        self.cancelled_jobs: frozenset[str] = frozenset()
+        self.paused: frozenset[int] = frozenset()
+        self.budget = BufferBudget.default(settings.max_buffered, len(PRIORITY_CLASSES))
         self.stopping = threading.Event()
+        self.owned: set[tuple[str, int]] = set()  # partitions assigned to us right now
         self.engine = make_engine(settings.database_url, pool_size=4)
         self.persist_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="persist")
         self.pool = WorkerPool(
@@ -98,9 +115,10 @@ class SchedulerService:
                 "enable.auto.commit": False,
                 "auto.offset.reset": "earliest",
                 "partition.assignment.strategy": "cooperative-sticky",
-                # A dead member is noticed within the session timeout; see docs/decisions.
+                # A dead member is noticed within the session timeout; see
+                # docs/decisions/0006-session-timeout-and-rebalances.md.
                 "session.timeout.ms": 6000,
-                "heartbeat.interval.ms": 1500,
+                "heartbeat.interval.ms": 1000,
                 "fetch.wait.max.ms": 5,
                 "enable.partition.eof": False,
             }
@@ -140,8 +158,23 @@ class SchedulerService:
             log.warning("model announce failed: %s", exc)
 
     def _heartbeat_loop(self) -> None:
-        while not self.stopping.wait(5.0):
-            self._announce()
+        ticks = 0
+        while not self.stopping.wait(1.0):
+            ticks += 1
+            if ticks % 5 == 0:
+                self._announce()
+            self._refresh_cancelled()
+
+    def _refresh_cancelled(self) -> None:
+        """Jobs cancelled by a client: their queued items are recorded, not run."""
+        try:
+            with self.engine.connect() as conn:
+                ids = frozenset(str(r[0]) for r in conn.execute(cancelled_unfinished_stmt()))
+        except Exception as exc:
+            log.warning("cancelled-jobs refresh failed: %s", exc)
+            return
+        with self.cond:
+            self.cancelled_jobs = ids
 
     # ---- dispatch ------------------------------------------------------------------
     def _next_batch(self, h: WorkerHandle) -> Batch | None:
@@ -168,7 +201,11 @@ class SchedulerService:
                 batch = self.batcher.take(now, h.serves)
                 if batch is not None:
                     self.cond.notify_all()  # the consumer may resume paused partitions
-                    return batch
+                    if self.cancelled_jobs:
+                        batch = self._drop_cancelled(batch)
+                    if batch is not None:
+                        return batch
+                    continue
                 wake = min(
                     [
                         self.batcher.wake_at(h.serves),
@@ -179,6 +216,16 @@ class SchedulerService:
                     timeout=min(max(wake - now, 0.001), 0.25) if wake < math.inf else 0.25
                 )
         return None
+
+    def _drop_cancelled(self, batch: Batch) -> Batch | None:
+        """Record items of cancelled jobs as cancelled; the rest of the batch runs."""
+        gone = [p for p in batch.items if p.msg.job_id in self.cancelled_jobs]
+        if not gone:
+            return batch
+        rows = [request_row(p, status="cancelled", error="the job was cancelled") for p in gone]
+        self._persist_async(rows, None, gone)
+        batch.items = [p for p in batch.items if p.msg.job_id not in self.cancelled_jobs]
+        return batch if batch.items else None
 
     def _dispatch_loop(self, h: WorkerHandle) -> None:
         while True:
@@ -202,7 +249,11 @@ class SchedulerService:
                 )
                 with self.cond:
                     self.handles.remove(h)
-                self._on_failure(batch, str(exc))
+                    if not exc.ran:  # never reached the worker: not the batch's fault
+                        self.retries.append(_Retry(time.time(), batch))
+                        self.cond.notify_all()
+                if exc.ran:
+                    self._on_failure(batch, str(exc))
                 return
             if result.error is not None:
                 self._on_failure(batch, result.error)
@@ -246,7 +297,15 @@ class SchedulerService:
             self.cond.notify_all()
         if plan.failed:
             self.stats["failed"] += len(plan.failed)
-            rows = [request_row(p, status="failed", error=error, batch=batch) for p in plan.failed]
+            rows = [
+                request_row(
+                    p,
+                    status="failed",
+                    error=f"{error} (gave up after {p.msg.attempt} attempts)",
+                    batch=batch,
+                )
+                for p in plan.failed
+            ]
             for p in plan.failed:
                 self.producer.produce(
                     dead_letter_topic(self.settings),
@@ -254,7 +313,9 @@ class SchedulerService:
                     value=p.msg.encode(),
                     headers={"error": error[:1000]},
                 )
-            self.producer.poll(0)
+            # The dead-letter copy must be in Kafka before the offset can move past it.
+            if self.producer.flush(30):
+                log.error("dead-letter copies of %d requests not confirmed", len(plan.failed))
             self._persist_async(rows, None, plan.failed)
 
     # ---- persistence ---------------------------------------------------------------
@@ -269,13 +330,13 @@ class SchedulerService:
         try:
             for attempt in Retrying(
                 stop=stop_never,
-                wait=wait_exponential_jitter(initial=0.05, max=5.0),
+                wait=wait_exponential_jitter(initial=0.05, max=1.0),  # resume soon after
                 retry=retry_if_exception_type(Exception),
                 reraise=True,
                 before_sleep=lambda rs: log.warning(
                     "persist failed (attempt %d): %s",
                     rs.attempt_number,
-                    rs.outcome.exception() if rs.outcome else None,
+                    _short(rs.outcome.exception() if rs.outcome else None),
                 ),
             ):
                 with attempt:
@@ -293,21 +354,39 @@ class SchedulerService:
     # ---- Kafka ---------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
+        self.owned.update((p.topic, p.partition) for p in partitions)
+        if self.paused:
+            # Newly assigned partitions of a paused class start paused too.
+            paused_topics = {request_topic(self.settings, PRIORITY_CLASSES[r]) for r in self.paused}
+            consumer.incremental_assign(partitions)
+            consumer.pause([p for p in partitions if p.topic in paused_topics])
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
         log.info("revoked %s", tps)
         self._commit(only=set(tps))
-        with self.cond:
-            self.batcher.drop_partitions(tps)
-            self.tracker.forget(tps)
+        self._give_up_partitions(tps)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
         log.warning("lost %s", tps)
+        self._give_up_partitions(tps)
+
+    def _give_up_partitions(self, tps: list[tuple[str, int]]) -> None:
+        """Stop working on partitions another member now owns: drop their queued and
+        retrying requests (the new owner re-reads them from the committed offset).
+        Batches already on a worker finish; their rows are harmless thanks to the upsert."""
+        gone = set(tps)
+        self.owned -= gone
         with self.cond:
             self.batcher.drop_partitions(tps)
             self.tracker.forget(tps)
+            kept: deque[_Retry] = deque()
+            for r in self.retries:
+                r.batch.items = [p for p in r.batch.items if p.tp not in gone]
+                if r.batch.items:
+                    kept.append(r)
+            self.retries = kept
 
     def _commit(self, only: set[tuple[str, int]] | None = None) -> None:
         with self.cond:
@@ -356,7 +435,6 @@ class SchedulerService:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        paused = False
         last_commit = 0.0
         log.info("scheduler running")
         while not self.stopping.is_set():
@@ -385,26 +463,44 @@ class SchedulerService:
                                 exc,
                             )
                             continue
+                        if p.tp not in self.owned:  # fetched before a revocation
+                            continue
                         self.tracker.track(p.tp, p.offset)
                         self.batcher.add(p)
                         self.stats["consumed"] += 1
                     self.cond.notify_all()
-            # Backpressure: stop fetching while the buffers are full.
-            depth = len(self.batcher)
-            if not paused and depth >= self.settings.max_buffered:
-                self.consumer.pause(self.consumer.assignment())
-                paused = True
-            elif paused and depth < self.settings.max_buffered // 2:
-                self.consumer.resume(self.consumer.assignment())
-                paused = False
+            self._apply_backpressure()
             if now - last_commit >= self.settings.commit_interval_ms / 1000:
                 self._commit()
                 last_commit = now
             self.producer.poll(0)
         self._shutdown()
 
+    def _class_partitions(self, ranks: frozenset[int]) -> list[TopicPartition]:
+        topics = {request_topic(self.settings, PRIORITY_CLASSES[r]) for r in ranks}
+        return [tp for tp in self.consumer.assignment() if tp.topic in topics]
+
+    def _apply_backpressure(self) -> None:
+        """Pause the partitions of classes whose buffer is full; resume drained ones."""
+        with self.cond:
+            depths = self.batcher.depth_by_rank()
+        wanted = paused_classes(depths, self.paused, self.budget)
+        if wanted == self.paused:
+            return
+        if wanted - self.paused:
+            self.consumer.pause(self._class_partitions(wanted - self.paused))
+        if self.paused - wanted:
+            self.consumer.resume(self._class_partitions(self.paused - wanted))
+        log.info(
+            "buffer depths %s: paused classes %s",
+            depths,
+            [PRIORITY_CLASSES[r] for r in sorted(wanted)],
+        )
+        self.paused = wanted
+
     def stop(self, *_: object) -> None:
         self.stopping.set()
+        self.pool.stop_restarts()
         with self.cond:
             self.cond.notify_all()
 
