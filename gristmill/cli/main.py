@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from gristmill.cli.jobs import app as jobs_app
 from gristmill.config import load_settings
 
 app = typer.Typer(
@@ -17,6 +18,7 @@ app = typer.Typer(
 )
 tenants_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
 app.add_typer(tenants_app, name="tenants")
+app.add_typer(jobs_app, name="jobs")
 
 
 def _logging(level: str = "INFO") -> None:

@@ -1,0 +1,372 @@
+"""Python client for Gristmill: sync ``Client`` and ``AsyncClient``.
+
+    from gristmill.client import Client
+    gm = Client("http://127.0.0.1:8000", "gm_...")
+    gm.infer("sim", "hello")["output"]
+    job = gm.submit_job("sim", [{"input": "a"}, {"input": "b"}])
+    gm.wait(job["job_id"])
+    for item in gm.iter_results(job["job_id"]): ...
+
+Both retry 429 and 503 answers, honouring Retry-After, with jittered exponential
+backoff otherwise. Uploads of files are retried too: every job submission
+carries an Idempotency-Key, so a retried upload can never create a second job.
+``Client.from_env()`` reads GRISTMILL_URL and GRISTMILL_API_KEY, falling back to
+the ``.gristmill/dev.env`` that ``make dev`` writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+RETRY_STATUSES = (429, 503)
+FINISHED = ("completed", "failed", "cancelled", "expired")
+_CHUNK = 1 << 20
+
+
+class GristmillHTTPError(Exception):
+    def __init__(self, response: httpx.Response):
+        try:
+            err = response.json().get("error", {})
+        except ValueError:
+            err = {"message": response.text[:500]}
+        super().__init__(f"HTTP {response.status_code}: {err.get('message')}")
+        self.status = response.status_code
+        self.code = err.get("code")
+        self.field = err.get("field")
+        self.response = response
+
+
+def retry_delay_s(response: httpx.Response | None, attempt: int) -> float:
+    """Retry-After when the server gives one, else full-jitter exponential backoff."""
+    if response is not None:
+        ra = response.headers.get("Retry-After")
+        if ra and ra.isdigit():
+            return float(ra)
+    return random.uniform(0, min(10.0, 0.25 * 2**attempt))
+
+
+def _settings_from_env() -> tuple[str, str]:
+    env = dict(os.environ)
+    dev = Path(".gristmill/dev.env")
+    if dev.exists():
+        for line in dev.read_text().splitlines():
+            k, _, v = line.partition("=")
+            env.setdefault(k, v)
+    url, key = env.get("GRISTMILL_URL"), env.get("GRISTMILL_API_KEY")
+    if not url or not key:
+        raise RuntimeError("set GRISTMILL_URL and GRISTMILL_API_KEY (or run `make dev`)")
+    return url, key
+
+
+def _jsonl_chunks(items: Iterable[dict[str, Any] | str]) -> Iterator[bytes]:
+    """Items as JSONL bytes, a megabyte at a time; plain strings become {"input": s}."""
+    buf: list[bytes] = []
+    size = 0
+    for item in items:
+        line = orjson.dumps({"input": item} if isinstance(item, str) else item) + b"\n"
+        buf.append(line)
+        size += len(line)
+        if size >= _CHUNK:
+            yield b"".join(buf)
+            buf, size = [], 0
+    if buf:
+        yield b"".join(buf)
+
+
+def _file_chunks(path: Path, on_bytes: Callable[[int], None] | None) -> Iterator[bytes]:
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            if on_bytes:
+                on_bytes(len(chunk))
+            yield chunk
+
+
+def _job_query(
+    model: str,
+    params: dict[str, Any] | None,
+    completion_window_s: int | None,
+    webhook_url: str | None,
+) -> dict[str, str]:
+    q = {"model": model}
+    if params:
+        q["params"] = orjson.dumps(params).decode()
+    if completion_window_s:
+        q["completion_window_s"] = str(completion_window_s)
+    if webhook_url:
+        q["webhook_url"] = webhook_url
+    return q
+
+
+class Client:
+    def __init__(self, url: str, api_key: str, *, timeout_s: float = 60.0, max_retries: int = 6):
+        self.max_retries = max_retries
+        self._http = httpx.Client(
+            base_url=url, timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"}
+        )
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> Client:
+        return cls(*_settings_from_env(), **kwargs)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(
+        self, method: str, path: str, *, body: Callable[[], Any] | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        """``body`` builds fresh content for each attempt (a stream can be read once)."""
+        for attempt in range(self.max_retries + 1):
+            try:
+                content = body() if body else None
+                r = self._http.request(method, path, content=content, **kwargs)
+            except httpx.TransportError:
+                if attempt == self.max_retries:
+                    raise
+                time.sleep(retry_delay_s(None, attempt))
+                continue
+            if r.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                time.sleep(retry_delay_s(r, attempt))
+                continue
+            if r.status_code >= 400:
+                raise GristmillHTTPError(r)
+            return r
+        raise AssertionError("unreachable")
+
+    def infer(
+        self,
+        model: str,
+        input: Any,
+        *,
+        params: dict[str, Any] | None = None,
+        timeout_ms: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {"model": model, "input": input}
+        if params:
+            payload["params"] = params
+        if timeout_ms:
+            payload["timeout_ms"] = timeout_ms
+        # Always send a key, so a retried request is never computed twice.
+        headers = {
+            "Idempotency-Key": idempotency_key or str(uuid.uuid4()),
+            "Content-Type": "application/json",
+        }
+        data = orjson.dumps(payload)
+        return dict(self._request("POST", "/v1/infer", body=lambda: data, headers=headers).json())
+
+    def submit_job(
+        self,
+        model: str,
+        items: Iterable[dict[str, Any] | str] | Path,
+        *,
+        params: dict[str, Any] | None = None,
+        completion_window_s: int | None = None,
+        webhook_url: str | None = None,
+        idempotency_key: str | None = None,
+        on_bytes: Callable[[int], None] | None = None,
+    ) -> dict[str, Any]:
+        """Submit a job from a JSONL file (streamed, retried) or an iterable of items."""
+        headers = {
+            "Idempotency-Key": idempotency_key or str(uuid.uuid4()),
+            "Content-Type": "application/x-ndjson",
+        }
+        query = _job_query(model, params, completion_window_s, webhook_url)
+        if isinstance(items, Path):
+            path = items
+            return dict(
+                self._request(
+                    "POST",
+                    "/v1/jobs",
+                    params=query,
+                    headers=headers,
+                    body=lambda: _file_chunks(path, on_bytes),
+                ).json()
+            )
+        data = b"".join(_jsonl_chunks(items))  # an iterable is read once: keep it to retry
+        return dict(
+            self._request(
+                "POST", "/v1/jobs", params=query, headers=headers, body=lambda: data
+            ).json()
+        )
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("GET", f"/v1/jobs/{job_id}").json())
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("POST", f"/v1/jobs/{job_id}/cancel").json())
+
+    def retry(self, job_id: str) -> dict[str, Any]:
+        return dict(self._request("POST", f"/v1/jobs/{job_id}/retry").json())
+
+    def jobs(self, limit: int = 20) -> list[dict[str, Any]]:
+        return list(self._request("GET", "/v1/jobs", params={"limit": limit}).json()["jobs"])
+
+    def wait(
+        self,
+        job_id: str,
+        *,
+        poll_s: float = 1.0,
+        timeout_s: float | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            j = self.job(job_id)
+            if on_progress:
+                on_progress(j)
+            if j["status"] in FINISHED and j["finished_at"]:
+                return j
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} is still {j['status']}")
+            time.sleep(poll_s)
+
+    def iter_results(self, job_id: str, *, follow: bool = False) -> Iterator[dict[str, Any]]:
+        """Per-item results in input order (streamed NDJSON)."""
+        with self._http.stream(
+            "GET",
+            f"/v1/jobs/{job_id}/results",
+            params={"follow": str(follow).lower()},
+            timeout=None,
+        ) as r:
+            if r.status_code >= 400:
+                r.read()
+                raise GristmillHTTPError(r)
+            for line in r.iter_lines():
+                if line:
+                    yield orjson.loads(line)
+
+
+class AsyncClient:
+    """The same API for asyncio code."""
+
+    def __init__(self, url: str, api_key: str, *, timeout_s: float = 60.0, max_retries: int = 6):
+        self.max_retries = max_retries
+        self._http = httpx.AsyncClient(
+            base_url=url, timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"}
+        )
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> AsyncClient:
+        return cls(*_settings_from_env(), **kwargs)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _request(
+        self, method: str, path: str, *, content: bytes | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        for attempt in range(self.max_retries + 1):
+            try:
+                r = await self._http.request(method, path, content=content, **kwargs)
+            except httpx.TransportError:
+                if attempt == self.max_retries:
+                    raise
+                await asyncio.sleep(retry_delay_s(None, attempt))
+                continue
+            if r.status_code in RETRY_STATUSES and attempt < self.max_retries:
+                await asyncio.sleep(retry_delay_s(r, attempt))
+                continue
+            if r.status_code >= 400:
+                raise GristmillHTTPError(r)
+            return r
+        raise AssertionError("unreachable")
+
+    async def infer(
+        self,
+        model: str,
+        input: Any,
+        *,
+        params: dict[str, Any] | None = None,
+        timeout_ms: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = {"model": model, "input": input}
+        if params:
+            payload["params"] = params
+        if timeout_ms:
+            payload["timeout_ms"] = timeout_ms
+        headers = {
+            "Idempotency-Key": idempotency_key or str(uuid.uuid4()),
+            "Content-Type": "application/json",
+        }
+        r = await self._request("POST", "/v1/infer", content=orjson.dumps(payload), headers=headers)
+        return dict(r.json())
+
+    async def submit_job(
+        self,
+        model: str,
+        items: Iterable[dict[str, Any] | str],
+        *,
+        params: dict[str, Any] | None = None,
+        completion_window_s: int | None = None,
+        webhook_url: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> dict[str, Any]:
+        headers = {
+            "Idempotency-Key": idempotency_key or str(uuid.uuid4()),
+            "Content-Type": "application/x-ndjson",
+        }
+        r = await self._request(
+            "POST",
+            "/v1/jobs",
+            content=b"".join(_jsonl_chunks(items)),
+            params=_job_query(model, params, completion_window_s, webhook_url),
+            headers=headers,
+        )
+        return dict(r.json())
+
+    async def job(self, job_id: str) -> dict[str, Any]:
+        return dict((await self._request("GET", f"/v1/jobs/{job_id}")).json())
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        return dict((await self._request("POST", f"/v1/jobs/{job_id}/cancel")).json())
+
+    async def wait(
+        self, job_id: str, *, poll_s: float = 1.0, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            j = await self.job(job_id)
+            if j["status"] in FINISHED and j["finished_at"]:
+                return j
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} is still {j['status']}")
+            await asyncio.sleep(poll_s)
+
+    async def iter_results(
+        self, job_id: str, *, follow: bool = False
+    ) -> AsyncIterator[dict[str, Any]]:
+        async with self._http.stream(
+            "GET",
+            f"/v1/jobs/{job_id}/results",
+            params={"follow": str(follow).lower()},
+            timeout=None,
+        ) as r:
+            if r.status_code >= 400:
+                await r.aread()
+                raise GristmillHTTPError(r)
+            async for line in r.aiter_lines():
+                if line:
+                    yield orjson.loads(line)
