@@ -200,7 +200,7 @@ def test_completion_window_expires_unfinished_items(system: System) -> None:
 class _Hook(http.server.BaseHTTPRequestHandler):
     received: list[tuple[bytes, str]] = []
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         _Hook.received.append((body, self.headers[SIGNATURE_HEADER]))
         self.send_response(204)
