@@ -307,6 +307,7 @@ class Bench:
             "seconds": time.perf_counter() - t0,
             "profile_ms": profile,
             "peak_memory_mib": {n: b / 2**20 for n, b in m.peak_memory_bytes.items()},
+            "graph_memory_mib": m.graph_memory_bytes / 2**20,
             "graphs": len(m._graphs),
             "capture_seconds": capture_s,
             "memory_allocated_mib": torch.cuda.memory_allocated() / 2**20,
@@ -319,7 +320,7 @@ class Bench:
         self.out["predict"] = res
 
         def run(label: str, n: int, reps: int, ids: bool = False, switch_s: float = 0.0,
-                **attrs: Any) -> None:
+                array: bool = False, **attrs: Any) -> None:
             saved = {k: getattr(m, k) for k in attrs}
             saved_switch = sys.getswitchinterval()
             if switch_s:  # how much GIL hand-over latency costs the tokenizer thread
@@ -332,8 +333,12 @@ class Bench:
                 for r in range(reps + 1):
                     off = (r * n) % max(1, len(texts) - n)
                     t0 = time.perf_counter()
-                    if ids:
+                    if ids and array:
+                        m.embed_ids_array(tok_ids[off : off + n])
+                    elif ids:
                         m.embed_ids(tok_ids[off : off + n])
+                    elif array:
+                        m.embed_array(texts[off : off + n])
                     else:
                         m.predict(texts[off : off + n], {"normalize": True})
                     wall = (time.perf_counter() - t0) * 1e3
@@ -365,22 +370,25 @@ class Bench:
             run("default", n, 20 if n <= 256 else 10)
         for n in (1, 8, 64, 1024):
             run("no_graphs", n, 20 if n < 1024 else 8, use_graphs=False)
-        for bt in (4096, 8192, 32768):
+        for bt in (8192, 16384):
             run(f"bucket_{bt}", 1024, 8, bucket_tokens=bt)
-        run("no_bucketing", 1024, 8, bucket_tokens=10**9, use_graphs=False)
+        run("one_tokenizer_unit", 1024, 8, first_unit_items=1024, unit_items=1024)
+        run("units_128_then_512", 1024, 8, first_unit_items=128, unit_items=512)
         run("no_pipeline", 1024, 8, pipeline=False)
         run("pageable", 1024, 8, pin=False)
-        run("gil_switch_0.2ms", 1024, 8, switch_s=0.0002)
         run("slow_tokenizer_call", 1024, 8, _encode=m.tokenizer.encode_batch)
         for n in (64, 256, 1024):
             run("pretokenized", n, 10, ids=True)
-        for bt in (8192, 32768):
-            run(f"pretokenized_bucket_{bt}", 1024, 8, ids=True, bucket_tokens=bt)
         run("pretokenized_no_graphs", 1024, 8, ids=True, use_graphs=False)
+        for n in (64, 256, 1024):
+            run("text_array_out", n, 10, array=True)
+            run("pretokenized_array_out", n, 10, ids=True, array=True)
+        run("pretokenized_array_out_no_graphs", 1024, 8, ids=True, array=True, use_graphs=False)
         m.timing = False
         for n in (256, 1024):
             run("default_no_timing", n, 10)
             run("pretokenized_no_timing", n, 10, ids=True)
+            run("pretokenized_array_out_no_timing", n, 10, ids=True, array=True)
         m.close()
 
     def main(self) -> None:

@@ -67,6 +67,7 @@ def test_graphs_buckets_and_order_agree(models: tuple[Any, Any], texts: list[str
         dict(pipeline=False),
         dict(pin=False),
         dict(bucket_tokens=512),
+        dict(first_unit_items=7, unit_items=50),
     ]
     for attrs in variants:
         saved = {k: getattr(gpu, k) for k in attrs}
@@ -88,6 +89,8 @@ def test_pretokenized_path_matches_text_path(models: tuple[Any, Any], texts: lis
     a = torch.tensor(gpu.embed_ids(ids))
     b = torch.tensor(gpu.embed(texts))
     assert (a - b).abs().max().item() < 2e-3
+    assert (torch.from_numpy(gpu.embed_array(texts)) - b).abs().max().item() < 2e-3
+    assert (torch.from_numpy(gpu.embed_ids_array(ids)) - b).abs().max().item() < 2e-3
 
 
 def test_warmup_profile_and_memory() -> None:

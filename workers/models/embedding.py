@@ -19,7 +19,7 @@ class EmbedSpec(ModelSpec):
     dtype: str = "auto"  # auto: fp16 on CUDA, fp32 on CPU
     # Padded tokens per sub-batch: past the GPU's launch-bound knee, small enough to keep
     # padding waste and activation memory low (docs/bench/gpu.md).
-    bucket_tokens: int = 16_384
+    bucket_tokens: int = 32_768
     cuda_graphs: bool = True  # replay captured graphs instead of launching ~80 kernels each
     params: tuple[ParamSpec, ...] = field(
         default_factory=lambda: (ParamSpec("normalize", bool, True, batching=True),)

@@ -5,23 +5,25 @@ numpy, safetensors and tokenizers, which the HTTP tier must not pay for.
 
 Design (numbers in docs/bench/gpu.md):
   * A compact BERT forward written here instead of ``transformers.BertModel``: fused
-    QKV, no per-call mask bookkeeping, fewer launches, and every op is graph-capturable.
+    QKV, no per-call mask bookkeeping, and every op is graph-capturable.
   * Mean pooling over real tokens (as sentence-transformers' Pooling module does),
     accumulated in fp32, then optional L2 normalization.
-  * A batch is sorted by length and cut into sub-batches of about ``bucket_tokens``
-    padded tokens, which bounds padding waste and GPU memory whatever the batch size.
-  * On CUDA the sub-batches are pipelined: a helper thread tokenizes sub-batch k+1
-    (the Rust tokenizer releases the GIL) and the main thread turns the embeddings
-    of k-1 into lists while the GPU runs k. Copies go through pinned memory, since a
-    copy from pageable memory would wait for the GPU and break the overlap.
-  * Small sub-batches (launch-bound) replay CUDA graphs captured at power-of-two shapes.
+  * A batch is sorted by length (characters, then exact tokens inside each tokenizer
+    unit) and cut into sub-batches of about ``bucket_tokens`` padded tokens, which
+    bounds padding waste and GPU memory whatever the batch size.
+  * On CUDA the work is pipelined: a helper thread tokenizes unit k+1 (the Rust
+    tokenizer releases the GIL) while the main thread replays unit k's sub-batches and
+    turns finished embeddings into lists. Host buffers are pinned so the copies are
+    asynchronous (a device-to-host copy into pageable memory blocks until the GPU is done).
+  * Every sub-batch replays a CUDA graph (captured in warmup for each padded length and
+    a ladder of row counts): an eager forward costs ~1.2 ms of CPU for ~80 launches.
   * CPU: the same code, fp32, no thread, no graphs.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-import math
 import os
 import random
 import statistics
@@ -45,6 +47,10 @@ if TYPE_CHECKING:
 
 MODEL_DIR_ENV = "GRISTMILL_EMBED_MODEL_DIR"
 SEQ_ALIGN = 8  # pad sequence length to a multiple of this (tensor-core friendly)
+# Texts per tokenizer call. One call of 1024 texts took 18 ms on 16 cores, six calls of
+# ~170 took 26-31 ms (the Rust thread pool pays per call); units of 256 measured best
+# against 128+512 and 1024 (docs/bench/gpu.md).
+UNIT_ITEMS = 256
 
 
 def default_model_dir() -> Path:
@@ -82,10 +88,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def round_up(x: int, m: int) -> int:
     return -(-x // m) * m
-
-
-def next_pow2(x: int) -> int:
-    return 1 << max(0, (x - 1).bit_length())
 
 
 def load_tokenizer(model_dir: Path, max_tokens: int) -> Tokenizer:
@@ -214,8 +216,7 @@ class _Prepared:
     ids: torch.Tensor  # [rows, s_pad] int32
     lens: torch.Tensor  # [rows] int32
     real_tokens: int
-    chars: int
-    prep_s: float
+    prep_s: float  # time to tokenize and pack the unit (on its first sub-batch)
 
 
 @dataclass
@@ -224,6 +225,7 @@ class _Launched:
     host: torch.Tensor  # [rows, hidden] fp32, valid once ``done`` has fired
     done: torch.cuda.Event | None
     start: torch.cuda.Event | None
+    padded_tokens: int  # what the GPU computed, graph row padding included
 
 
 class EmbeddingModel(Model):
@@ -252,11 +254,12 @@ class EmbeddingModel(Model):
         self.pipeline = self.cuda  # CPU: prepare inline, the forward is the bottleneck anyway
         self.pin = self.cuda  # pinned host buffers (benchmarks turn it off to compare)
         self.timing = False  # record per-sub-batch CUDA events (benchmarks)
+        self.first_unit_items = self.unit_items = UNIT_ITEMS  # texts per tokenizer call
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._pool: Any = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self._prep_pool = ThreadPoolExecutor(1, "embed-prep") if self.pipeline else None
-        self._chars_per_token = 4.0  # refined from every tokenized sub-batch
         self.peak_memory_bytes: dict[int, int] = {}  # by batch size, at max_tokens per input
+        self.graph_memory_bytes = 0  # reserved by captured graphs (counted in the peaks)
         self.profile_measured: list[int] = []  # warmup sizes actually run (rest extrapolated)
         self.last_stats: dict[str, float] = {}
 
@@ -269,17 +272,26 @@ class EmbeddingModel(Model):
 
     def embed(self, texts: Sequence[str], normalize: bool = True) -> list[list[float]]:
         """Embeddings of ``texts`` in input order."""
-        return self._run([len(t) for t in texts], lambda idx: self._prep_texts(texts, idx),
-                         normalize, exact=False)
+        return self._run([len(t) for t in texts], self._tokenize_texts(texts), normalize)
 
     def embed_ids(self, ids: Sequence[Sequence[int]], normalize: bool = True) -> list[list[float]]:
         """Embeddings of already tokenized inputs ([CLS] ... [SEP]); truncated to max_tokens.
 
         What a worker would run if the API tier shipped token ids instead of text.
         """
-        cap = self.spec.max_tokens
-        return self._run([min(len(x), cap) for x in ids], lambda idx: self._prep_ids(ids, idx),
-                         normalize, exact=True)
+        return self._run([len(x) for x in ids], self._take_ids(ids), normalize)
+
+    def embed_array(self, texts: Sequence[str], normalize: bool = True) -> np.ndarray:
+        """Like ``embed`` but one float32 array [n, 384]: no per-float Python objects."""
+        out = np.empty((len(texts), self.hidden), dtype=np.float32)
+        self._run([len(t) for t in texts], self._tokenize_texts(texts), normalize, out)
+        return out
+
+    def embed_ids_array(self, ids: Sequence[Sequence[int]], normalize: bool = True) -> np.ndarray:
+        """Token ids in, float32 array out: the worker's floor without Python-object costs."""
+        out = np.empty((len(ids), self.hidden), dtype=np.float32)
+        self._run([len(x) for x in ids], self._take_ids(ids), normalize, out)
+        return out
 
     # --- shapes ------------------------------------------------------------------------
 
@@ -289,10 +301,27 @@ class EmbeddingModel(Model):
             return round_up(longest, SEQ_ALIGN)
         return round_up(longest, 16 if longest <= 256 else 32)
 
+    def _row_cap(self, s: int) -> int:
+        """Most rows in one sub-batch at padded length ``s``."""
+        return max(1, min(self.bucket_tokens // s, self.spec.max_batch_size))
+
     def _graph_rows(self, s: int) -> list[int]:
         """Captured batch sizes at padded length ``s``: powers of two, then the bucket's rows."""
-        cap = max(1, min(self.bucket_tokens // s, self.spec.max_batch_size))
+        cap = self._row_cap(s)
         return sorted({*(1 << i for i in range(cap.bit_length()) if (1 << i) < cap), cap})
+
+    def _cut(self, lens: list[int]) -> list[int]:
+        """Ends of sub-batches over ascending ``lens``: each takes as many inputs as fit
+        the bucket at its longest one. (A planner that minimized a fitted GPU cost model
+        measured no better end to end, so it went.)"""
+        ends, a, m = [], 0, len(lens)
+        while a < m:
+            b = a + 1
+            while b < m and b + 1 - a <= self._row_cap(self._seq_pad(lens[b])):
+                b += 1
+            ends.append(b)
+            a = b
+        return ends
 
     def graph_shapes(self) -> list[tuple[int, int]]:
         seqs = sorted({self._seq_pad(n) for n in range(1, self.spec.max_tokens + 1)})
@@ -301,56 +330,61 @@ class EmbeddingModel(Model):
     def capture_graphs(self) -> int:
         """Capture every shape up front, so no request pays for a capture. Returns the count."""
         if self.use_graphs:
+            before = torch.cuda.memory_reserved(self.device)
             with torch.inference_mode():
                 for b, s in self.graph_shapes():
                     self._graph_for(b, s)
+            self.graph_memory_bytes += torch.cuda.memory_reserved(self.device) - before
         return len(self._graphs)
 
     # --- planning and preparation ------------------------------------------------------
 
-    def _next_chunk(self, order: list[int], keys: list[int], start: int, exact: bool) -> int:
-        """End of the sub-batch starting at ``start`` in length order (padded-token budget)."""
-        cpt = 1.0 if exact else self._chars_per_token
+    def _tokenize_texts(self, texts: Sequence[str]) -> Callable[[list[int]], list[Sequence[int]]]:
+        def encode(unit: list[int]) -> list[Sequence[int]]:
+            return [e.ids for e in self._encode([texts[i] for i in unit])]
+        return encode
+
+    def _take_ids(self, ids: Sequence[Sequence[int]]) -> Callable[[list[int]], list[Sequence[int]]]:
         cap = self.spec.max_tokens
-        end = start + 1
-        while end < len(order):
-            longest = keys[order[end]] if exact else keys[order[end]] / cpt + 2
-            padded = (end + 1 - start) * self._seq_pad(min(cap, max(1, math.ceil(longest))))
-            if padded > self.bucket_tokens:
-                break
-            end += 1
-        return end
+
+        def take(unit: list[int]) -> list[Sequence[int]]:
+            # Keep the final [SEP] when truncating, as the tokenizer does.
+            return [ids[i] if len(ids[i]) <= cap else [*ids[i][: cap - 1], ids[i][-1]]
+                    for i in unit]
+        return take
+
+    def _prepare(self, unit: list[int], encode: Callable[[list[int]], list[Sequence[int]]]
+                 ) -> list[_Prepared]:
+        """Tokenize one unit, sort it by exact length, cut it into padded sub-batches."""
+        t0 = time.perf_counter()
+        seqs = encode(unit)
+        lens = [len(x) for x in seqs]
+        by_len = sorted(range(len(unit)), key=lens.__getitem__)
+        out: list[_Prepared] = []
+        a = 0
+        for b in self._cut([lens[i] for i in by_len]):
+            rows = by_len[a:b]
+            out.append(self._pack([unit[i] for i in rows], [seqs[i] for i in rows]))
+            a = b
+        out[0].prep_s = time.perf_counter() - t0
+        return out
 
     def _host(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         # Pinned buffers come from torch's caching host allocator: cheap after the first.
         return torch.empty(shape, dtype=dtype, pin_memory=self.pin)
 
-    def _pack(self, positions: list[int], seqs: Sequence[Sequence[int]], chars: int,
-              t0: float) -> _Prepared:
+    def _pack(self, positions: list[int], seqs: list[Sequence[int]]) -> _Prepared:
         rows = len(seqs)
-        lens = np.fromiter((len(s) for s in seqs), dtype=np.int32, count=rows)
+        lens = np.fromiter(map(len, seqs), dtype=np.int32, count=rows)
         total = int(lens.sum())
         s = self._seq_pad(int(lens.max()))
         ids_t, lens_t = self._host((rows, s), torch.int32), self._host((rows,), torch.int32)
         ids_np = ids_t.numpy()
         ids_np.fill(0)  # [PAD]
-        flat = np.fromiter((t for seq in seqs for t in seq), dtype=np.int32, count=total)
+        flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=np.int32, count=total)
         ids_np[np.arange(s)[None, :] < lens[:, None]] = flat  # row-major fill
         lens_t.numpy()[:] = lens
-        return _Prepared(positions, ids_t, lens_t, total, chars, time.perf_counter() - t0)
-
-    def _prep_texts(self, texts: Sequence[str], positions: list[int]) -> _Prepared:
-        t0 = time.perf_counter()
-        chunk = [texts[i] for i in positions]
-        encs = self._encode(chunk)
-        return self._pack(positions, [e.ids for e in encs], sum(map(len, chunk)), t0)
-
-    def _prep_ids(self, ids: Sequence[Sequence[int]], positions: list[int]) -> _Prepared:
-        t0 = time.perf_counter()
-        cap = self.spec.max_tokens
-        seqs = [ids[i] if len(ids[i]) <= cap else [*ids[i][: cap - 1], ids[i][-1]]
-                for i in positions]
-        return self._pack(positions, seqs, 0, t0)
+        return _Prepared(positions, ids_t, lens_t, total, 0.0)
 
     # --- running -----------------------------------------------------------------------
 
@@ -375,13 +409,15 @@ class EmbeddingModel(Model):
         if not self.cuda:
             pooled = self.encoder(p.ids, p.lens)
             pooled = F.normalize(pooled, dim=-1) if normalize else pooled
-            return _Launched(p.positions, pooled, None, None)
+            return _Launched(p.positions, pooled, None, None, p.ids.numel())
         start = torch.cuda.Event(enable_timing=True) if self.timing else None
         if start is not None:
             start.record()
         rows, s = p.ids.shape
         host = self._host((rows, self.hidden), torch.float32)
+        padded = p.ids.numel()
         if self.use_graphs:
+            padded = 0
             # One replay per slice of at most the bucket's rows; rows past ``r`` in the
             # static inputs hold an earlier call's (valid) values and their output is dropped.
             ladder = self._graph_rows(s)
@@ -389,6 +425,7 @@ class EmbeddingModel(Model):
                 r1 = min(rows, r0 + ladder[-1])
                 r = r1 - r0
                 g = self._graph_for(next(b for b in ladder if b >= r), s)
+                padded += g.ids.numel()
                 g.ids[:r].copy_(p.ids[r0:r1], non_blocking=True)
                 g.lens[:r].copy_(p.lens[r0:r1], non_blocking=True)
                 g.graph.replay()
@@ -402,16 +439,21 @@ class EmbeddingModel(Model):
             host.copy_(pooled, non_blocking=True)
         done = torch.cuda.Event(enable_timing=self.timing)
         done.record()
-        return _Launched(p.positions, host, done, start)
+        return _Launched(p.positions, host, done, start, padded)
 
-    def _run(self, keys: list[int], prep: Callable[[list[int]], _Prepared], normalize: bool,
-             exact: bool) -> list[list[float]]:
+    def _run(self, keys: list[int], encode: Callable[[list[int]], list[Sequence[int]]],
+             normalize: bool, array: np.ndarray | None = None) -> list[list[float]]:
+        """Sort by length, tokenize in units (unit k+1 in the helper thread while unit k
+        runs), and fill ``array`` or a list of lists in input order."""
         t_start = time.perf_counter()
         n = len(keys)
-        out: list[list[float]] = [[] for _ in range(n)]
+        out: list[list[float]] = [] if array is not None else [[] for _ in range(n)]
         if n == 0:
             return out
-        order = sorted(range(n), key=keys.__getitem__)
+        order = sorted(range(n), key=keys.__getitem__)  # chars: a cheap proxy for tokens
+        first = min(n, self.first_unit_items)
+        units = [order[:first]] + [order[i:i + self.unit_items]
+                                   for i in range(first, n, self.unit_items)]
         stats = {"items": float(n), "chunks": 0.0, "real_tokens": 0.0, "padded_tokens": 0.0,
                  "prep_ms": 0.0, "prep_wait_ms": 0.0, "wait_ms": 0.0, "tolist_ms": 0.0}
         gpu_pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
@@ -423,40 +465,35 @@ class EmbeddingModel(Model):
                 if job.start is not None:
                     gpu_pairs.append((job.start, job.done))
             t1 = time.perf_counter()
-            for pos, row in zip(job.positions, job.host.tolist(), strict=True):
-                out[pos] = row
+            if array is not None:
+                array[job.positions] = job.host.numpy()
+            else:
+                for pos, row in zip(job.positions, job.host.tolist(), strict=True):
+                    out[pos] = row
             stats["wait_ms"] += (t1 - t0) * 1e3
             stats["tolist_ms"] += (time.perf_counter() - t1) * 1e3
 
         with torch.inference_mode():
-            a, b = 0, self._next_chunk(order, keys, 0, exact)
-            # The first sub-batch is prepared inline: nothing runs yet that it could overlap.
-            fut: Future[_Prepared] | _Prepared | None = prep(order[a:b])
+            # The first unit is prepared inline: nothing runs yet that it could overlap.
+            fut: Future[list[_Prepared]] | list[_Prepared] = self._prepare(units[0], encode)
             pending: _Launched | None = None
-            while fut is not None:
+            for u in range(len(units)):
                 t0 = time.perf_counter()
-                p = fut.result() if isinstance(fut, Future) else fut
+                preps = fut.result() if isinstance(fut, Future) else fut
                 stats["prep_wait_ms"] += (time.perf_counter() - t0) * 1e3
-                if not exact and p.real_tokens:  # learn the chars-per-token ratio
-                    rows = len(p.positions)
-                    self._chars_per_token = 0.8 * self._chars_per_token + 0.2 * max(
-                        1.0, p.chars / max(1, p.real_tokens - 2 * rows))
-                a = b
-                if a < n:  # tokenize the next sub-batch while this one runs
-                    b = self._next_chunk(order, keys, a, exact)
-                    idx = order[a:b]
+                if u + 1 < len(units):
                     pool = self._prep_pool if self.pipeline else None
-                    fut = pool.submit(prep, idx) if pool is not None else prep(idx)
-                else:
-                    fut = None
-                job = self._launch(p, normalize)
-                stats["chunks"] += 1
-                stats["real_tokens"] += p.real_tokens
-                stats["padded_tokens"] += p.ids.numel()
-                stats["prep_ms"] += p.prep_s * 1e3
-                if pending is not None:  # lists for k-1 while the GPU works on k
-                    collect(pending)
-                pending = job
+                    fut = (pool.submit(self._prepare, units[u + 1], encode) if pool is not None
+                           else self._prepare(units[u + 1], encode))
+                for p in preps:
+                    job = self._launch(p, normalize)
+                    stats["chunks"] += 1
+                    stats["real_tokens"] += p.real_tokens
+                    stats["padded_tokens"] += job.padded_tokens
+                    stats["prep_ms"] += p.prep_s * 1e3
+                    if pending is not None:  # lists for k-1 while the GPU works on k
+                        collect(pending)
+                    pending = job
             if pending is not None:
                 collect(pending)
         stats["wall_ms"] = (time.perf_counter() - t_start) * 1e3
@@ -518,20 +555,26 @@ class EmbeddingModel(Model):
         return profile
 
     def _measure_memory(self, sizes: list[int]) -> None:
-        """Peak GPU memory above the resident weights and graphs, inputs at max_tokens.
+        """Peak GPU memory per batch size, every input at max_tokens, above the weights.
 
-        Sub-batches hold about ``bucket_tokens`` padded tokens, so the peak stops growing
-        once a batch fills one sub-batch.
+        Measured eagerly (the activations a batch needs), plus the graphs' memory, which
+        stays reserved. Sub-batches hold at most ``bucket_tokens`` padded tokens, so the
+        peak stops growing once a batch fills one sub-batch.
         """
         longest = synthetic_texts(self.tokenizer, max(sizes), self.spec.max_tokens,
                                   self.spec.max_tokens, seed=2)
-        torch.cuda.synchronize(self.device)
-        base = torch.cuda.memory_allocated(self.device)
-        for n in sizes:
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.embed(longest[:n])
+        graphs, self.use_graphs = self.use_graphs, False
+        try:
             torch.cuda.synchronize(self.device)
-            self.peak_memory_bytes[n] = torch.cuda.max_memory_allocated(self.device) - base
+            base = torch.cuda.memory_allocated(self.device)
+            for n in sizes:
+                torch.cuda.reset_peak_memory_stats(self.device)
+                self.embed(longest[:n])
+                torch.cuda.synchronize(self.device)
+                self.peak_memory_bytes[n] = (torch.cuda.max_memory_allocated(self.device) - base
+                                             + self.graph_memory_bytes)
+        finally:
+            self.use_graphs = graphs
 
     def max_batch_for_memory(self, free_bytes: int) -> int:
         """Largest measured batch size whose peak fits in ``free_bytes`` (0 if none)."""
