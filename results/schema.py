@@ -5,6 +5,7 @@ queries are written against typed columns."""
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     CheckConstraint,
     Column,
     DateTime,
@@ -85,7 +86,7 @@ requests = Table(
     Column("deadline_at", DateTime(timezone=True)),
     Column("kafka_topic", Text),
     Column("kafka_partition", Integer),
-    Column("kafka_offset", Integer),
+    Column("kafka_offset", BigInteger),
     CheckConstraint(
         "status in ('succeeded', 'failed', 'expired', 'cancelled')", name="requests_status_check"
     ),

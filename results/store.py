@@ -12,16 +12,71 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.dialects.postgresql import insert
 
 from results.db import RESULTS_CHANNEL
 from results.jobs import record_job_results
-from results.schema import batches, requests
+from results.schema import batches
 
 # PostgreSQL caps a NOTIFY payload at 8000 bytes; stay well below.
 _NOTIFY_CHUNK = 7000
-_INSERT_CHUNK = 1000
+
+_INSERT_BATCH = insert(batches).on_conflict_do_nothing()
+
+# Request rows go in as one array per column through unnest(): a single short,
+# cached statement whatever the batch size, instead of a multi-row VALUES list
+# that the driver would re-parse for every batch (it showed up as the scheduler's
+# top hot spot under job load).
+_REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("request_id", "uuid"),
+    ("tenant_id", "uuid"),
+    ("priority", "text"),
+    ("model", "text"),
+    ("model_version", "text"),
+    ("params", "jsonb"),
+    ("input", "jsonb"),
+    ("status", "text"),
+    ("output", "jsonb"),
+    ("error", "text"),
+    ("attempts", "int4"),
+    ("batch_id", "uuid"),
+    ("batch_size", "int4"),
+    ("job_id", "uuid"),
+    ("item_index", "int4"),
+    ("received_at", "timestamptz"),
+    ("produced_at", "timestamptz"),
+    ("consumed_at", "timestamptz"),
+    ("batched_at", "timestamptz"),
+    ("compute_start_at", "timestamptz"),
+    ("compute_end_at", "timestamptz"),
+    ("deadline_at", "timestamptz"),
+    ("kafka_topic", "text"),
+    ("kafka_partition", "int4"),
+    ("kafka_offset", "int8"),
+)
+_INSERT_REQUESTS = (
+    f"INSERT INTO requests ({', '.join(c for c, _ in _REQUEST_COLUMNS)}) "
+    f"SELECT * FROM unnest("
+    + ", ".join(
+        "%s::text[]::jsonb[]"
+        if t == "jsonb"
+        else f"%s::{'text' if t == 'uuid' else t}[]" + ("::uuid[]" if t == "uuid" else "")
+        for _, t in _REQUEST_COLUMNS
+    )
+    + ") ON CONFLICT (request_id) DO NOTHING RETURNING request_id, job_id, status"
+)
+
+
+def _column_arrays(rows: list[dict[str, Any]]) -> list[list[Any]]:
+    out = []
+    for name, pgtype in _REQUEST_COLUMNS:
+        if pgtype == "jsonb":
+            out.append([None if r[name] is None else orjson.dumps(r[name]).decode() for r in rows])
+        else:
+            out.append([r[name] for r in rows])
+    return out
 
 
 def notify_payloads(request_ids: Sequence[str]) -> list[str]:
@@ -45,21 +100,16 @@ def write_results(
 ) -> list[str]:
     """Upsert rows and announce them; returns the ids that were newly written."""
     if batch_row is not None:
-        conn.execute(insert(batches).values(batch_row).on_conflict_do_nothing())
+        conn.execute(_INSERT_BATCH, batch_row)
     if not request_rows:
         return []
-    rows: list[Any] = []
-    # One multi-row INSERT per chunk: PostgreSQL caps a statement at 65535 parameters.
-    for i in range(0, len(request_rows), _INSERT_CHUNK):
-        stmt = (
-            insert(requests)
-            .values(request_rows[i : i + _INSERT_CHUNK])
-            .on_conflict_do_nothing(index_elements=["request_id"])
-            .returning(requests.c.request_id, requests.c.job_id, requests.c.status)
-        )
-        rows.extend(conn.execute(stmt).all())
-    written = [str(r.request_id) for r in rows]
-    record_job_results(conn, ((r.job_id, r.status) for r in rows))
+    driver = conn.connection.driver_connection  # the psycopg connection, same transaction
+    assert driver is not None
+    cur = driver.cursor()
+    cur.execute(_INSERT_REQUESTS, _column_arrays(request_rows))
+    rows = cur.fetchall()
+    written = [str(rid) for rid, _, _ in rows]
+    record_job_results(conn, ((None if j is None else str(j), st) for _, j, st in rows))
     # Announce every id, written now or before: a waiter may be waiting on a
     # redelivered request whose first row landed while it was not yet listening.
     for payload in notify_payloads([r["request_id"] for r in request_rows]):

@@ -51,6 +51,9 @@ from workers.protocol import WorkBatch
 
 log = logging.getLogger("gristmill.scheduler")
 
+# On SIGTERM, queued requests get this long to run before the rest is handed back.
+SHUTDOWN_DRAIN_S = 10.0
+
 
 @dataclass
 class _Retry:
@@ -91,7 +94,8 @@ class SchedulerService:
         self.cancelled_jobs: frozenset[str] = frozenset()
         self.paused: frozenset[int] = frozenset()
         self.budget = BufferBudget.default(settings.max_buffered, len(PRIORITY_CLASSES))
-        self.stopping = threading.Event()
+        self.stopping = threading.Event()  # stop consuming
+        self.drained = threading.Event()  # stop dispatching (set after the drain on stop)
         self.owned: set[tuple[str, int]] = set()  # partitions assigned to us right now
         self.engine = make_engine(settings.database_url, pool_size=4)
         self.persist_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="persist")
@@ -120,6 +124,11 @@ class SchedulerService:
                 "session.timeout.ms": 6000,
                 "heartbeat.interval.ms": 1000,
                 "fetch.wait.max.ms": 5,
+                # Fetched messages wait in one FIFO inside librdkafka, whatever their
+                # topic: keep it short, so a sync request is never queued behind a
+                # deep prefetch of job items (paused classes stop adding to it).
+                "queued.max.messages.kbytes": 256,
+                "max.partition.fetch.bytes": 65536,
                 "enable.partition.eof": False,
             }
         )
@@ -180,7 +189,7 @@ class SchedulerService:
     def _next_batch(self, h: WorkerHandle) -> Batch | None:
         """Block until this worker has a batch to run (None when stopping)."""
         with self.cond:
-            while not self.stopping.is_set() and h.alive:
+            while not self.drained.is_set() and h.alive:
                 now = time.time()
                 expired = self.batcher.drop_expired(now)
                 if expired:
@@ -507,8 +516,20 @@ class SchedulerService:
     def _shutdown(self) -> None:
         """Finish in-flight batches, persist, commit, leave the group."""
         log.info("scheduler stopping")
-        # Dispatchers return after the batch they are running; queued requests that
-        # never started are not committed, so the partitions' next owner re-reads them.
+        # Run what is already queued (briefly), so the next owner of our partitions
+        # need not compute again what we persisted past an unstarted request. Then the
+        # dispatchers return after the batch they are running; requests that never
+        # started are not committed, so the partitions' next owner re-reads them.
+        drain_until = time.time() + SHUTDOWN_DRAIN_S
+        with self.cond:
+            while (
+                (len(self.batcher) or self.retries)
+                and time.time() < drain_until
+                and any(h.alive for h in self.handles)
+            ):
+                self.cond.wait(0.05)
+            self.drained.set()
+            self.cond.notify_all()
         deadline = time.time() + self.settings.batch_timeout_s
         for t in self.dispatchers:
             t.join(timeout=max(0.1, deadline - time.time()))

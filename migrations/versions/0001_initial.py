@@ -73,7 +73,7 @@ def upgrade() -> None:
         sa.Column("deadline_at", TS),
         sa.Column("kafka_topic", sa.Text),
         sa.Column("kafka_partition", sa.Integer),
-        sa.Column("kafka_offset", sa.Integer),
+        sa.Column("kafka_offset", sa.BigInteger),
         sa.CheckConstraint(
             "status in ('succeeded', 'failed', 'expired')", name="requests_status_check"
         ),
