@@ -18,7 +18,6 @@ import signal
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from scheduler.backpressure import BufferBudget, paused_classes
 from scheduler.batcher import Batch, Batcher, BatchKey, FlushPolicy, Pending
 from scheduler.costmodel import CostModel, ModelRef
 from scheduler.offsets import OffsetTracker
+from scheduler.priority_pool import PriorityPool
 from scheduler.retry import RetryPolicy, plan_failure
 from scheduler.rows import batch_row, request_row
 from scheduler.workerpool import WorkerHandle, WorkerLost, WorkerPool
@@ -98,7 +98,7 @@ class SchedulerService:
         self.drained = threading.Event()  # stop dispatching (set after the drain on stop)
         self.owned: set[tuple[str, int]] = set()  # partitions assigned to us right now
         self.engine = make_engine(settings.database_url, pool_size=4)
-        self.persist_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="persist")
+        self.persist_pool = PriorityPool(2, name="persist")
         self.pool = WorkerPool(
             socket_path=socket_dir / "workers.sock",
             n_local=settings.workers if n_workers is None else n_workers,
@@ -331,7 +331,8 @@ class SchedulerService:
     def _persist_async(
         self, rows: list[dict[str, Any]], brow: dict[str, Any] | None, items: list[Pending]
     ) -> None:
-        self.persist_pool.submit(self._persist, rows, brow, items)
+        # Sync results first: a backlog of job batches must not delay a waiting caller.
+        self.persist_pool.submit(min(p.rank for p in items), self._persist, rows, brow, items)
 
     def _persist(
         self, rows: list[dict[str, Any]], brow: dict[str, Any] | None, items: list[Pending]

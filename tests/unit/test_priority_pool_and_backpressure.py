@@ -1,0 +1,49 @@
+"""The persist pool serves urgent work first; backpressure pauses full classes only."""
+
+from __future__ import annotations
+
+import threading
+
+from scheduler.backpressure import BufferBudget, paused_classes
+from scheduler.priority_pool import PriorityPool
+
+
+def test_urgent_tasks_overtake_a_backlog() -> None:
+    gate = threading.Event()
+    order: list[str] = []
+    pool = PriorityPool(1, name="t")
+    pool.submit(0, gate.wait)  # hold the only thread while the queue fills
+    for i in range(5):
+        pool.submit(3, order.append, f"job{i}")
+    pool.submit(0, order.append, "sync")
+    gate.set()
+    pool.shutdown(wait=True)
+    assert order[0] == "sync" and order[1:] == [f"job{i}" for i in range(5)]
+
+
+def test_pool_survives_a_failing_task() -> None:
+    done: list[int] = []
+    pool = PriorityPool(1, name="t")
+    pool.submit(1, lambda: 1 / 0)
+    pool.submit(1, done.append, 1)
+    pool.shutdown(wait=True)
+    assert done == [1]
+
+
+def test_jobs_class_has_the_smaller_budget() -> None:
+    b = BufferBudget.default(1000, 4)
+    assert b.per_class == (1000, 1000, 1000, 250)
+
+
+def test_pause_with_hysteresis() -> None:
+    b = BufferBudget((10, 10, 10, 4))
+    p = paused_classes([0, 0, 0, 4], frozenset(), b)
+    assert p == {3}
+    assert paused_classes([0, 0, 0, 3], p, b) == {3}  # not yet drained to half
+    assert paused_classes([0, 0, 0, 1], p, b) == frozenset()
+    assert paused_classes([10, 0, 0, 0], frozenset(), b) == {0}
+
+
+def test_sync_classes_keep_flowing_while_jobs_are_paused() -> None:
+    b = BufferBudget.default(100, 4)
+    assert paused_classes([5, 5, 5, 25], frozenset(), b) == {3}
