@@ -20,13 +20,13 @@ import heapq
 import itertools
 import math
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gristmill.messages import RequestMessage
 from scheduler.costmodel import CostModel, ModelRef
+from scheduler.fairness import FairQueue
 from scheduler.offsets import TopicPartition
 
 
@@ -60,6 +60,14 @@ class Pending:
     def deadline(self) -> float:
         return self.msg.deadline
 
+    @property
+    def tenant(self) -> str:
+        return self.msg.tenant_id
+
+    @property
+    def weight(self) -> float:
+        return self.msg.weight
+
 
 @dataclass
 class Batch:
@@ -92,8 +100,10 @@ def flush_time(
 
 
 class _KeyQueue:
+    """One batch key's requests: a fair queue per priority rank, plus a deadline heap."""
+
     def __init__(self, n_ranks: int):
-        self.by_rank: list[deque[Pending]] = [deque() for _ in range(n_ranks)]
+        self.by_rank: list[FairQueue[Pending]] = [FairQueue() for _ in range(n_ranks)]
         self.deadlines: list[tuple[float, int, Pending]] = []  # min-heap, lazily cleaned
         self.count = 0
 
@@ -102,33 +112,26 @@ class _KeyQueue:
         heapq.heappush(self.deadlines, (p.deadline, p.seq, p))
         self.count += 1
 
-    def _clean(self) -> None:
-        for dq in self.by_rank:
-            while dq and dq[0].gone:
-                dq.popleft()
-        while self.deadlines and self.deadlines[0][2].gone:
-            heapq.heappop(self.deadlines)
-
     def oldest_at(self) -> float:
-        self._clean()
-        return min((dq[0].consumed_at for dq in self.by_rank if dq), default=math.inf)
+        return min(fq.oldest_at() for fq in self.by_rank)
 
     def earliest_deadline(self) -> float:
-        self._clean()
+        while self.deadlines and self.deadlines[0][2].gone:
+            heapq.heappop(self.deadlines)
         return self.deadlines[0][0] if self.deadlines else math.inf
 
     def best_rank(self) -> int:
-        self._clean()
-        return next((r for r, dq in enumerate(self.by_rank) if dq), len(self.by_rank))
+        return next((r for r, fq in enumerate(self.by_rank) if fq), len(self.by_rank))
 
     def pop(self, n: int) -> list[Pending]:
+        """Most urgent rank first; inside a rank, tenants share by deficit round robin."""
         out: list[Pending] = []
-        for dq in self.by_rank:
-            while dq and len(out) < n:
-                p = dq.popleft()
-                if not p.gone:
-                    p.gone = True  # leaves the deadline heap lazily
-                    out.append(p)
+        for fq in self.by_rank:
+            if len(out) >= n:
+                break
+            out.extend(fq.take(n - len(out)))
+        for p in out:
+            p.gone = True  # leaves the deadline heap lazily
         self.count -= len(out)
         return out
 
@@ -232,9 +235,9 @@ class Batcher:
         lost = set(tps)
         dropped: list[Pending] = []
         for q in self._queues.values():
-            for dq in q.by_rank:
-                for p in dq:
-                    if not p.gone and p.tp in lost:
+            for fq in q.by_rank:
+                for p in list(fq):
+                    if p.tp in lost:
                         q.discard(p)
                         dropped.append(p)
         self._forget(dropped)
