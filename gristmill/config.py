@@ -46,6 +46,20 @@ class Settings(BaseSettings):
     result_poll_interval_ms: int = 500
     idempotency_ttl_h: int = 24
 
+    # --- tiers: rate limits per tenant (requests/s and burst; job items/s) ---
+    tier_rate_rps: dict[str, float] = {"free": 20.0, "paid": 200.0, "enterprise": 2000.0}
+    tier_burst: dict[str, float] = {"free": 40.0, "paid": 400.0, "enterprise": 4000.0}
+    tier_job_items_per_s: dict[str, float] = {
+        "free": 5_000.0,
+        "paid": 50_000.0,
+        "enterprise": 500_000.0,
+    }
+    # --- admission: shed a class when its predicted queue delay exceeds this (ms) ---
+    shed_delay_ms: dict[str, float] = {"free": 250.0, "paid": 600.0, "enterprise": 2000.0}
+    target_utilization: float = 0.75
+    # API instances and schedulers report every second; older reports are ignored.
+    load_report_stale_s: float = 5.0
+
     # --- jobs ---
     max_job_items: int = 1_000_000  # per job, JSONL upload
     max_job_json_items: int = 100_000  # per job, JSON body

@@ -12,12 +12,18 @@ class GristmillError(Exception):
     code: str = "internal_error"
 
     def __init__(
-        self, message: str, *, field: str | None = None, retry_after_s: float | None = None
+        self,
+        message: str,
+        *,
+        field: str | None = None,
+        retry_after_s: float | None = None,
+        headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
         self.message = message
         self.field = field
         self.retry_after_s = retry_after_s
+        self.headers = headers or {}
 
     def to_body(self) -> dict[str, object]:
         body: dict[str, object] = {"code": self.code, "message": self.message}

@@ -19,7 +19,9 @@ from ingest.auth import Authenticator
 from ingest.catalog import ModelCatalog
 from ingest.http import BodyLimit, install_error_handlers
 from ingest.job_submit import JobPublisher
+from ingest.load_watch import LoadWatch
 from ingest.producer import AsyncProducer
+from ingest.ratelimit import TenantLimiter
 from ingest.state import AppState, get_state
 from ingest.waiters import ResultWaiter
 from ingest.webhooks import webhook_loop
@@ -50,6 +52,7 @@ def create_app(settings: Settings) -> FastAPI:
         except Exception as exc:  # the API still starts; produce answers 503 until Kafka is back
             log.warning("could not check Kafka topics: %s", exc)
         engine = make_async_engine(settings.database_url)
+        limiter = TenantLimiter()
         waiter = ResultWaiter(
             engine, settings.database_url, poll_interval_s=settings.result_poll_interval_ms / 1000
         )
@@ -63,12 +66,15 @@ def create_app(settings: Settings) -> FastAPI:
             catalog=ModelCatalog(build_specs(settings), engine),
             waiter=waiter,
             jobs=JobPublisher(settings),
+            limiter=limiter,
+            load=LoadWatch(engine, settings, limiter),
         )
         app.state.gristmill = state
         await waiter.start()
         background = [
             asyncio.create_task(webhook_loop(engine, settings)),
             asyncio.create_task(finish_stale_submissions(state)),
+            asyncio.create_task(state.load.run()),
         ]
         try:
             yield

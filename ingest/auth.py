@@ -42,7 +42,19 @@ class Authenticator:
                 raise Unavailable(
                     "cannot reach the database to check the API key", retry_after_s=2
                 ) from exc
-            tenant = Tenant(str(row.id), row.name, row.tier) if row else None
+            tenant = (
+                Tenant(
+                    str(row.id),
+                    row.name,
+                    row.tier,
+                    row.weight,
+                    row.rate_rps,
+                    row.burst,
+                    row.job_items_per_s,
+                )
+                if row
+                else None
+            )
             self._cache[key] = (tenant, now + (self.ttl_s if tenant else _NEGATIVE_TTL_S))
             if len(self._cache) > 100_000:  # bound memory under a key-guessing flood
                 self._cache.clear()

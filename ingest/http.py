@@ -18,7 +18,7 @@ log = logging.getLogger("gristmill.ingest")
 
 
 def error_response(err: GristmillError) -> ORJSONResponse:
-    headers = {}
+    headers = dict(err.headers)
     if err.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
     return ORJSONResponse(err.to_body(), status_code=err.status, headers=headers)

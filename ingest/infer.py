@@ -16,6 +16,7 @@ from gristmill.errors import DeadlineExceeded, InvalidInput, ModelError, NotFoun
 from gristmill.messages import RequestMessage, body_hash, request_id_for
 from gristmill.topics import TIER_TO_CLASS, request_topic
 from ingest.idempotency import MAX_KEY_LENGTH, claim
+from ingest.policy import check_admission, check_rate
 from ingest.schemas import InferBody, parse_body
 from ingest.state import AppState, get_state
 from ingest.waiters import RESULT_COLUMNS
@@ -65,6 +66,9 @@ async def infer(
     spec = await st.catalog.resolve(body.model)
     spec.validate_input(body.input)
     params = spec.normalize_params(body.params)
+    # Policy after validation: a malformed request is a 4xx whatever the load.
+    limit_headers = check_rate(st.limiter, st.settings, tenant)
+    check_admission(st.load.view, st.settings, tenant, spec.ref)
     timeout_ms = body.timeout_ms or st.settings.default_timeout_ms
     if timeout_ms > st.settings.max_timeout_ms:
         raise InvalidInput(
@@ -87,6 +91,7 @@ async def infer(
         deadline=deadline,
         received_at=received,
         body_hash=body_hash(spec.ref, body.input, params),
+        weight=tenant.weight,
     )
     fut = st.waiter.register(rid)
     try:
@@ -103,7 +108,7 @@ async def infer(
             if not c.first:
                 done = await st.waiter.fetch([rid])
                 if done:
-                    return ORJSONResponse(result_body(done[0]))
+                    return ORJSONResponse(result_body(done[0]), headers=limit_headers)
                 # Still in flight: wait for the first attempt, unless its caller already
                 # gave up, in which case it may never have reached Kafka: send it again
                 # (same request id, so at most one result row either way).
@@ -119,7 +124,9 @@ async def infer(
                 f"no result within timeout_ms={timeout_ms}; the request stays accepted "
                 f"and its result can be fetched at /v1/requests/{rid}"
             ) from exc
-        return ORJSONResponse(result_body(row, (time.time() - received) * 1000))
+        return ORJSONResponse(
+            result_body(row, (time.time() - received) * 1000), headers=limit_headers
+        )
     finally:
         st.waiter.discard(rid)
 

@@ -234,13 +234,14 @@ class JobPublisher:
         sent = 0
         with self._lock, psycopg.connect(self.dsn, autocommit=True) as conn:
             job = conn.execute(
-                "SELECT tenant_id, model, model_version, params, created_at, expires_at "
-                "FROM jobs WHERE job_id = %s",
+                "SELECT j.tenant_id, j.model, j.model_version, j.params, j.created_at, "
+                "j.expires_at, t.weight FROM jobs j JOIN tenants t ON t.id = j.tenant_id "
+                "WHERE j.job_id = %s",
                 (job_id,),
             ).fetchone()
             if job is None:
                 return 0
-            tenant_id, model, version, params, created_at, expires_at = job
+            tenant_id, model, version, params, created_at, expires_at, weight = job
             beat = time.monotonic()
             with conn.transaction(), conn.cursor(name=f"publish-{job_id}") as cur:
                 cur.itersize = _COPY_CHUNK
@@ -263,6 +264,7 @@ class JobPublisher:
                         received_at=created_at.timestamp(),
                         job_id=job_id,
                         item_index=index,
+                        weight=weight,
                     )
                     while True:
                         try:

@@ -18,6 +18,7 @@ from gristmill.errors import InvalidInput, NotFound, PayloadTooLarge, SchemaViol
 from gristmill.messages import job_item_request_id
 from ingest.idempotency import MAX_KEY_LENGTH
 from ingest.job_submit import JobRequest, body_hasher, jsonl_items, parse_item, record_job
+from ingest.policy import charge_job_items, check_job_items
 from ingest.state import AppState, get_state
 from results.jobs import counts, item_status, items_stmt, job_status
 from results.schema import job_items, jobs, requests
@@ -134,6 +135,7 @@ async def submit_job(
     st: AppState = get_state(request)
     tenant = await st.auth.authenticate(authorization)
     settings = st.settings
+    limit_headers = check_job_items(st.limiter, settings, tenant)
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_KEY_LENGTH:
         raise InvalidInput(
             f"Idempotency-Key must be 1..{MAX_KEY_LENGTH} characters", field="Idempotency-Key"
@@ -229,11 +231,17 @@ async def submit_job(
     recorded = await record_job(settings, job, items(), lambda: hasher.hexdigest())
     if recorded.created:
         await asyncio.to_thread(st.jobs.publish, recorded.job_id)
+        charge_job_items(
+            st.limiter,
+            settings,
+            tenant,
+            (await load_job(st.engine, tenant.id, recorded.job_id)).total_items,
+        )
     j = await load_job(st.engine, tenant.id, recorded.job_id)
     body_out = job_summary(j)
     if recorded.webhook_secret:
         body_out["webhook_secret"] = recorded.webhook_secret
-    return ORJSONResponse(body_out, status_code=202)
+    return ORJSONResponse(body_out, status_code=202, headers=limit_headers)
 
 
 @router.get("/v1/jobs")

@@ -11,7 +11,9 @@ from gristmill.config import Settings
 from ingest.auth import Authenticator
 from ingest.catalog import ModelCatalog
 from ingest.job_submit import JobPublisher
+from ingest.load_watch import LoadWatch
 from ingest.producer import AsyncProducer
+from ingest.ratelimit import TenantLimiter
 from ingest.waiters import ResultWaiter
 
 
@@ -24,6 +26,8 @@ class AppState:
     catalog: ModelCatalog
     waiter: ResultWaiter
     jobs: JobPublisher
+    limiter: TenantLimiter
+    load: LoadWatch
 
 
 def get_state(request: Request) -> AppState:

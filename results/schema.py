@@ -31,6 +31,11 @@ tenants = Table(
     Column("name", Text, nullable=False, unique=True),
     Column("tier", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The tenant's plan: its share inside its tier, and overrides of the tier's limits.
+    Column("weight", Float, nullable=False, server_default="1"),
+    Column("rate_rps", Float),
+    Column("burst", Float),
+    Column("job_items_per_s", Float),
     CheckConstraint("tier in ('free', 'paid', 'enterprise')", name="tenants_tier_check"),
 )
 
@@ -170,4 +175,21 @@ job_items = Table(
     Column("input", JSONB, nullable=False),
     Column("request_id", UUID(as_uuid=False), nullable=False),
     Column("attempt", Integer, nullable=False, server_default="0"),
+)
+
+api_instances = Table(
+    "api_instances",
+    metadata,
+    Column("instance_id", Text, primary_key=True),
+    Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+scheduler_load = Table(
+    "scheduler_load",
+    metadata,
+    Column("scheduler_id", Text, primary_key=True),
+    Column("capacity", JSONB, nullable=False, server_default="{}"),
+    Column("backlog", JSONB, nullable=False, server_default="{}"),
+    Column("lag", JSONB, nullable=False, server_default="{}"),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )

@@ -20,6 +20,11 @@ class Tenant:
     id: str
     name: str
     tier: str
+    # The plan: share inside the tier, and overrides of the tier's limits (None: default).
+    weight: float = 1.0
+    rate_rps: float | None = None
+    burst: float | None = None
+    job_items_per_s: float | None = None
 
 
 def hash_key(key: str) -> str:
@@ -33,7 +38,15 @@ def new_key() -> str:
 def lookup_stmt(key: str) -> Select[tuple[str, str, str]]:
     """The one query that authenticates a request (run by ingest, async)."""
     return (
-        select(tenants.c.id, tenants.c.name, tenants.c.tier)
+        select(
+            tenants.c.id,
+            tenants.c.name,
+            tenants.c.tier,
+            tenants.c.weight,
+            tenants.c.rate_rps,
+            tenants.c.burst,
+            tenants.c.job_items_per_s,
+        )
         .join(api_keys, api_keys.c.tenant_id == tenants.c.id)
         .where(api_keys.c.key_hash == hash_key(key), api_keys.c.revoked_at.is_(None))
     )
@@ -53,7 +66,9 @@ def get_tenant(conn: Connection, name: str) -> Tenant:
     row = conn.execute(select(tenants).where(tenants.c.name == name)).first()
     if row is None:
         raise NotFound(f"no tenant named {name!r}")
-    return Tenant(row.id, row.name, row.tier)
+    return Tenant(
+        row.id, row.name, row.tier, row.weight, row.rate_rps, row.burst, row.job_items_per_s
+    )
 
 
 def issue_key(conn: Connection, tenant: Tenant) -> tuple[str, str]:
@@ -99,3 +114,35 @@ def revoke_key(conn: Connection, key_id: str) -> None:
     )
     if res.rowcount == 0:
         raise NotFound(f"no active key with id {key_id}")
+
+
+def set_plan(
+    conn: Connection,
+    name: str,
+    *,
+    tier: str | None = None,
+    weight: float | None = None,
+    rate_rps: float | None = None,
+    burst: float | None = None,
+    job_items_per_s: float | None = None,
+) -> Tenant:
+    """Change a tenant's tier or plan; API instances pick it up within their key cache TTL."""
+    values: dict[str, object] = {}
+    if tier is not None:
+        if tier not in TIERS:
+            raise InvalidInput(f"tier must be one of {', '.join(TIERS)}", field="tier")
+        values["tier"] = tier
+    for key, v in (
+        ("weight", weight),
+        ("rate_rps", rate_rps),
+        ("burst", burst),
+        ("job_items_per_s", job_items_per_s),
+    ):
+        if v is not None:
+            if v <= 0:
+                raise InvalidInput(f"{key} must be positive", field=key)
+            values[key] = v
+    t = get_tenant(conn, name)
+    if values:
+        conn.execute(update(tenants).where(tenants.c.id == t.id).values(**values))
+    return get_tenant(conn, name)

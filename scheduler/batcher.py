@@ -20,6 +20,7 @@ import heapq
 import itertools
 import math
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,6 +159,7 @@ class Batcher:
         self._seq = itertools.count()
         self._count = 0
         self._by_rank = [0] * n_ranks
+        self._by_ref_rank: Counter[tuple[ModelRef, int]] = Counter()
 
     def __len__(self) -> int:
         return self._count
@@ -170,6 +172,7 @@ class Batcher:
         q.push(p)
         self._count += 1
         self._by_rank[p.rank] += 1
+        self._by_ref_rank[(p.key.ref, p.rank)] += 1
 
     def _predicted_s(self, key: BatchKey, count: int) -> float:
         n = max(1, min(count, self.max_batch(key.ref)))
@@ -247,10 +250,19 @@ class Batcher:
         """Queued requests per priority rank (kept current, O(1))."""
         return list(self._by_rank)
 
+    def depth_by_model(self) -> dict[ModelRef, list[int]]:
+        """Queued requests per model and priority rank."""
+        out: dict[ModelRef, list[int]] = {}
+        for (ref, rank), n in self._by_ref_rank.items():
+            if n:
+                out.setdefault(ref, [0] * self.n_ranks)[rank] = n
+        return out
+
     def _forget(self, items: list[Pending]) -> None:
         self._count -= len(items)
         for p in items:
             self._by_rank[p.rank] -= 1
+            self._by_ref_rank[(p.key.ref, p.rank)] -= 1
         self._gc()
 
     def _gc(self) -> None:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
+import socket
 import threading
 import time
 from collections import deque
@@ -32,14 +34,17 @@ from gristmill.topics import (
     all_request_topics,
     dead_letter_topic,
     ensure_topics,
+    priority_of_topic,
     request_topic,
 )
 from results import modelregistry
 from results.db import make_engine
 from results.jobs import cancelled_unfinished_stmt
+from results.load import forget_scheduler, report_scheduler
 from results.store import persist
 from scheduler.backpressure import BufferBudget, paused_classes
 from scheduler.batcher import Batch, Batcher, BatchKey, FlushPolicy, Pending
+from scheduler.capacity import capacity_by_model
 from scheduler.costmodel import CostModel, ModelRef
 from scheduler.offsets import OffsetTracker
 from scheduler.priority_pool import PriorityPool
@@ -92,6 +97,8 @@ class SchedulerService:
         self.handles: list[WorkerHandle] = []
         self.dispatchers: list[threading.Thread] = []
         self.cancelled_jobs: frozenset[str] = frozenset()
+        self.scheduler_id = f"{socket.gethostname()}-{os.getpid()}"
+        self.lag: dict[str, int] = {}
         self.paused: frozenset[int] = frozenset()
         self.budget = BufferBudget.default(settings.max_buffered, len(PRIORITY_CLASSES))
         self.stopping = threading.Event()  # stop consuming
@@ -173,6 +180,38 @@ class SchedulerService:
             if ticks % 5 == 0:
                 self._announce()
             self._refresh_cancelled()
+            self._report_load()
+
+    def _report_load(self) -> None:
+        """Capacity and backlog for the API's admission control (once a second)."""
+        with self.cond:
+            capacity = capacity_by_model(
+                self.cost, [h.refs for h in self.handles if h.alive], self.max_batch
+            )
+            backlog = {
+                f"{ref[0]}@{ref[1]}": dict(zip(PRIORITY_CLASSES, depths, strict=True))
+                for ref, depths in self.batcher.depth_by_model().items()
+            }
+            lag = dict(self.lag)
+        try:
+            with self.engine.begin() as conn:
+                report_scheduler(conn, self.scheduler_id, capacity, backlog, lag)
+        except Exception as exc:
+            log.warning("load report failed: %s", _short(exc))
+
+    def _measure_lag(self) -> None:
+        """Messages in Kafka not yet consumed, per class (consumer thread only)."""
+        lag: dict[str, int] = {}
+        try:
+            for tp in self.consumer.position(self.consumer.assignment()):
+                _, hi = self.consumer.get_watermark_offsets(tp, cached=True)
+                if tp.offset >= 0 and hi >= 0:
+                    cls_ = priority_of_topic(self.settings, tp.topic)
+                    lag[cls_] = lag.get(cls_, 0) + max(0, hi - tp.offset)
+        except Exception as exc:  # during a rebalance; next second retries
+            log.debug("lag measurement failed: %s", exc)
+            return
+        self.lag = lag
 
     def _refresh_cancelled(self) -> None:
         """Jobs cancelled by a client: their queued items are recorded, not run."""
@@ -445,7 +484,7 @@ class SchedulerService:
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
-        last_commit = 0.0
+        last_commit = last_lag = 0.0
         log.info("scheduler running")
         while not self.stopping.is_set():
             # consume() waits for its whole timeout unless the count is reached, which
@@ -480,6 +519,9 @@ class SchedulerService:
                         self.stats["consumed"] += 1
                     self.cond.notify_all()
             self._apply_backpressure()
+            if now - last_lag >= 1.0:
+                self._measure_lag()
+                last_lag = now
             if now - last_commit >= self.settings.commit_interval_ms / 1000:
                 self._commit()
                 last_commit = now
@@ -541,6 +583,11 @@ class SchedulerService:
         self.consumer.close()
         self.producer.flush(5)
         self.pool.stop()
+        try:  # stop counting toward capacity at once rather than after the staleness window
+            with self.engine.begin() as conn:
+                forget_scheduler(conn, self.scheduler_id)
+        except Exception as exc:
+            log.warning("could not withdraw load report: %s", _short(exc))
         log.info("scheduler stopped: %s", self.stats)
 
     def install_signal_handlers(self) -> None:

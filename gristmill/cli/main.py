@@ -124,6 +124,39 @@ def tenants_add(
     typer.echo(key)
 
 
+@tenants_app.command("set")
+def tenants_set(
+    name: str,
+    tier: str | None = typer.Option(None, help="free, paid or enterprise"),
+    weight: float | None = typer.Option(None, help="fair share inside the tier (default 1)"),
+    rate_rps: float | None = typer.Option(None, help="requests/s (default: the tier's)"),
+    burst: float | None = typer.Option(None, help="burst size (default: the tier's)"),
+    job_items_per_s: float | None = typer.Option(None, help="job items/s (default: the tier's)"),
+) -> None:
+    """Change a tenant's tier or plan."""
+    from gristmill.errors import GristmillError
+    from results.db import make_engine
+    from results.tenants import set_plan
+
+    with make_engine(load_settings().database_url).begin() as conn:
+        try:
+            t = set_plan(
+                conn,
+                name,
+                tier=tier,
+                weight=weight,
+                rate_rps=rate_rps,
+                burst=burst,
+                job_items_per_s=job_items_per_s,
+            )
+        except GristmillError as exc:
+            _fail(exc.message)
+    typer.echo(
+        f"{t.name}: tier {t.tier}, weight {t.weight}, rate {t.rate_rps or 'tier'} rps, "
+        f"burst {t.burst or 'tier'}, job items {t.job_items_per_s or 'tier'}/s"
+    )
+
+
 @tenants_app.command("add-key")
 def tenants_add_key(name: str) -> None:
     """Issue another API key for an existing tenant."""

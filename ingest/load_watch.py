@@ -1,0 +1,46 @@
+"""Background task of each API instance: announce itself, count its peers, and read
+the schedulers' load reports for admission. Once a second; never on a request path."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gristmill.config import Settings
+from ingest.admission import LoadReport, LoadView
+from ingest.ratelimit import TenantLimiter
+from results.load import heartbeat_stmt, live_instances_stmt, live_reports_stmt
+
+log = logging.getLogger("gristmill.ingest.load")
+
+
+class LoadWatch:
+    def __init__(self, engine: AsyncEngine, settings: Settings, limiter: TenantLimiter):
+        self.engine = engine
+        self.settings = settings
+        self.limiter = limiter
+        self.instance_id = f"{socket.gethostname()}-{os.getpid()}"
+        self.view: LoadView | None = None
+
+    async def refresh(self) -> None:
+        stale = self.settings.load_report_stale_s
+        async with self.engine.begin() as conn:
+            await conn.execute(heartbeat_stmt(self.instance_id))
+            n = (await conn.execute(live_instances_stmt(stale))).scalar_one()
+            rows = (await conn.execute(live_reports_stmt(stale))).all()
+        self.limiter.instances = max(1, int(n))
+        self.view = LoadView.combine(LoadReport(r.capacity, r.backlog, r.lag) for r in rows)
+
+    async def run(self, interval_s: float = 1.0) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # keep the last view; PostgreSQL may be restarting
+                log.warning("load refresh failed: %s", exc)
+            await asyncio.sleep(interval_s)

@@ -1,0 +1,62 @@
+"""Load reports: schedulers say what they can do and what waits; API instances
+say they are alive. Ingest turns these into admission decisions and rate shares."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, Select, func, select
+from sqlalchemy.dialects.postgresql import insert
+
+from results.schema import api_instances, scheduler_load
+
+
+def report_scheduler(
+    conn: Connection,
+    scheduler_id: str,
+    capacity: dict[str, float],
+    backlog: dict[str, dict[str, int]],
+    lag: dict[str, int],
+) -> None:
+    stmt = insert(scheduler_load).values(
+        scheduler_id=scheduler_id, capacity=capacity, backlog=backlog, lag=lag
+    )
+    conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["scheduler_id"],
+            set_={
+                "capacity": stmt.excluded.capacity,
+                "backlog": stmt.excluded.backlog,
+                "lag": stmt.excluded.lag,
+                "updated_at": func.now(),
+            },
+        )
+    )
+
+
+def forget_scheduler(conn: Connection, scheduler_id: str) -> None:
+    conn.execute(scheduler_load.delete().where(scheduler_load.c.scheduler_id == scheduler_id))
+
+
+def live_reports_stmt(stale_s: float) -> Select[Any]:
+    return select(scheduler_load.c.capacity, scheduler_load.c.backlog, scheduler_load.c.lag).where(
+        scheduler_load.c.updated_at > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_s)
+    )
+
+
+def heartbeat_stmt(instance_id: str) -> Any:
+    stmt = insert(api_instances).values(instance_id=instance_id)
+    return stmt.on_conflict_do_update(
+        index_elements=["instance_id"], set_={"last_seen_at": func.now()}
+    )
+
+
+def live_instances_stmt(stale_s: float) -> Select[Any]:
+    return (
+        select(func.count())
+        .select_from(api_instances)
+        .where(
+            api_instances.c.last_seen_at
+            > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_s)
+        )
+    )
