@@ -203,6 +203,68 @@ def tenants_revoke(key_id: str) -> None:
     typer.echo(f"key {key_id} revoked")
 
 
+@app.command("plan")
+def plan_cmd(
+    rate: float = typer.Option(..., help="target requests (items) per second"),
+    slo_ms: float = typer.Option(..., help="worst-case latency target in milliseconds"),
+    model: str = typer.Option("sim", help="model name[@version]"),
+    utilization: float = typer.Option(0.75, help="target busy fraction per worker"),
+    measure: bool = typer.Option(
+        False,
+        help="load the model here and measure its curve, "
+        "instead of reading what live workers reported",
+    ),
+) -> None:
+    """How many workers (GPUs) a target rate needs within an SLO, from the measured model curve."""
+    from sqlalchemy import select
+
+    from gristmill.planner import plan, render
+    from results.db import make_engine
+    from results.schema import models as models_table
+    from workers.models.registry import build_specs, latest
+
+    settings = load_settings()
+    name, _, version = model.partition("@")
+    profile: dict[int, float] = {}
+    max_batch = 0
+    if not measure:
+        q = select(
+            models_table.c.version, models_table.c.max_batch_size, models_table.c.profile_ms
+        ).where(models_table.c.name == name)
+        if version:
+            q = q.where(models_table.c.version == version)
+        try:
+            with make_engine(settings.database_url).connect() as conn:
+                row = conn.execute(q.order_by(models_table.c.last_seen_at.desc())).first()
+        except Exception as exc:
+            _fail(f"cannot read the model registry ({exc}); use --measure")
+        if row is not None:
+            profile = {int(k): float(v) for k, v in row.profile_ms.items()}
+            max_batch = row.max_batch_size
+            typer.echo(f"using the curve reported by live workers for {name}@{row.version}")
+    if not profile:
+        specs = build_specs(settings)
+        if name not in specs:
+            _fail(f"unknown model {name}")
+        spec = specs[name][version] if version else latest(specs[name])
+        typer.echo(f"measuring {spec.ref} here (warmup) ...", err=True)
+        loaded = spec.load()
+        profile, max_batch = loaded.warmup(), spec.max_batch_size
+    typer.echo(
+        render(
+            plan(
+                rate=rate,
+                slo_ms=slo_ms,
+                profile=profile,
+                max_batch=max_batch,
+                utilization=utilization,
+                linger_ms=settings.max_linger_ms,
+            ),
+            model,
+        )
+    )
+
+
 @app.command()
 def dev(
     state_dir: Path = typer.Option(Path(".gristmill"), help="where services keep their data"),
