@@ -104,3 +104,233 @@ async def run_open_loop(
         await asyncio.gather(*(one(i) for i in range(count)))
         result.duration_s = max(result.duration_s, time.perf_counter() - start)
     return result
+
+
+# --------------------------------------------------------------------------------------------
+# Multi-process open-loop load with HdrHistograms (the sweep's and the profiler's generator).
+# One asyncio process tops out around 1-2k req/s here, so N processes each drive every N-th
+# request of one shared schedule; each reports encoded histograms that the parent merges.
+
+HDR_MAX_US = 300_000_000  # 5 minutes, in microseconds
+STAGES = ("queue_ms", "batch_wait_ms", "compute_ms", "persist_ms")
+DERIVED = ("respond_ms", "client_http_ms", "overhead_server_ms", "overhead_client_ms")
+
+
+def new_hist() -> Any:
+    from hdrh.histogram import HdrHistogram
+
+    return HdrHistogram(1, HDR_MAX_US, 3)
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    url: str  # the full infer URL
+    headers: dict[str, str]
+    rate: float  # offered requests per second, all processes together
+    duration_s: float
+    tag: str  # inputs are f"{tag}-{index}": unique, and each answer can be checked
+    model: str = "sim"
+    timeout_s: float = 15.0
+    max_inflight: int = 6000  # per process; beyond it a request counts as client_overflow
+
+
+@dataclass
+class LoadResult:
+    spec: LoadSpec
+    processes: int
+    start_wall: float  # time.time() of the schedule's start
+    window_s: float  # from schedule start to the last answer (at least duration_s)
+    latency: Any  # HdrHistogram (µs) of 200 answers, from intended send time
+    latency_all: Any  # every answer, errors included
+    send_lag: Any  # actual send minus intended send (µs): the client's own lateness
+    stages: dict[str, Any]  # stage -> HdrHistogram (µs), Gristmill's timings only
+    statuses: Counter[str]
+    retry_after: int  # shed answers (429/503) that carried Retry-After
+    wrong: int  # 200 answers whose output was not the caller's
+    batch_sum: int
+    batch_n: int
+    client_cpu_s: float
+
+    def pct(self, q: float, hist: Any = None) -> float | None:
+        h = self.latency if hist is None else hist
+        if h.get_total_count() == 0:
+            return None
+        v = h.get_max_value() if q >= 100 else h.get_value_at_percentile(q)
+        return round(v / 1000, 1)
+
+    def summary(self) -> dict[str, Any]:
+        ok = self.statuses.get("200", 0)
+        stages = {
+            name: {
+                "mean": round(h.get_mean_value() / 1000, 2),
+                "p50": self.pct(50, h),
+                "p95": self.pct(95, h),
+                "p99": self.pct(99, h),
+            }
+            for name, h in self.stages.items()
+            if h.get_total_count()
+        }
+        return {
+            "offered_rps": self.spec.rate,
+            "duration_s": self.spec.duration_s,
+            "requests": sum(self.statuses.values()),
+            "achieved_rps": round(ok / self.window_s, 1) if self.window_s else 0.0,
+            "p50_ms": self.pct(50),
+            "p95_ms": self.pct(95),
+            "p99_ms": self.pct(99),
+            "max_ms": self.pct(100),
+            "p95_all_ms": self.pct(95, self.latency_all),
+            "statuses": dict(sorted(self.statuses.items())),
+            "errors": sum(n for k, n in self.statuses.items() if k != "200"),
+            "shed_with_retry_after": self.retry_after,
+            "wrong_outputs": self.wrong,
+            "mean_batch_seen_by_request": (
+                round(self.batch_sum / self.batch_n, 1) if self.batch_n else None
+            ),
+            "stages_ms": stages,
+            "send_lag_p99_ms": self.pct(99, self.send_lag),
+            "client_processes": self.processes,
+            "client_cpu_s": round(self.client_cpu_s, 2),
+            "client_cpu_cores": round(self.client_cpu_s / self.window_s, 2),
+        }
+
+
+def run_load(spec: LoadSpec, processes: int = 2) -> LoadResult:
+    """Drive ``spec`` from ``processes`` spawned processes; block until every answer is in."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    processes = max(1, processes)
+    # Spawned children take ~1 s to import; start the shared schedule after that.
+    start_mono = time.monotonic() + 2.0
+    start_wall = time.time() + (start_mono - time.monotonic())
+    ctx = mp.get_context("spawn")
+    with cf.ProcessPoolExecutor(processes, mp_context=ctx) as pool:
+        parts = list(pool.map(_child, [(spec, i, processes, start_mono) for i in range(processes)]))
+    res = LoadResult(
+        spec=spec,
+        processes=processes,
+        start_wall=start_wall,
+        window_s=max(spec.duration_s, max(p["last_done"] for p in parts) - start_mono),
+        latency=new_hist(),
+        latency_all=new_hist(),
+        send_lag=new_hist(),
+        stages={name: new_hist() for name in STAGES + DERIVED},
+        statuses=Counter(),
+        retry_after=0,
+        wrong=0,
+        batch_sum=0,
+        batch_n=0,
+        client_cpu_s=0.0,
+    )
+    for p in parts:
+        res.latency.decode_and_add(p["latency"])
+        res.latency_all.decode_and_add(p["latency_all"])
+        res.send_lag.decode_and_add(p["send_lag"])
+        for name, enc in p["stages"].items():
+            res.stages[name].decode_and_add(enc)
+        res.statuses.update(p["statuses"])
+        res.retry_after += p["retry_after"]
+        res.wrong += p["wrong"]
+        res.batch_sum += p["batch_sum"]
+        res.batch_n += p["batch_n"]
+        res.client_cpu_s += p["cpu_s"]
+    return res
+
+
+def _child(args: tuple[LoadSpec, int, int, float]) -> dict[str, Any]:
+    import resource
+
+    # Overload runs hold thousands of sockets open; take the hard limit.
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    spec, index, n, start = args
+    return asyncio.run(_drive(spec, index, n, start))
+
+
+async def _drive(spec: LoadSpec, index: int, n: int, start: float) -> dict[str, Any]:
+    import resource
+
+    from workers.models.sim import sim_output
+
+    lat, lat_all, lag = new_hist(), new_hist(), new_hist()
+    stages = {name: new_hist() for name in STAGES + DERIVED}
+    statuses: Counter[str] = Counter()
+    acc = {"retry_after": 0, "wrong": 0, "batch_sum": 0, "batch_n": 0}
+    last_done = start
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
+    hdrs = {**spec.headers, "Content-Type": "application/json"}
+
+    def rec(h: Any, ms: float) -> None:
+        h.record_value(min(HDR_MAX_US, max(1, round(ms * 1000))))
+
+    async def one(j: int, due: float) -> None:
+        nonlocal last_done
+        text = f"{spec.tag}-{j}"
+        rec(lag, (time.monotonic() - due) * 1000)
+        body: dict[str, Any] | None = None
+        try:
+            payload = orjson.dumps({"model": spec.model, "input": text})
+            async with client.post(spec.url, data=payload) as r:
+                key = str(r.status)
+                raw = await r.read()
+                if r.status in (429, 503) and "Retry-After" in r.headers:
+                    acc["retry_after"] += 1
+            if r.status == 200:
+                body = orjson.loads(raw)
+        except TimeoutError:
+            key = "client_timeout"
+        except aiohttp.ClientError:
+            key = "client_error"
+        done = time.monotonic()
+        last_done = max(last_done, done)
+        ms = (done - due) * 1000
+        statuses[key] += 1
+        rec(lat_all, ms)
+        if body is None:
+            return
+        rec(lat, ms)
+        if body.get("output") != sim_output(text):
+            acc["wrong"] += 1
+        if body.get("batch_size"):
+            acc["batch_sum"] += body["batch_size"]
+            acc["batch_n"] += 1
+        t = body.get("timings")
+        if t and all(t.get(k) is not None for k in (*STAGES, "total_ms")):
+            for k in STAGES:
+                rec(stages[k], t[k])
+            total = t["total_ms"]
+            rec(stages["respond_ms"], total - sum(t[k] for k in STAGES))
+            rec(stages["client_http_ms"], ms - total)
+            rec(stages["overhead_server_ms"], total - t["batch_wait_ms"] - t["compute_ms"])
+            rec(stages["overhead_client_ms"], ms - t["batch_wait_ms"] - t["compute_ms"])
+
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    tasks: set[asyncio.Task[None]] = set()
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=hdrs) as client:
+        total = int(spec.rate * spec.duration_s)
+        for j in range(index, total, n):
+            due = start + j / spec.rate
+            wait = due - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if len(tasks) >= spec.max_inflight:
+                statuses["client_overflow"] += 1
+                continue
+            task = asyncio.create_task(one(j, due))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.wait(list(tasks))
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "latency": lat.encode(),
+        "latency_all": lat_all.encode(),
+        "send_lag": lag.encode(),
+        "stages": {k: h.encode() for k, h in stages.items()},
+        "statuses": dict(statuses),
+        "last_done": last_done,
+        "cpu_s": (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime),
+        **acc,
+    }

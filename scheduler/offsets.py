@@ -4,6 +4,10 @@ Batches mix partitions and finish out of order, so the committable position of
 a partition is the smallest offset consumed but not yet persisted (or one past
 the highest consumed when nothing is pending). A heap with lazy deletion keeps
 that O(log n) per operation. Pure logic; no Kafka here.
+
+A ``done`` for an offset that is not in flight here (a late result from before a
+revocation, or a second completion of the same message) changes nothing, so a
+partition that comes back after a rebalance starts from clean bookkeeping.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ TopicPartition = tuple[str, int]
 
 @dataclass
 class _PartitionState:
-    pending: list[int] = field(default_factory=list)  # min-heap of unfinished offsets
-    done: set[int] = field(default_factory=set)  # finished but still in the heap
+    pending: list[int] = field(default_factory=list)  # min-heap, lazily cleaned
+    unfinished: set[int] = field(default_factory=set)  # the offsets really in flight
     next_offset: int | None = None  # one past the highest offset consumed
     committed: int | None = None  # last position handed to Kafka
 
@@ -29,18 +33,20 @@ class OffsetTracker:
     def track(self, tp: TopicPartition, offset: int) -> None:
         """A message was consumed and is now in flight."""
         st = self._parts.setdefault(tp, _PartitionState())
-        heapq.heappush(st.pending, offset)
+        if offset not in st.unfinished:  # a redelivery of a message already in flight
+            st.unfinished.add(offset)
+            heapq.heappush(st.pending, offset)
         if st.next_offset is None or offset + 1 > st.next_offset:
             st.next_offset = offset + 1
 
     def done(self, tp: TopicPartition, offset: int) -> None:
         """The message's result is durable in PostgreSQL."""
         st = self._parts.get(tp)
-        if st is None:  # partition was revoked meanwhile; nothing to commit for it here
+        if st is None or offset not in st.unfinished:  # revoked meanwhile, or already done
             return
-        st.done.add(offset)
-        while st.pending and st.pending[0] in st.done:
-            st.done.discard(heapq.heappop(st.pending))
+        st.unfinished.discard(offset)
+        while st.pending and st.pending[0] not in st.unfinished:
+            heapq.heappop(st.pending)
 
     def position(self, tp: TopicPartition) -> int | None:
         """The offset a consumer restarting now should begin at (Kafka's commit semantics)."""
@@ -51,7 +57,7 @@ class OffsetTracker:
 
     def in_flight(self, tp: TopicPartition | None = None) -> int:
         parts = [self._parts.get(tp)] if tp is not None else list(self._parts.values())
-        return sum(len(st.pending) - len(st.done) for st in parts if st is not None)
+        return sum(len(st.unfinished) for st in parts if st is not None)
 
     def committable(self) -> dict[TopicPartition, int]:
         """Positions that moved since the last ``mark_committed``."""

@@ -3,7 +3,10 @@
 Local workers are child processes started with ``python -m workers``; they
 connect back over a Unix socket (so a worker started by hand with
 ``gristmill worker --socket ...`` joins the same way). A worker that dies is
-restarted with backoff; its batch is handed back to the scheduler.
+restarted; its batch is handed back to the scheduler. Only a worker that dies
+before it ever became ready (a crash loop at start-up) backs off exponentially:
+one that served and was then killed, or crashed on a poison input (which the
+retry policy bounds), is replaced at once.
 """
 
 from __future__ import annotations
@@ -24,9 +27,20 @@ from workers.protocol import Hello, WorkBatch, WorkResult
 
 log = logging.getLogger("gristmill.scheduler.workers")
 
+RESTART_INITIAL_S = 0.2
+RESTART_MAX_S = 30.0
+
 
 class WorkerLost(Exception):
-    """The worker died, hung past the batch timeout, or its connection broke."""
+    """The worker died, hung past the batch timeout, or its connection broke.
+
+    ``ran`` is False when the batch never reached the worker (it was already dead):
+    then the batch is not to blame and goes back unchanged.
+    """
+
+    def __init__(self, message: str, *, ran: bool = True):
+        super().__init__(message)
+        self.ran = ran
 
 
 class WorkerHandle:
@@ -46,16 +60,26 @@ class WorkerHandle:
 
     def run(self, batch: WorkBatch, timeout_s: float) -> WorkResult:
         """Send one batch and wait for its result (one batch at a time per worker)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            self.alive = False
+            raise WorkerLost(f"worker {self.worker_id} is gone", ran=False)
         try:
             self.conn.send(batch)
+        except (OSError, ValueError) as exc:
+            self.alive = False
+            raise WorkerLost(f"worker {self.worker_id} is gone: {exc!r}", ran=False) from exc
+        try:
             if not self.conn.poll(timeout_s):
                 raise WorkerLost(
-                    f"worker {self.worker_id} exceeded the {timeout_s:.0f}s batch timeout"
+                    f"the worker hung: no result within the {timeout_s:g}s batch timeout"
                 )
             result: WorkResult = self.conn.recv()
             return result
-        except (EOFError, OSError, BrokenPipeError) as exc:
-            raise WorkerLost(f"worker {self.worker_id} died: {exc!r}") from exc
+        except (EOFError, OSError) as exc:
+            self.alive = False
+            code = self.proc.poll() if self.proc is not None else None
+            how = f"exit status {code}" if code is not None else repr(exc)
+            raise WorkerLost(f"the worker process crashed while running it ({how})") from exc
         except WorkerLost:
             self.kill()
             raise
@@ -91,7 +115,9 @@ class WorkerPool:
         self.on_ready = on_ready
         self.env = env or {}
         self._procs: list[subprocess.Popen[bytes] | None] = [None] * n_local
+        self._ready_pids: set[int] = set()  # workers that completed their handshake
         self._stopping = threading.Event()
+        self._no_restarts = threading.Event()
         self._listener: Listener | None = None
 
     def start(self) -> None:
@@ -106,7 +132,13 @@ class WorkerPool:
         threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True).start()
 
     def _spawn(self, i: int) -> None:
-        env = {**os.environ, **self.env, "GRISTMILL_WORKER_AUTHKEY": self.authkey.hex()}
+        env = {
+            **os.environ,
+            **self.env,
+            "GRISTMILL_WORKER_AUTHKEY": self.authkey.hex(),
+            # Lets the worker ask the kernel to kill it if we die (even while it hangs).
+            "GRISTMILL_WORKER_PARENT_PID": str(os.getpid()),
+        }
         cmd = [
             sys.executable,
             "-m",
@@ -121,20 +153,36 @@ class WorkerPool:
         self._procs[i] = subprocess.Popen(cmd, env=env)
         log.info("spawned worker %d (pid %d)", i, self._procs[i].pid)  # type: ignore[union-attr]
 
+    def stop_restarts(self) -> None:
+        """Shutting down: workers that exit now stay down. Safe in a signal handler."""
+        self._no_restarts.set()
+
     def _supervise(self) -> None:
-        backoff = [1.0] * self.n_local
-        while not self._stopping.wait(0.5):
+        backoff = [RESTART_INITIAL_S] * self.n_local
+        restart_at: list[float | None] = [None] * self.n_local
+        while not self._stopping.wait(0.2):
+            now = time.monotonic()
             for i, proc in enumerate(self._procs):
-                if proc is not None and proc.poll() is not None and not self._stopping.is_set():
-                    log.warning(
-                        "worker %d exited with %s; restarting in %.1fs",
-                        i,
-                        proc.returncode,
-                        backoff[i],
-                    )
-                    time.sleep(backoff[i])
-                    backoff[i] = min(backoff[i] * 2, 30.0)
-                    self._spawn(i)
+                if self._no_restarts.is_set():
+                    return
+                at = restart_at[i]
+                if at is not None:
+                    if now >= at:
+                        restart_at[i] = None
+                        self._spawn(i)
+                    continue
+                if proc is None or proc.poll() is None:
+                    continue
+                # A worker that got ready was not crash-looping: replace it at once.
+                if proc.pid in self._ready_pids:
+                    self._ready_pids.discard(proc.pid)
+                    backoff[i] = RESTART_INITIAL_S
+                delay = backoff[i]
+                backoff[i] = min(backoff[i] * 2, RESTART_MAX_S)
+                log.warning(
+                    "worker %d exited with %s; restarting in %.1fs", i, proc.returncode, delay
+                )
+                restart_at[i] = now + delay
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
@@ -151,6 +199,8 @@ class WorkerPool:
                 conn.close()
                 continue
             proc = next((p for p in self._procs if p is not None and p.pid == hello.pid), None)
+            if proc is not None:
+                self._ready_pids.add(proc.pid)
             log.info(
                 "worker %s ready: %s",
                 hello.worker_id,
@@ -159,6 +209,7 @@ class WorkerPool:
             self.on_ready(WorkerHandle(conn, hello, proc))
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        self._no_restarts.set()
         self._stopping.set()
         if self._listener is not None:
             self._listener.close()

@@ -4,16 +4,27 @@ It connects to its scheduler's socket, announces the models it serves with
 their measured cost profile, and then answers every WorkBatch with a
 WorkResult. When the scheduler goes away the worker exits: it never runs
 work that nobody will persist.
+
+A worker spawned by a scheduler ignores SIGTERM/SIGINT (a stop signal sent to
+the whole process group must not cut the scheduler's drain short: the scheduler
+stops its workers itself once their work is persisted) and asks the kernel to
+kill it when that scheduler dies, so even a worker hung in a model cannot
+outlive it. A worker started by hand treats SIGTERM/SIGINT gracefully: it
+finishes the batch it is computing, sends the result, then exits.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
 import socket
+import sys
 import time
 import traceback
 from multiprocessing.connection import Client
+from types import FrameType
 
 from gristmill.config import Settings
 from workers.models.base import Model
@@ -54,6 +65,41 @@ def run_batch(models: dict[tuple[str, str], Model], batch: WorkBatch) -> WorkRes
         return WorkResult(batch.batch_id, None, detail, start, time.time())
 
 
+class _Shutdown:
+    """SIGTERM/SIGINT: exit now when idle, after the current batch when busy."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.requested = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+        if not self.busy:
+            raise SystemExit(0)
+
+
+def _spawned_by_scheduler() -> bool:
+    return os.environ.get("GRISTMILL_WORKER_PARENT_PID") == str(os.getppid())
+
+
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: the kernel SIGKILLs us when the spawning scheduler dies."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError) as exc:
+        log.warning("cannot tie the worker's life to its scheduler: %s", exc)
+        return
+    if os.getppid() != parent:  # it died before we asked
+        raise SystemExit(0)
+
+
 def serve(
     settings: Settings,
     socket_path: str,
@@ -61,6 +107,13 @@ def serve(
     model_names: list[str],
     worker_id: str | None = None,
 ) -> None:
+    shutdown = _Shutdown()
+    if _spawned_by_scheduler():
+        _die_with_parent()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    else:
+        shutdown.install()
     models = load_models(settings, model_names)
     infos = []
     for (name, version), model in models.items():
@@ -79,4 +132,14 @@ def serve(
             return
         if batch is None:  # orderly shutdown
             return
-        conn.send(run_batch(models, batch))
+        shutdown.busy = True
+        result = run_batch(models, batch)
+        try:
+            conn.send(result)
+        except OSError:
+            log.info("scheduler went away mid-batch; worker %s exits", wid)
+            return
+        shutdown.busy = False
+        if shutdown.requested:
+            log.info("worker %s finished its batch and exits on request", wid)
+            return

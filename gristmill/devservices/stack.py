@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,12 +41,17 @@ class Services:
 
 
 @contextmanager
-def local_services(workdir: Path, *, n_brokers: int = 1) -> Iterator[Services]:
+def local_services(
+    workdir: Path, *, n_brokers: int = 1, kafka_config: Mapping[str, object] | None = None
+) -> Iterator[Services]:
+    """``kafka_config`` adds broker settings (e.g. a shorter broker session for chaos runs)."""
     kafka = pg = None
     try:
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
         if not bootstrap:
-            kafka = KafkaCluster(workdir / "kafka", n_brokers=n_brokers, partitions=3)
+            kafka = KafkaCluster(
+                workdir / "kafka", n_brokers=n_brokers, partitions=3, extra_config=kafka_config
+            )
             kafka.start()
             bootstrap = kafka.bootstrap
         url = os.environ.get("DATABASE_URL")
@@ -84,8 +89,11 @@ class System:
     def headers(self, tier: str = "paid") -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[tier]}"}
 
-    def start_api(self, name: str = "api", env: dict[str, str] | None = None) -> str:
-        port = free_port()
+    def start_api(
+        self, name: str = "api", env: dict[str, str] | None = None, port: int | None = None
+    ) -> str:
+        """Start an API process; ``port`` restarts one where clients expect it."""
+        port = port or free_port()
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
             [
@@ -120,8 +128,16 @@ class System:
         raise RuntimeError("API did not start")
 
     def start_scheduler(
-        self, name: str = "scheduler", *, workers: int = 2, models: str = "sim,all-minilm-l6-v2"
+        self,
+        name: str = "scheduler",
+        *,
+        workers: int = 2,
+        models: str = "sim,all-minilm-l6-v2",
+        env: dict[str, str] | None = None,
     ) -> None:
+        run_dir = self.workdir / f"run-{name}"
+        if len(str(run_dir / "workers.sock")) > 100:  # AF_UNIX socket paths are short
+            run_dir = Path(tempfile.mkdtemp(prefix=f"gm-{name}-"))
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
             [
@@ -134,9 +150,9 @@ class System:
                 "--models",
                 models,
                 "--socket-dir",
-                str(self.workdir / f"run-{name}"),
+                str(run_dir),
             ],
-            env=self.env,
+            env={**self.env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=REPO,
@@ -178,7 +194,14 @@ class System:
             self.stop(name)
 
 
-def build_system(services: Services, workdir: Path, *, sim_batch_ms: int = 100) -> System:
+def build_system(
+    services: Services,
+    workdir: Path,
+    *,
+    sim_batch_ms: int = 100,
+    extra_env: Mapping[str, str] | None = None,
+) -> System:
+    """Topics, schema and tenants for one run; ``extra_env`` goes to every process."""
     run = uuid.uuid4().hex[:8]
     env = {
         **os.environ,
@@ -189,6 +212,7 @@ def build_system(services: Services, workdir: Path, *, sim_batch_ms: int = 100) 
         "GRISTMILL_TOPIC_PARTITIONS": "3",
         "GRISTMILL_SIM_BATCH_MS": str(sim_batch_ms),
         "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
     }
     system = System(services=services, env=env, workdir=workdir)
     settings = system.settings

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from gristmill.planner import interpolate, plan, render
@@ -22,7 +24,7 @@ def test_slo_limits_the_batch_size_on_a_linear_curve() -> None:
     # W(b) = 2 t(b) + 20 <= 100  =>  t(b) <= 40 ms  =>  b well below 1024
     assert p.chosen is not None and p.chosen.compute_ms <= 40
     assert all(not o.fits for o in p.options if o.compute_ms > 40)
-    assert p.workers == -(-50_000 // int(0.75 * p.chosen.throughput)) or p.workers >= 1
+    assert p.workers == math.ceil(50_000 / (0.75 * p.chosen.throughput))
 
 
 def test_impossible_slo_says_so() -> None:

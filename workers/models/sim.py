@@ -3,11 +3,18 @@
 1 to ``max_batch_size`` inputs, a fixed cost per batch whatever its size, one
 batch at a time. Each output is derived from its own input (a digest), so tests
 can check that every caller received its own answer.
+
+Test-only fault trigger, off unless ``GRISTMILL_SIM_POISON_PREFIX`` is set (it
+is deliberately not a documented setting): an input that starts with the prefix
+followed by ``crash`` kills the worker process (like a segfault), ``hang``
+blocks it forever, ``error`` raises. Used by the poison-input tests.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +35,9 @@ class SimSpec(ModelSpec):
     params: tuple[ParamSpec, ...] = field(
         default_factory=lambda: (ParamSpec("salt", str, "", batching=True),)
     )
+    poison_prefix: str = field(
+        default_factory=lambda: os.environ.get("GRISTMILL_SIM_POISON_PREFIX", "")
+    )
 
     def load(self) -> Model:
         return SimModel(self)
@@ -41,6 +51,10 @@ class SimModel(Model):
     def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> list[Any]:
         if not 1 <= len(inputs) <= self.spec.max_batch_size:
             raise ValueError(f"batch of {len(inputs)}; sim takes 1..{self.spec.max_batch_size}")
+        if self.spec.poison_prefix:
+            for x in inputs:
+                if isinstance(x, str) and x.startswith(self.spec.poison_prefix):
+                    _poisoned(x[len(self.spec.poison_prefix) :])
         time.sleep(self._batch_s)
         salt = params.get("salt", "")
         return [sim_output(x, salt) for x in inputs]
@@ -48,3 +62,13 @@ class SimModel(Model):
     def warmup(self) -> dict[int, float]:
         # The cost is flat by construction; report it rather than sleep through a sweep.
         return {1: self.spec.batch_ms, self.spec.max_batch_size: self.spec.batch_ms}
+
+
+def _poisoned(kind: str) -> None:
+    if kind.startswith("crash"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind.startswith("hang"):
+        while True:
+            time.sleep(3600)
+    if kind.startswith("error"):
+        raise ValueError("sim was fed a poison input")
