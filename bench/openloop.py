@@ -24,6 +24,7 @@ class Sample:
     latency_ms: float
     status: int
     body: dict[str, Any] | None
+    retry_after: str | None = None  # the Retry-After header of a 429/503
 
 
 @dataclass
@@ -88,15 +89,17 @@ async def run_open_loop(
             delay = start + intended - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            retry_after = None
             try:
                 async with client.post(url, data=orjson.dumps(make_body(i))) as r:
                     status = r.status
                     raw = await r.read()
+                    retry_after = r.headers.get("Retry-After")
                 body = orjson.loads(raw) if status == 200 else None
             except (aiohttp.ClientError, TimeoutError):
                 status, body = 0, None
             latency = (time.perf_counter() - start - intended) * 1000
-            s = Sample(intended, latency, status, body)
+            s = Sample(intended, latency, status, body, retry_after)
             result.samples.append(s)
             if on_done:
                 on_done(s)

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     # --- admission: shed a class when its predicted queue delay exceeds this (ms) ---
     shed_delay_ms: dict[str, float] = {"free": 250.0, "paid": 600.0, "enterprise": 2000.0}
     target_utilization: float = 0.75
+    # Requests one API instance holds at once, and the share of that each tier may use.
+    max_inflight: int = 1000
+    inflight_share: dict[str, float] = {"free": 0.5, "paid": 0.8, "enterprise": 1.0}
     # API instances and schedulers report every second; older reports are ignored.
     load_report_stale_s: float = 5.0
 

@@ -21,7 +21,7 @@ from ingest.http import BodyLimit, install_error_handlers
 from ingest.job_submit import JobPublisher
 from ingest.load_watch import LoadWatch
 from ingest.producer import AsyncProducer
-from ingest.ratelimit import TenantLimiter
+from ingest.ratelimit import InflightLimiter, TenantLimiter
 from ingest.state import AppState, get_state
 from ingest.waiters import ResultWaiter
 from ingest.webhooks import webhook_loop
@@ -67,6 +67,7 @@ def create_app(settings: Settings) -> FastAPI:
             waiter=waiter,
             jobs=JobPublisher(settings),
             limiter=limiter,
+            inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
             load=LoadWatch(engine, settings, limiter),
         )
         app.state.gristmill = state

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import ORJSONResponse
 from sqlalchemy import select
 
-from gristmill.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound
+from gristmill.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound, Unavailable
 from gristmill.messages import RequestMessage, body_hash, request_id_for
 from gristmill.topics import TIER_TO_CLASS, request_topic
 from ingest.idempotency import MAX_KEY_LENGTH, claim
@@ -21,6 +21,7 @@ from ingest.schemas import InferBody, parse_body
 from ingest.state import AppState, get_state
 from ingest.waiters import RESULT_COLUMNS
 from results.schema import requests
+from results.tenants import Tenant
 
 router = APIRouter()
 
@@ -62,6 +63,17 @@ async def infer(
     st: AppState = get_state(request)
     received = time.time()
     tenant = await st.auth.authenticate(authorization)
+    if not st.inflight.try_acquire(tenant.tier):
+        raise Unavailable("this API instance is at capacity; retry shortly", retry_after_s=1)
+    try:
+        return await _infer(st, request, tenant, received, idempotency_key)
+    finally:
+        st.inflight.release()
+
+
+async def _infer(
+    st: AppState, request: Request, tenant: Tenant, received: float, idempotency_key: str | None
+) -> ORJSONResponse:
     body = parse_body(await request.body(), InferBody)
     spec = await st.catalog.resolve(body.model)
     spec.validate_input(body.input)

@@ -81,3 +81,28 @@ class TenantLimiter:
             bucket.rate, bucket.burst = r, b
             bucket.tokens = min(bucket.tokens, b)
         return bucket.take(n, now, allow_debt=allow_debt)
+
+
+class InflightLimiter:
+    """Bounds the requests one API instance holds at once, lowest tier first.
+
+    The instance's own CPU and memory are finite: past its capacity, queueing more
+    requests only makes every one of them late. Each tier may fill a share of the
+    slots (free the smallest), so the instance turns away free traffic while it
+    still has room for enterprise traffic. Refusing is cheap: a 503 before any
+    parsing, Kafka or database work.
+    """
+
+    def __init__(self, max_inflight: int, shares: dict[str, float]):
+        self.max_inflight = max_inflight
+        self.shares = shares
+        self.inflight = 0
+
+    def try_acquire(self, tier: str) -> bool:
+        if self.inflight >= self.max_inflight * self.shares.get(tier, 1.0):
+            return False
+        self.inflight += 1
+        return True
+
+    def release(self) -> None:
+        self.inflight -= 1

@@ -13,7 +13,7 @@ from ingest.catalog import ModelCatalog
 from ingest.job_submit import JobPublisher
 from ingest.load_watch import LoadWatch
 from ingest.producer import AsyncProducer
-from ingest.ratelimit import TenantLimiter
+from ingest.ratelimit import InflightLimiter, TenantLimiter
 from ingest.waiters import ResultWaiter
 
 
@@ -27,6 +27,7 @@ class AppState:
     waiter: ResultWaiter
     jobs: JobPublisher
     limiter: TenantLimiter
+    inflight: InflightLimiter
     load: LoadWatch
 
 
