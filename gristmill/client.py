@@ -107,6 +107,26 @@ def _job_query(
     return q
 
 
+def _infer_request(
+    model: str,
+    input: Any,
+    params: dict[str, Any] | None,
+    timeout_ms: int | None,
+    idempotency_key: str | None,
+) -> tuple[bytes, dict[str, str]]:
+    payload: dict[str, Any] = {"model": model, "input": input}
+    if params:
+        payload["params"] = params
+    if timeout_ms:
+        payload["timeout_ms"] = timeout_ms
+    # Always send a key, so a retried request is never computed twice.
+    headers = {
+        "Idempotency-Key": idempotency_key or str(uuid.uuid4()),
+        "Content-Type": "application/json",
+    }
+    return orjson.dumps(payload), headers
+
+
 class Client:
     def __init__(self, url: str, api_key: str, *, timeout_s: float = 60.0, max_retries: int = 6):
         self.max_retries = max_retries
@@ -157,17 +177,7 @@ class Client:
         timeout_ms: int | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
-        payload: dict[str, Any] = {"model": model, "input": input}
-        if params:
-            payload["params"] = params
-        if timeout_ms:
-            payload["timeout_ms"] = timeout_ms
-        # Always send a key, so a retried request is never computed twice.
-        headers = {
-            "Idempotency-Key": idempotency_key or str(uuid.uuid4()),
-            "Content-Type": "application/json",
-        }
-        data = orjson.dumps(payload)
+        data, headers = _infer_request(model, input, params, timeout_ms, idempotency_key)
         return dict(self._request("POST", "/v1/infer", body=lambda: data, headers=headers).json())
 
     def submit_job(
@@ -302,16 +312,8 @@ class AsyncClient:
         timeout_ms: int | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
-        payload: dict[str, Any] = {"model": model, "input": input}
-        if params:
-            payload["params"] = params
-        if timeout_ms:
-            payload["timeout_ms"] = timeout_ms
-        headers = {
-            "Idempotency-Key": idempotency_key or str(uuid.uuid4()),
-            "Content-Type": "application/json",
-        }
-        r = await self._request("POST", "/v1/infer", content=orjson.dumps(payload), headers=headers)
+        data, headers = _infer_request(model, input, params, timeout_ms, idempotency_key)
+        r = await self._request("POST", "/v1/infer", content=data, headers=headers)
         return dict(r.json())
 
     async def submit_job(

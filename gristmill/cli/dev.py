@@ -22,6 +22,7 @@ import httpx
 
 from gristmill.config import settings_from_env
 from gristmill.devservices import KafkaCluster, PostgresServer, free_port
+from gristmill.devservices.stack import api_command, scheduler_command
 
 
 def _child(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -111,40 +112,10 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
             f"starting API on {url} and a scheduler with {workers} worker(s) [{models}] ...",
             flush=True,
         )
+        procs.append(_child(api_command(api_port), env, logs / "api.log"))
         procs.append(
             _child(
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "ingest.main:app",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(api_port),
-                    "--log-level",
-                    "warning",
-                ],
-                env,
-                logs / "api.log",
-            )
-        )
-        procs.append(
-            _child(
-                [
-                    sys.executable,
-                    "-m",
-                    "gristmill",
-                    "scheduler",
-                    "--workers",
-                    str(workers),
-                    "--models",
-                    models,
-                    "--socket-dir",
-                    str(state_dir / "run"),
-                ],
-                env,
-                logs / "scheduler.log",
+                scheduler_command(workers, models, state_dir / "run"), env, logs / "scheduler.log"
             )
         )
         answer = _wait_ready(url, key, "sim", 300, procs)

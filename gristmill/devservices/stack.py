@@ -32,6 +32,37 @@ from results.tenants import create_tenant, issue_key, set_plan
 REPO = Path(__file__).resolve().parents[2]  # repo root: processes run from here
 
 
+def api_command(port: int) -> list[str]:
+    """One API process on loopback (shared by the tests, benchmarks and `gristmill dev`)."""
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "ingest.main:app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
+
+
+def scheduler_command(workers: int, models: str, socket_dir: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "gristmill",
+        "scheduler",
+        "--workers",
+        str(workers),
+        "--models",
+        models,
+        "--socket-dir",
+        str(socket_dir),
+    ]
+
+
 @dataclass
 class Services:
     bootstrap: str
@@ -96,18 +127,7 @@ class System:
         port = port or free_port()
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "ingest.main:app",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
+            api_command(port),
             env={**self.env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -140,18 +160,7 @@ class System:
             run_dir = Path(tempfile.mkdtemp(prefix=f"gm-{name}-"))
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gristmill",
-                "scheduler",
-                "--workers",
-                str(workers),
-                "--models",
-                models,
-                "--socket-dir",
-                str(run_dir),
-            ],
+            scheduler_command(workers, models, run_dir),
             env={**self.env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
