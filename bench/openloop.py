@@ -182,7 +182,9 @@ class LoadResult:
             "p95_ms": self.pct(95),
             "p99_ms": self.pct(99),
             "max_ms": self.pct(100),
+            "p50_all_ms": self.pct(50, self.latency_all),  # every answer, errors included
             "p95_all_ms": self.pct(95, self.latency_all),
+            "p99_all_ms": self.pct(99, self.latency_all),
             "statuses": dict(sorted(self.statuses.items())),
             "errors": sum(n for k, n in self.statuses.items() if k != "200"),
             "shed_with_retry_after": self.retry_after,

@@ -235,8 +235,9 @@ class Bench:
         )
         if hasattr(tok, "encode_batch_fast"):
             res["tokenize_batch_fast_call_ms"] = wall_time(lambda: tok.encode_batch_fast(batch))
-            res["tokenize_batch_fast_items_s"] = len(batch) / res[
-                "tokenize_batch_fast_call_ms"] * 1e3
+            res["tokenize_batch_fast_items_s"] = (
+                len(batch) / res["tokenize_batch_fast_call_ms"] * 1e3
+            )
         res["tokenize_single_calls_ms"] = one
         res["tokenize_batch_call_ms"] = whole
         res["tokenize_8_calls_of_128_ms"] = chunked
@@ -319,8 +320,15 @@ class Bench:
         res: list[dict[str, Any]] = []
         self.out["predict"] = res
 
-        def run(label: str, n: int, reps: int, ids: bool = False, switch_s: float = 0.0,
-                array: bool = False, **attrs: Any) -> None:
+        def run(
+            label: str,
+            n: int,
+            reps: int,
+            ids: bool = False,
+            switch_s: float = 0.0,
+            array: bool = False,
+            **attrs: Any,
+        ) -> None:
             saved = {k: getattr(m, k) for k in attrs}
             saved_switch = sys.getswitchinterval()
             if switch_s:  # how much GIL hand-over latency costs the tokenizer thread

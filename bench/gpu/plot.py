@@ -1,6 +1,6 @@
 """Charts for docs/bench/gpu.md from the JSON that bench/gpu/ceiling.py writes.
 
-    .venv/bin/python bench/gpu/plot.py bench/gpu/results/h200_run5.json --out docs/bench
+.venv/bin/python bench/gpu/plot.py bench/gpu/results/h200_run5.json --out docs/bench
 """
 
 from __future__ import annotations
@@ -28,10 +28,19 @@ def ceiling_charts(d: dict[str, Any], out: Path) -> None:
     ax.plot(*zip(*eager, strict=True), ls="--", c="gray", label="64 tokens, eager launches")
     hf = sorted((r["batch"], r["eager_ms"]) for r in d["ceiling"].get("hf_fp16", []))
     if hf:
-        ax.plot(*zip(*hf, strict=True), ls=":", c="black",
-                label="64 tokens, transformers BertModel eager")
-    ax.set(xscale="log", yscale="log", xlabel="batch size (inputs)", ylabel="ms per forward",
-           title=f"all-MiniLM-L6-v2 fp16 forward on {gpu}: flat until ~64-256 inputs")
+        ax.plot(
+            *zip(*hf, strict=True),
+            ls=":",
+            c="black",
+            label="64 tokens, transformers BertModel eager",
+        )
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="batch size (inputs)",
+        ylabel="ms per forward",
+        title=f"all-MiniLM-L6-v2 fp16 forward on {gpu}: flat until ~64-256 inputs",
+    )
     ax.set_xticks([1, 4, 16, 64, 256, 1024], labels=["1", "4", "16", "64", "256", "1024"])
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -43,8 +52,13 @@ def ceiling_charts(d: dict[str, Any], out: Path) -> None:
     for s in seqs:
         pts = sorted((r["batch"], r["items_s"]) for r in rows if r["seq"] == s)
         ax.plot(*zip(*pts, strict=True), marker="o", ms=3, label=f"{s} tokens")
-    ax.set(xscale="log", yscale="log", xlabel="batch size (inputs)", ylabel="items/s",
-           title=f"Raw ceiling (best of eager/graph), {gpu}")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="batch size (inputs)",
+        ylabel="items/s",
+        title=f"Raw ceiling (best of eager/graph), {gpu}",
+    )
     ax.set_xticks([1, 4, 16, 64, 256, 1024], labels=["1", "4", "16", "64", "256", "1024"])
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -58,17 +72,28 @@ def predict_charts(d: dict[str, Any], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     ceil = sorted((r["batch"], r["items_s"]) for r in d["ceiling"]["at_mean_len"])
     mean = round(d["workload_mean_tokens"])
-    ax.plot(*zip(*ceil, strict=True), c="black", lw=2,
-            label=f"raw ceiling, uniform {mean} tokens, no padding")
-    for label, name in (("pretokenized_array_out", "token ids in, float32 array out"),
-                        ("pretokenized", "token ids in, lists out"),
-                        ("text_array_out", "text in, float32 array out"),
-                        ("default", "predict(): text in, lists out")):
+    ax.plot(
+        *zip(*ceil, strict=True),
+        c="black",
+        lw=2,
+        label=f"raw ceiling, uniform {mean} tokens, no padding",
+    )
+    for label, name in (
+        ("pretokenized_array_out", "token ids in, float32 array out"),
+        ("pretokenized", "token ids in, lists out"),
+        ("text_array_out", "text in, float32 array out"),
+        ("default", "predict(): text in, lists out"),
+    ):
         pts = sorted((r["batch"], r["items_s"]) for r in pred if r["label"] == label)
         if pts:
             ax.plot(*zip(*pts, strict=True), marker="o", ms=3, label=name)
-    ax.set(xscale="log", yscale="log", xlabel="batch size (inputs, 8..128 tokens each)",
-           ylabel="items/s", title=f"Worker predict path vs raw ceiling, {d['env']['gpu']}")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="batch size (inputs, 8..128 tokens each)",
+        ylabel="items/s",
+        title=f"Worker predict path vs raw ceiling, {d['env']['gpu']}",
+    )
     ax.set_xticks([1, 8, 64, 256, 1024], labels=["1", "8", "64", "256", "1024"])
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -86,8 +111,10 @@ def predict_charts(d: dict[str, Any], out: Path) -> None:
     ideal = next(r["ms"] for r in d["ceiling"]["at_mean_len"] if r["batch"] == 1024)
     ax.axvline(ideal, c="black", ls="--", label=f"raw ceiling for 1024 inputs ({ideal:.1f} ms)")
     ax.invert_yaxis()
-    ax.set(xlabel="ms per batch of 1024 mixed inputs (median)",
-           title="Where a 1024-input batch spends its time")
+    ax.set(
+        xlabel="ms per batch of 1024 mixed inputs (median)",
+        title="Where a 1024-input batch spends its time",
+    )
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(out / "gpu_predict_breakdown.png", dpi=120)

@@ -19,9 +19,16 @@ from safetensors.torch import load_file, save_file
 
 from workers.models.embedding_runtime import default_model_dir
 
-FILES = ["config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
-         "special_tokens_map.json", "modules.json", "sentence_bert_config.json",
-         "config_sentence_transformers.json"]
+FILES = [
+    "config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "special_tokens_map.json",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+]
 
 
 def main() -> None:
@@ -36,8 +43,9 @@ def main() -> None:
     shutil.copytree(src / "1_Pooling", out / "1_Pooling", dirs_exist_ok=True)
     (out / "2_Normalize").mkdir(exist_ok=True)  # sentence-transformers expects the folder
     sd = load_file(str(src / "model.safetensors"))
-    half = {k: (v.to(torch.float16) if v.is_floating_point() else v).contiguous()
-            for k, v in sd.items()}
+    half = {
+        k: (v.to(torch.float16) if v.is_floating_point() else v).contiguous() for k, v in sd.items()
+    }
     save_file(half, str(out / "model.safetensors"), metadata={"format": "pt"})
     print(f"wrote {out} ({sum(f.stat().st_size for f in out.rglob('*') if f.is_file()) >> 20} MiB)")
 
