@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 JARS    = docker/kafka/libs/.fetched
 
-.PHONY: install dev test test-unit test-e2e lint fmt bench clean
+.PHONY: install dev test test-unit test-e2e lint fmt bench chaos clean
 
 install: $(STAMP) $(JARS)
 
@@ -41,6 +41,9 @@ fmt: install
 
 bench: install
 	$(VENV)/bin/python -m bench.loadtest --rate 200 --count 1000 --runs 3
+
+chaos: install
+	$(VENV)/bin/gristmill chaos --rounds 20
 
 clean:
 	rm -rf .gristmill .pytest_cache .mypy_cache .ruff_cache

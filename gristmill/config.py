@@ -93,6 +93,8 @@ class Settings(BaseSettings):
     # --- models ---
     sim_batch_ms: float = 100.0
     sim_max_batch: int = 100
+    # Test-only: inputs starting with this prefix + crash/hang/error make sim misbehave.
+    sim_poison_prefix: str = ""
     embed_device: str = "auto"
     embed_max_batch: int = 256
     embed_max_tokens: int = 256

@@ -203,6 +203,20 @@ def tenants_revoke(key_id: str) -> None:
     typer.echo(f"key {key_id} revoked")
 
 
+@app.command(
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "help_option_names": [],
+    }
+)
+def chaos(ctx: typer.Context) -> None:
+    """Chaos suite: load + random faults + audit (see docs/chaos.md; --help for options)."""
+    from gristmill.chaos.cli import main as chaos_main
+
+    raise typer.Exit(chaos_main(ctx.args))
+
+
 @app.command("plan")
 def plan_cmd(
     rate: float = typer.Option(..., help="target requests (items) per second"),

@@ -112,6 +112,7 @@ class System:
     keys: dict[str, str] = field(default_factory=dict)  # tier -> API key
     tenant_ids: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    tmp_dirs: list[Path] = field(default_factory=list)  # short socket dirs, removed on close
 
     @property
     def settings(self) -> Settings:
@@ -158,6 +159,7 @@ class System:
         run_dir = self.workdir / f"run-{name}"
         if len(str(run_dir / "workers.sock")) > 100:  # AF_UNIX socket paths are short
             run_dir = Path(tempfile.mkdtemp(prefix=f"gm-{name}-"))
+            self.tmp_dirs.append(run_dir)
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
             scheduler_command(workers, models, run_dir),
@@ -201,6 +203,8 @@ class System:
     def close(self) -> None:
         for name in list(self.procs):
             self.stop(name)
+        for d in self.tmp_dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def build_system(

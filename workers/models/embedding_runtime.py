@@ -342,6 +342,7 @@ class EmbeddingModel(Model):
     def _tokenize_texts(self, texts: Sequence[str]) -> Callable[[list[int]], list[Sequence[int]]]:
         def encode(unit: list[int]) -> list[Sequence[int]]:
             return [e.ids for e in self._encode([texts[i] for i in unit])]
+
         return encode
 
     def _take_ids(self, ids: Sequence[Sequence[int]]) -> Callable[[list[int]], list[Sequence[int]]]:
@@ -349,12 +350,15 @@ class EmbeddingModel(Model):
 
         def take(unit: list[int]) -> list[Sequence[int]]:
             # Keep the final [SEP] when truncating, as the tokenizer does.
-            return [ids[i] if len(ids[i]) <= cap else [*ids[i][: cap - 1], ids[i][-1]]
-                    for i in unit]
+            return [
+                ids[i] if len(ids[i]) <= cap else [*ids[i][: cap - 1], ids[i][-1]] for i in unit
+            ]
+
         return take
 
-    def _prepare(self, unit: list[int], encode: Callable[[list[int]], list[Sequence[int]]]
-                 ) -> list[_Prepared]:
+    def _prepare(
+        self, unit: list[int], encode: Callable[[list[int]], list[Sequence[int]]]
+    ) -> list[_Prepared]:
         """Tokenize one unit, sort it by exact length, cut it into padded sub-batches."""
         t0 = time.perf_counter()
         seqs = encode(unit)
@@ -441,8 +445,13 @@ class EmbeddingModel(Model):
         done.record()
         return _Launched(p.positions, host, done, start, padded)
 
-    def _run(self, keys: list[int], encode: Callable[[list[int]], list[Sequence[int]]],
-             normalize: bool, array: np.ndarray | None = None) -> list[list[float]]:
+    def _run(
+        self,
+        keys: list[int],
+        encode: Callable[[list[int]], list[Sequence[int]]],
+        normalize: bool,
+        array: np.ndarray | None = None,
+    ) -> list[list[float]]:
         """Sort by length, tokenize in units (unit k+1 in the helper thread while unit k
         runs), and fill ``array`` or a list of lists in input order."""
         t_start = time.perf_counter()
@@ -452,10 +461,19 @@ class EmbeddingModel(Model):
             return out
         order = sorted(range(n), key=keys.__getitem__)  # chars: a cheap proxy for tokens
         first = min(n, self.first_unit_items)
-        units = [order[:first]] + [order[i:i + self.unit_items]
-                                   for i in range(first, n, self.unit_items)]
-        stats = {"items": float(n), "chunks": 0.0, "real_tokens": 0.0, "padded_tokens": 0.0,
-                 "prep_ms": 0.0, "prep_wait_ms": 0.0, "wait_ms": 0.0, "tolist_ms": 0.0}
+        units = [order[:first]] + [
+            order[i : i + self.unit_items] for i in range(first, n, self.unit_items)
+        ]
+        stats = {
+            "items": float(n),
+            "chunks": 0.0,
+            "real_tokens": 0.0,
+            "padded_tokens": 0.0,
+            "prep_ms": 0.0,
+            "prep_wait_ms": 0.0,
+            "wait_ms": 0.0,
+            "tolist_ms": 0.0,
+        }
         gpu_pairs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
         def collect(job: _Launched) -> None:
@@ -483,8 +501,11 @@ class EmbeddingModel(Model):
                 stats["prep_wait_ms"] += (time.perf_counter() - t0) * 1e3
                 if u + 1 < len(units):
                     pool = self._prep_pool if self.pipeline else None
-                    fut = (pool.submit(self._prepare, units[u + 1], encode) if pool is not None
-                           else self._prepare(units[u + 1], encode))
+                    fut = (
+                        pool.submit(self._prepare, units[u + 1], encode)
+                        if pool is not None
+                        else self._prepare(units[u + 1], encode)
+                    )
                 for p in preps:
                     job = self._launch(p, normalize)
                     stats["chunks"] += 1
@@ -561,8 +582,9 @@ class EmbeddingModel(Model):
         stays reserved. Sub-batches hold at most ``bucket_tokens`` padded tokens, so the
         peak stops growing once a batch fills one sub-batch.
         """
-        longest = synthetic_texts(self.tokenizer, max(sizes), self.spec.max_tokens,
-                                  self.spec.max_tokens, seed=2)
+        longest = synthetic_texts(
+            self.tokenizer, max(sizes), self.spec.max_tokens, self.spec.max_tokens, seed=2
+        )
         graphs, self.use_graphs = self.use_graphs, False
         try:
             torch.cuda.synchronize(self.device)
@@ -571,8 +593,9 @@ class EmbeddingModel(Model):
                 torch.cuda.reset_peak_memory_stats(self.device)
                 self.embed(longest[:n])
                 torch.cuda.synchronize(self.device)
-                self.peak_memory_bytes[n] = (torch.cuda.max_memory_allocated(self.device) - base
-                                             + self.graph_memory_bytes)
+                self.peak_memory_bytes[n] = (
+                    torch.cuda.max_memory_allocated(self.device) - base + self.graph_memory_bytes
+                )
         finally:
             self.use_graphs = graphs
 

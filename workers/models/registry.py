@@ -22,6 +22,7 @@ def build_specs(settings: Settings) -> dict[str, dict[str, ModelSpec]]:
             max_batch_size=settings.sim_max_batch,
             max_input_chars=settings.max_input_chars,
             batch_ms=settings.sim_batch_ms,
+            poison_prefix=settings.sim_poison_prefix,
         ),
         EmbedSpec(
             name="all-minilm-l6-v2",

@@ -35,9 +35,7 @@ class SimSpec(ModelSpec):
     params: tuple[ParamSpec, ...] = field(
         default_factory=lambda: (ParamSpec("salt", str, "", batching=True),)
     )
-    poison_prefix: str = field(
-        default_factory=lambda: os.environ.get("GRISTMILL_SIM_POISON_PREFIX", "")
-    )
+    poison_prefix: str = ""  # test-only fault trigger (settings.sim_poison_prefix)
 
     def load(self) -> Model:
         return SimModel(self)

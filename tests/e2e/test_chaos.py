@@ -1,0 +1,85 @@
+"""A short chaos run in the suite: three Kafka brokers (RF 3, min ISR 2), PostgreSQL,
+two APIs, two schedulers; one broker, one worker and one scheduler killed with -9
+under load; then the audit. The long run is ``gristmill chaos --rounds 20``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gristmill.chaos.audit import Row, audit
+from gristmill.chaos.ledger import JobOutcome, Outcome
+from gristmill.chaos.runner import ChaosConfig, run_chaos
+from workers.models.sim import sim_output
+
+
+@pytest.mark.slow
+def test_short_chaos_run_loses_duplicates_and_corrupts_nothing(tmp_path: Path) -> None:
+    cfg = ChaosConfig(
+        rounds=3,
+        rate=20,
+        seed=4,
+        kinds=("broker", "worker", "scheduler"),
+        workdir=tmp_path,
+        warmup_s=3,
+        calm_s=2,
+        progress=False,
+    )
+    report = run_chaos(cfg)
+    print(report.text())
+    t = report.audit.total
+    assert report.ok, report.text()
+    assert {f.kind for f in report.faults} == {"broker", "worker", "scheduler"}
+    assert t.accepted > 100 and t.persisted == t.accepted
+    assert t.job_items_persisted == t.job_items
+    assert all(f.recovery_s is not None for f in report.faults)
+
+
+# ---- the audit itself, on made-up ledgers (fast, no services) -------------------------
+
+
+def _ok(seq: int, x: str, rid: str) -> Outcome:
+    o = Outcome(seq=seq, api=0, tier="paid", input=x, salt="", sent_at=float(seq))
+    o.status, o.request_id, o.output = 200, rid, sim_output(x)
+    return o
+
+
+def _row(rid: str, x: str | None, output: object, **kw: object) -> Row:
+    fields: dict[str, object] = {"salt": "", "status": "succeeded", "error": None}
+    fields.update({"job_id": None, "item_index": None, **kw})
+    return Row(request_id=rid, input=x, output=output, **fields)  # type: ignore[arg-type]
+
+
+def test_audit_counts_lost_duplicated_wrong_and_refused() -> None:
+    outcomes = [_ok(0, "a", "r0"), _ok(1, "b", "r1"), _ok(2, "c", "r2"), _ok(3, "d", "r3")]
+    timed_out = Outcome(seq=4, api=0, tier="paid", input="e", salt="", sent_at=4.0, status=504)
+    refused = Outcome(seq=5, api=1, tier="paid", input="f", salt="", sent_at=5.0, status=503)
+    rows = [
+        _row("r0", "a", sim_output("a")),  # right
+        _row("r2", "c", sim_output("c")),  # two rows for one request
+        _row("rX", "c", sim_output("c")),
+        _row("r3", "d", sim_output("not d")),  # someone else's output
+        _row("r6", "f", sim_output("f")),  # refused but processed: allowed
+    ]  # "b" (200) and "e" (504) have no row: lost
+    res = audit([*outcomes, timed_out, refused], [], rows, lambda t: "k")
+    t = res.total
+    assert (t.accepted, t.persisted, t.lost, t.duplicated, t.wrong) == (5, 1, 2, 1, 1)
+    assert (t.s503, t.s504, t.refused_persisted) == (1, 1, 1)
+    assert not res.ok
+
+
+def test_audit_matches_job_items_by_index_and_finds_refused_jobs() -> None:
+    accepted = JobOutcome(seq=0, api=0, tier="paid", salt="", inputs=["x0", "x1"], sent_at=0.0)
+    accepted.status, accepted.job_id = 202, "J1"
+    cut = JobOutcome(seq=1, api=1, tier="paid", salt="", inputs=["y0"], sent_at=1.0)
+    rows = [
+        _row("i0", None, sim_output("x0"), job_id="J1", item_index=0),
+        _row("i1", None, sim_output("x1"), job_id="J1", item_index=1),
+        _row("i2", None, sim_output("y0"), job_id="J2", item_index=0),
+    ]
+    res = audit([], [accepted, cut], rows, lambda t: "k", job_ids={"y0": "J2"})
+    assert res.ok and res.stray_rows == 0
+    assert (res.total.job_items, res.total.job_items_persisted) == (2, 2)
+    assert res.total.refused_persisted == 1
+    assert not audit([], [accepted, cut], rows, lambda t: "k").ok  # J2 unexplained: stray
