@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 JARS    = docker/kafka/libs/.fetched
 
-.PHONY: install dev test test-unit test-e2e lint fmt bench chaos clean
+.PHONY: install dev test test-unit test-e2e lint fmt bench bench-peers bench-sweep bench-profile chaos clean
 
 install: $(STAMP) $(JARS)
 
@@ -41,6 +41,16 @@ fmt: install
 
 bench: install
 	$(VENV)/bin/python -m bench.loadtest --rate 200 --count 1000 --runs 3
+
+# The peer comparison (docs/bench/README.md): Ray Serve goes into its own .venv-peers.
+bench-peers: install
+	$(PY) -m bench.sweep --setup-peers
+
+bench-sweep: bench-peers
+	$(PY) -m bench.sweep --crosscheck 100 --out docs/bench
+
+bench-profile: install
+	$(PY) -m bench.profile --rate 100 --duration 30 --out docs/bench
 
 chaos: install
 	$(VENV)/bin/gristmill chaos --rounds 20

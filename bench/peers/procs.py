@@ -1,0 +1,58 @@
+"""Process bookkeeping for the benchmark: CPU seconds of a process tree, who listens on a
+port, and stopping exactly the processes we started (never by name)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+
+import psutil
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    try:
+        p = psutil.Process(pid)
+        return [p, *p.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def cpu_seconds(pid: int, recursive: bool = True) -> float:
+    """User+system CPU of ``pid`` (and its live descendants), plus children it reaped."""
+    total = 0.0
+    procs = tree(pid) if recursive else tree(pid)[:1]
+    for i, p in enumerate(procs):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            t = p.cpu_times()
+            total += t.user + t.system
+            if i == 0:  # reaped children (e.g. PostgreSQL backends that exited)
+                total += t.children_user + t.children_system
+    return total
+
+
+def listener_pid(port: int) -> int | None:
+    for c in psutil.net_connections(kind="tcp"):
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
+            return int(c.pid)
+    return None
+
+
+def stop_tree(proc: subprocess.Popen[bytes] | subprocess.Popen[str], grace_s: float = 30) -> None:
+    """SIGTERM the process group we started, then SIGKILL stragglers we saw in its tree
+    (Ray actors lead their own process groups, so the group alone is not enough)."""
+    seen = tree(proc.pid)
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    _gone, alive = psutil.wait_procs(seen, timeout=10)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()

@@ -1,0 +1,39 @@
+"""The benchmark command still works: a few seconds at a low rate against Gristmill only.
+
+Asserts that numbers and charts came out, never how fast anything was.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gristmill.devservices.stack import Services
+
+# The sweep's histograms; part of the dev extra (a fresh install without it skips, loudly).
+pytest.importorskip("hdrh", reason="hdrhistogram is not installed (dev extra)")
+from bench.sweep import main
+
+
+def test_sweep_smoke(services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Reuse the session's Kafka and PostgreSQL; the sweep's system gets its own topics.
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", services.bootstrap)
+    monkeypatch.setenv("DATABASE_URL", services.database_url)
+    argv = ["--systems", "gristmill", "--rates", "5,10", "--duration", "2", "--clients", "1"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+
+    out = json.loads((tmp_path / "sweep.json").read_text())
+    runs = out["runs"]
+    assert [r["offered_rps"] for r in runs] == [5, 10]
+    for r in runs:
+        assert r["requests"] == int(r["offered_rps"] * 2)
+        assert r["statuses"].get("200", 0) > 0
+        assert r["wrong_outputs"] == 0
+        assert r["p50_ms"] is not None and r["p99_ms"] is not None
+        assert r["mean_batch_size"] is not None and r["busy_fraction"] > 0
+        assert "compute_ms" in r["stages_ms"]
+    for chart in ("latency.png", "throughput.png", "breakdown.png"):
+        assert (tmp_path / chart).stat().st_size > 1000
+    assert "| gristmill |" in (tmp_path / "table.md").read_text()
