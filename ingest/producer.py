@@ -30,7 +30,7 @@ class AsyncProducer:
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,  # no duplicates or reordering from producer retries
             "acks": "all",
-            "linger.ms": 1,
+            "linger.ms": 5,  # a few ms of batching halves the broker work per request
             "message.timeout.ms": timeout_ms,
             "compression.type": "lz4",
             "error_cb": self._on_error,

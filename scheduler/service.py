@@ -130,7 +130,9 @@ class SchedulerService:
                 # docs/decisions/0006-session-timeout-and-rebalances.md.
                 "session.timeout.ms": 6000,
                 "heartbeat.interval.ms": 1000,
-                "fetch.wait.max.ms": 5,
+                # The broker answers a fetch as soon as any message lands (fetch.min.bytes=1),
+                # so a long wait costs no latency; a short one only spins the broker.
+                "fetch.wait.max.ms": 100,
                 # Fetched messages wait in one FIFO inside librdkafka, whatever their
                 # topic: keep it short, so a sync request is never queued behind a
                 # deep prefetch of job items (paused classes stop adding to it).
