@@ -22,6 +22,7 @@ from ingest.policy import charge_job_items, check_job_items
 from ingest.state import AppState, get_state
 from results.jobs import counts, item_status, items_stmt, job_status
 from results.schema import job_items, jobs, requests
+from results.tenants import Tenant
 
 router = APIRouter()
 
@@ -59,6 +60,15 @@ async def load_job(engine: AsyncEngine, tenant_id: str, job_id: str) -> Any:
     if row is None:
         raise NotFound(f"no job {job_id}")
     return row
+
+
+async def tenant_job(
+    request: Request, authorization: str | None, job_id: str
+) -> tuple[AppState, Tenant, Any]:
+    """The caller's state, tenant and job (authenticated; another tenant's job is a 404)."""
+    st = get_state(request)
+    tenant = await st.auth.authenticate(authorization)
+    return st, tenant, await load_job(st.engine, tenant.id, job_id)
 
 
 def job_summary(j: Any) -> dict[str, Any]:
@@ -271,9 +281,7 @@ async def list_jobs(
 async def get_job(
     request: Request, job_id: str, authorization: str | None = Header(default=None)
 ) -> ORJSONResponse:
-    st = get_state(request)
-    tenant = await st.auth.authenticate(authorization)
-    j = await load_job(st.engine, tenant.id, job_id)
+    st, _tenant, j = await tenant_job(request, authorization, job_id)
     items = await fetch_items(st.engine, j, 0, FIRST_PAGE)
     return ORJSONResponse(
         {
@@ -292,9 +300,7 @@ async def get_items(
     cursor: int = Query(default=0, ge=0),
     limit: int = Query(default=FIRST_PAGE, ge=1, le=MAX_PAGE),
 ) -> ORJSONResponse:
-    st = get_state(request)
-    tenant = await st.auth.authenticate(authorization)
-    j = await load_job(st.engine, tenant.id, job_id)
+    st, _tenant, j = await tenant_job(request, authorization, job_id)
     items = await fetch_items(st.engine, j, cursor, limit)
     nxt = cursor + limit
     return ORJSONResponse({"items": items, "next_cursor": nxt if nxt < j.total_items else None})
@@ -309,9 +315,7 @@ async def stream_results(
 ) -> StreamingResponse:
     """NDJSON in input order. Stops at the first unfinished item, or waits for it
     with ``follow=true`` until the job is finished."""
-    st = get_state(request)
-    tenant = await st.auth.authenticate(authorization)
-    j = await load_job(st.engine, tenant.id, job_id)
+    st, tenant, j = await tenant_job(request, authorization, job_id)
 
     async def lines() -> AsyncIterator[bytes]:
         job = j
@@ -340,9 +344,7 @@ async def cancel_job(
     request: Request, job_id: str, authorization: str | None = Header(default=None)
 ) -> ORJSONResponse:
     """Items not yet started are cancelled at once; finished results stay readable."""
-    st = get_state(request)
-    tenant = await st.auth.authenticate(authorization)
-    j = await load_job(st.engine, tenant.id, job_id)
+    st, tenant, j = await tenant_job(request, authorization, job_id)
     if j.finished_at is None and j.cancelled_at is None:
         async with st.engine.begin() as conn:
             await conn.execute(
@@ -359,9 +361,7 @@ async def retry_job(
     request: Request, job_id: str, authorization: str | None = Header(default=None)
 ) -> ORJSONResponse:
     """Run the failed, cancelled or expired items of a finished job again, as a new attempt."""
-    st = get_state(request)
-    tenant = await st.auth.authenticate(authorization)
-    j = await load_job(st.engine, tenant.id, job_id)
+    st, tenant, j = await tenant_job(request, authorization, job_id)
     now = datetime.now(UTC)
     if job_status(j, now) not in ("completed", "failed", "cancelled", "expired"):
         raise InvalidInput(
