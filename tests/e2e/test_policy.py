@@ -91,7 +91,7 @@ def queued_paid(system: System) -> int:
 
 
 def test_a_noisy_tenant_cannot_push_a_quiet_one_past_its_slo(system: System) -> None:
-    """A burst of 16,000 requests (8 s of capacity) from one paid tenant is put straight
+    """A burst of 4,000 requests (2 s of capacity) from one paid tenant is put straight
     into Kafka, as API instances would after accepting it. A quiet paid tenant's
     requests must still be answered promptly, riding in the next batches, while the
     burst drains."""
@@ -112,7 +112,7 @@ def test_a_noisy_tenant_cannot_push_a_quiet_one_past_its_slo(system: System) -> 
     noisy_id = str(uuid.uuid4())
     producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 20})
     now = time.time()
-    for i in range(16000):
+    for i in range(4000):
         msg = RequestMessage(
             request_id=str(uuid.uuid4()),
             tenant_id=noisy_id,
@@ -134,7 +134,7 @@ def test_a_noisy_tenant_cannot_push_a_quiet_one_past_its_slo(system: System) -> 
             t = time.perf_counter()
             r = httpx.post(
                 f"{url}/v1/infer",
-                json={"model": "sim", "input": f"q{i}"},
+                json={"model": "sim", "input": f"q{i}", "timeout_ms": 60000},
                 headers={"Authorization": f"Bearer {quiet}"},
                 timeout=60,
             )
@@ -149,3 +149,8 @@ def test_a_noisy_tenant_cannot_push_a_quiet_one_past_its_slo(system: System) -> 
     # from then on the scheduler's round robin serves the quiet tenant in every batch.
     assert statistics.median(quiet_lat[1:]) < 1.0, (quiet_lat, noisy_done)
     assert noisy_done >= 0
+    # Leave no backlog behind for the tests that follow (it would make them shed).
+    deadline = time.time() + 120
+    while time.time() < deadline and done_count(system, noisy_id) < 4000:
+        time.sleep(0.5)
+    assert done_count(system, noisy_id) == 4000
