@@ -17,6 +17,7 @@ the ``.gristmill/dev.env`` that ``make dev`` writes.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import random
 import time
@@ -53,6 +54,22 @@ def retry_delay_s(response: httpx.Response | None, attempt: int) -> float:
         if ra and ra.isdigit():
             return float(ra)
     return random.uniform(0, min(10.0, 0.25 * 2**attempt))
+
+
+def _backoff(response: httpx.Response | None, attempt: int, max_retries: int) -> float | None:
+    """Seconds to wait before retrying this outcome (no response: a transport error), or
+    None when it is final. One policy for both clients."""
+    if attempt >= max_retries:
+        return None
+    if response is None or response.status_code in RETRY_STATUSES:
+        return retry_delay_s(response, attempt)
+    return None
+
+
+def _checked(response: httpx.Response) -> httpx.Response:
+    if response.status_code >= 400:
+        raise GristmillHTTPError(response)
+    return response
 
 
 def _settings_from_env() -> tuple[str, str]:
@@ -151,21 +168,18 @@ class Client:
         self, method: str, path: str, *, body: Callable[[], Any] | None = None, **kwargs: Any
     ) -> httpx.Response:
         """``body`` builds fresh content for each attempt (a stream can be read once)."""
-        for attempt in range(self.max_retries + 1):
+        for attempt in itertools.count():
             try:
-                content = body() if body else None
-                r = self._http.request(method, path, content=content, **kwargs)
+                r = self._http.request(method, path, content=body() if body else None, **kwargs)
             except httpx.TransportError:
-                if attempt == self.max_retries:
+                delay = _backoff(None, attempt, self.max_retries)
+                if delay is None:
                     raise
-                time.sleep(retry_delay_s(None, attempt))
-                continue
-            if r.status_code in RETRY_STATUSES and attempt < self.max_retries:
-                time.sleep(retry_delay_s(r, attempt))
-                continue
-            if r.status_code >= 400:
-                raise GristmillHTTPError(r)
-            return r
+            else:
+                delay = _backoff(r, attempt, self.max_retries)
+                if delay is None:
+                    return _checked(r)
+            time.sleep(delay)
         raise AssertionError("unreachable")
 
     def infer(
@@ -287,20 +301,18 @@ class AsyncClient:
     async def _request(
         self, method: str, path: str, *, content: bytes | None = None, **kwargs: Any
     ) -> httpx.Response:
-        for attempt in range(self.max_retries + 1):
+        for attempt in itertools.count():
             try:
                 r = await self._http.request(method, path, content=content, **kwargs)
             except httpx.TransportError:
-                if attempt == self.max_retries:
+                delay = _backoff(None, attempt, self.max_retries)
+                if delay is None:
                     raise
-                await asyncio.sleep(retry_delay_s(None, attempt))
-                continue
-            if r.status_code in RETRY_STATUSES and attempt < self.max_retries:
-                await asyncio.sleep(retry_delay_s(r, attempt))
-                continue
-            if r.status_code >= 400:
-                raise GristmillHTTPError(r)
-            return r
+            else:
+                delay = _backoff(r, attempt, self.max_retries)
+                if delay is None:
+                    return _checked(r)
+            await asyncio.sleep(delay)
         raise AssertionError("unreachable")
 
     async def infer(
