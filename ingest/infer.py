@@ -102,7 +102,8 @@ async def _infer(
         params=params,
         deadline=deadline,
         received_at=received,
-        body_hash=body_hash(spec.ref, body.input, params),
+        # Only an Idempotency-Key needs the fingerprint; skip the hashing otherwise.
+        body_hash=body_hash(spec.ref, body.input, params) if idempotency_key else "",
         weight=tenant.weight,
     )
     fut = st.waiter.register(rid)
