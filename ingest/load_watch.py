@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gristmill.config import Settings
 from ingest.admission import LoadReport, LoadView
 from ingest.ratelimit import TenantLimiter
-from results.load import heartbeat_stmt, live_instances_stmt, live_reports_stmt
+from results.load import heartbeat_stmt, live_instances_stmt, live_reports_stmt, process_id
 
 log = logging.getLogger("gristmill.ingest.load")
 
@@ -23,15 +23,19 @@ class LoadWatch:
         self.engine = engine
         self.settings = settings
         self.limiter = limiter
-        self.instance_id = f"{socket.gethostname()}-{os.getpid()}"
+        self.instance_id = process_id(
+            settings.topic_prefix, f"{socket.gethostname()}-{os.getpid()}"
+        )
         self.view: LoadView | None = None
 
     async def refresh(self) -> None:
         stale = self.settings.load_report_stale_s
         async with self.engine.begin() as conn:
             await conn.execute(heartbeat_stmt(self.instance_id))
-            n = (await conn.execute(live_instances_stmt(stale))).scalar_one()
-            rows = (await conn.execute(live_reports_stmt(stale))).all()
+            n = (
+                await conn.execute(live_instances_stmt(stale, self.settings.topic_prefix))
+            ).scalar_one()
+            rows = (await conn.execute(live_reports_stmt(stale, self.settings.topic_prefix))).all()
         self.limiter.instances = max(1, int(n))
         self.view = LoadView.combine(LoadReport(r.capacity, r.backlog, r.lag) for r in rows)
 

@@ -38,9 +38,16 @@ def forget_scheduler(conn: Connection, scheduler_id: str) -> None:
     conn.execute(scheduler_load.delete().where(scheduler_load.c.scheduler_id == scheduler_id))
 
 
-def live_reports_stmt(stale_s: float) -> Select[Any]:
+def process_id(deployment: str, name: str) -> str:
+    """Ids are "<deployment>:<process>": deployments (topic prefixes) sharing one database
+    never count each other's schedulers or API instances."""
+    return f"{deployment}:{name}"
+
+
+def live_reports_stmt(stale_s: float, deployment: str) -> Select[Any]:
     return select(scheduler_load.c.capacity, scheduler_load.c.backlog, scheduler_load.c.lag).where(
-        scheduler_load.c.updated_at > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_s)
+        scheduler_load.c.updated_at > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_s),
+        scheduler_load.c.scheduler_id.startswith(process_id(deployment, ""), autoescape=True),
     )
 
 
@@ -51,12 +58,13 @@ def heartbeat_stmt(instance_id: str) -> Any:
     )
 
 
-def live_instances_stmt(stale_s: float) -> Select[Any]:
+def live_instances_stmt(stale_s: float, deployment: str) -> Select[Any]:
     return (
         select(func.count())
         .select_from(api_instances)
         .where(
             api_instances.c.last_seen_at
-            > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_s)
+            > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_s),
+            api_instances.c.instance_id.startswith(process_id(deployment, ""), autoescape=True),
         )
     )

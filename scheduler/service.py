@@ -40,7 +40,7 @@ from gristmill.topics import (
 from results import modelregistry
 from results.db import make_engine
 from results.jobs import cancelled_unfinished_stmt
-from results.load import forget_scheduler, report_scheduler
+from results.load import forget_scheduler, process_id, report_scheduler
 from results.store import persist
 from scheduler.backpressure import BufferBudget, paused_classes
 from scheduler.batcher import Batch, Batcher, BatchKey, FlushPolicy, Pending
@@ -97,7 +97,9 @@ class SchedulerService:
         self.handles: list[WorkerHandle] = []
         self.dispatchers: list[threading.Thread] = []
         self.cancelled_jobs: frozenset[str] = frozenset()
-        self.scheduler_id = f"{socket.gethostname()}-{os.getpid()}"
+        self.scheduler_id = process_id(
+            settings.topic_prefix, f"{socket.gethostname()}-{os.getpid()}"
+        )
         self.lag: dict[str, int] = {}
         self.paused: frozenset[int] = frozenset()
         self.budget = BufferBudget.default(settings.max_buffered, len(PRIORITY_CLASSES))
