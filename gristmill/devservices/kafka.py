@@ -372,8 +372,9 @@ class KafkaCluster:
                     f"{libs}/*",
                     "kafka.tools.StorageTool",
                     "format",
-                    "-t",
-                    self.cluster_id,
+                    # One token: an id may start with "-", which the parser would take
+                    # for an option (base64url uses "-").
+                    f"--cluster-id={self.cluster_id}",
                     "-c",
                     str(node.config_path),
                 ]
