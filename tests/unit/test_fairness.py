@@ -70,8 +70,9 @@ def test_fractional_weight_still_progresses() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.dictionaries(st.sampled_from("abcdef"), st.integers(1, 60), min_size=1),
-       st.integers(1, 50))
+@given(
+    st.dictionaries(st.sampled_from("abcdef"), st.integers(1, 60), min_size=1), st.integers(1, 50)
+)
 def test_property_take_is_fair_and_loses_nothing(sizes: dict[str, int], n: int) -> None:
     fq: FairQueue[It] = FairQueue()
     for t, k in sizes.items():

@@ -40,8 +40,9 @@ def test_debt_lets_a_big_job_in_once_then_waits_it_off() -> None:
 def test_limiter_splits_limits_across_instances() -> None:
     lim = TenantLimiter()
     lim.instances = 4
-    allowed = sum(lim.check("t", "requests", rate=100, burst=40, n=1, now=0.0).allowed
-                  for _ in range(20))
+    allowed = sum(
+        lim.check("t", "requests", rate=100, burst=40, n=1, now=0.0).allowed for _ in range(20)
+    )
     assert allowed == 10  # burst 40 / 4 instances
 
 
@@ -68,14 +69,20 @@ def test_delay_counts_work_at_or_above_the_class() -> None:
 def test_free_is_shed_first_then_paid_then_enterprise() -> None:
     def shed(backlog: int) -> list[str]:
         v = view(1000, {"free": backlog})
-        return [t for t in ("free", "paid", "enterprise")
-                if not decide(v, "sim@1", t, utilization=1.0, thresholds_ms=THRESH).admit]
+        return [
+            t
+            for t in ("free", "paid", "enterprise")
+            if not decide(v, "sim@1", t, utilization=1.0, thresholds_ms=THRESH).admit
+        ]
 
     assert shed(100) == []
     assert shed(400) == ["free"]
     v = view(1000, {"paid": 700, "free": 1000})
-    out = [t for t in ("free", "paid", "enterprise")
-           if not decide(v, "sim@1", t, utilization=1.0, thresholds_ms=THRESH).admit]
+    out = [
+        t
+        for t in ("free", "paid", "enterprise")
+        if not decide(v, "sim@1", t, utilization=1.0, thresholds_ms=THRESH).admit
+    ]
     assert out == ["free", "paid"]
     v = view(1000, {"enterprise": 2500})
     assert not decide(v, "sim@1", "enterprise", utilization=1.0, thresholds_ms=THRESH).admit
