@@ -52,6 +52,7 @@ class RequestMessage:
     job_id: str | None = None
     item_index: int | None = None
     attempt: int = 0
+    job_attempt: int = 0  # which run of its job this item belongs to (retry adds one)
     weight: float = 1.0  # the tenant's fair share inside its tier (from its plan)
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -246,12 +246,12 @@ class JobPublisher:
             with conn.transaction(), conn.cursor(name=f"publish-{job_id}") as cur:
                 cur.itersize = _COPY_CHUNK
                 cur.execute(
-                    "SELECT i.item_index, i.input, i.request_id FROM job_items i "
+                    "SELECT i.item_index, i.input, i.request_id, i.attempt FROM job_items i "
                     "WHERE i.job_id = %s AND NOT EXISTS (SELECT 1 FROM requests r "
                     "WHERE r.request_id = i.request_id) ORDER BY i.item_index",
                     (job_id,),
                 )
-                for index, value, request_id in cur:
+                for index, value, request_id, job_attempt in cur:
                     msg = RequestMessage(
                         request_id=str(request_id),
                         tenant_id=str(tenant_id),
@@ -264,6 +264,7 @@ class JobPublisher:
                         received_at=created_at.timestamp(),
                         job_id=job_id,
                         item_index=index,
+                        job_attempt=job_attempt,
                         weight=weight,
                     )
                     while True:

@@ -125,7 +125,8 @@ def record_job_results(conn: Connection, written: Iterable[tuple[str | None, str
 
 
 def cancelled_unfinished_stmt() -> Select[Any]:
-    """Jobs whose remaining items the scheduler should cancel instead of running."""
-    return select(jobs.c.job_id).where(
+    """Jobs (and which attempt of each) whose remaining items the scheduler should
+    cancel instead of running. A retry starts a new attempt, whose items run."""
+    return select(jobs.c.job_id, jobs.c.attempt).where(
         jobs.c.cancelled_at.is_not(None), jobs.c.finished_at.is_(None)
     )

@@ -107,7 +107,7 @@ batches = Table(
     Column("model_version", Text, nullable=False),
     Column("batch_key", Text, nullable=False),
     Column("size", Integer, nullable=False),
-    Column("reason", Text, nullable=False),  # full | linger | deadline
+    Column("reason", Text, nullable=False),  # full | linger | deadline | priority | retry
     Column("worker_id", Text),
     Column("status", Text, nullable=False),
     Column("error", Text),

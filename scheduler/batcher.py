@@ -10,6 +10,8 @@ A key is ready to flush when
   * its oldest request has lingered ``max_linger_s``, or
   * waiting longer would make its earliest deadline unreachable:
     earliest deadline - predicted compute - margin.
+A free worker that would otherwise start a lower-ranked batch flushes a more
+urgent queue early instead (job items never hold a worker while sync waits).
 Requests that can no longer finish before their deadline are dropped before
 they reach a worker (the caller gets a 504 at once instead of a late answer).
 """
@@ -75,7 +77,7 @@ class Batch:
     key: BatchKey
     items: list[Pending]
     formed_at: float
-    reason: str  # full | linger | deadline
+    reason: str  # full | linger | deadline | priority | retry
     batch_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
 
@@ -201,27 +203,39 @@ class Batcher:
         return dropped
 
     def take(self, now: float, serves: Callable[[ModelRef], bool]) -> Batch | None:
-        """The batch a free worker should run now, or None if no queue is ready."""
-        best: tuple[int, float, BatchKey] | None = None
+        """The batch a free worker should run now, or None if no queue is ready.
+
+        Ready queues go most urgent rank first. A worker never starts lower-ranked
+        work while a more urgent queue it serves is still lingering: it flushes that
+        queue early instead (reason ``priority``), since the lower-ranked batch would
+        hold the worker for a whole batch time while the urgent one waits.
+        """
+        ready: tuple[int, float, BatchKey] | None = None
+        urgent: tuple[int, float, BatchKey] | None = None  # lingering, best rank
         for key, q in self._queues.items():
             if q.count == 0 or not serves(key.ref):
                 continue
             at = self._flush_time(key, q)
-            if at > now:
-                continue
             cand = (q.best_rank(), at, key)
-            if best is None or cand[:2] < best[:2]:
-                best = cand
-        if best is None:
+            if at <= now:
+                if ready is None or cand[:2] < ready[:2]:
+                    ready = cand
+            elif urgent is None or cand[:2] < urgent[:2]:
+                urgent = cand
+        if ready is None:
             return None
-        key = best[2]
+        pick, reason = ready, None
+        if urgent is not None and urgent[0] < ready[0]:
+            pick, reason = urgent, "priority"
+        key = pick[2]
         q = self._queues[key]
-        full = q.count >= self.max_batch(key.ref)
-        reason = (
-            "full"
-            if full
-            else ("linger" if q.oldest_at() + self.policy.max_linger_s <= now else "deadline")
-        )
+        if reason is None:
+            full = q.count >= self.max_batch(key.ref)
+            reason = (
+                "full"
+                if full
+                else ("linger" if q.oldest_at() + self.policy.max_linger_s <= now else "deadline")
+            )
         items = q.pop(self.max_batch(key.ref))
         self._forget(items)
         return Batch(key=key, items=items, formed_at=now, reason=reason)

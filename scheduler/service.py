@@ -1,8 +1,9 @@
 """The scheduler process: wires Kafka, the batcher, the workers and PostgreSQL.
 
 Threads, each with one job:
-  * the consumer loop (caller's thread) reads Kafka, queues requests, commits
-    offsets and handles rebalances: it alone touches the Consumer;
+  * two consumer lanes (scheduler/lane.py), one for sync classes and one for job
+    items, each read Kafka with its own consumer, queue requests, commit offsets
+    and handle rebalances;
   * one dispatcher per worker takes the batch the flush rule allows, runs it
     on its worker, and hands the result on (one batch at a time per worker);
   * a small persister pool writes each batch's results in one transaction and
@@ -24,19 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Message, Producer
 from tenacity import Retrying, retry_if_exception_type, stop_never, wait_exponential_jitter
 
 from gristmill.config import Settings
 from gristmill.messages import RequestMessage
-from gristmill.topics import (
-    PRIORITY_CLASSES,
-    all_request_topics,
-    dead_letter_topic,
-    ensure_topics,
-    priority_of_topic,
-    request_topic,
-)
+from gristmill.topics import PRIORITY_CLASSES, dead_letter_topic, ensure_topics
 from results import modelregistry
 from results.db import make_engine
 from results.jobs import cancelled_unfinished_stmt
@@ -46,6 +40,7 @@ from scheduler.backpressure import BufferBudget, paused_classes
 from scheduler.batcher import Batch, Batcher, BatchKey, FlushPolicy, Pending
 from scheduler.capacity import capacity_by_model
 from scheduler.costmodel import CostModel, ModelRef
+from scheduler.lane import ConsumerLane, lane_specs, merged_lag
 from scheduler.offsets import OffsetTracker
 from scheduler.priority_pool import PriorityPool
 from scheduler.retry import RetryPolicy, plan_failure
@@ -96,16 +91,13 @@ class SchedulerService:
         self.retry_policy = RetryPolicy()
         self.handles: list[WorkerHandle] = []
         self.dispatchers: list[threading.Thread] = []
-        self.cancelled_jobs: frozenset[str] = frozenset()
+        self.cancelled_jobs: frozenset[tuple[str, int]] = frozenset()  # (job id, attempt)
         self.scheduler_id = process_id(
             settings.topic_prefix, f"{socket.gethostname()}-{os.getpid()}"
         )
-        self.lag: dict[str, int] = {}
-        self.paused: frozenset[int] = frozenset()
         self.budget = BufferBudget.default(settings.max_buffered, len(PRIORITY_CLASSES))
         self.stopping = threading.Event()  # stop consuming
         self.drained = threading.Event()  # stop dispatching (set after the drain on stop)
-        self.owned: set[tuple[str, int]] = set()  # partitions assigned to us right now
         self.engine = make_engine(settings.database_url, pool_size=4)
         self.persist_pool = PriorityPool(2, name="persist")
         self.pool = WorkerPool(
@@ -121,28 +113,8 @@ class SchedulerService:
                 "acks": "all",
             }
         )
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "group.id": settings.consumer_group,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "partition.assignment.strategy": "cooperative-sticky",
-                # A dead member is noticed within the session timeout; see
-                # docs/decisions/0006-session-timeout-and-rebalances.md.
-                "session.timeout.ms": 6000,
-                "heartbeat.interval.ms": 1000,
-                # The broker answers a fetch as soon as any message lands (fetch.min.bytes=1),
-                # so a long wait costs no latency; a short one only spins the broker.
-                "fetch.wait.max.ms": 100,
-                # Fetched messages wait in one FIFO inside librdkafka, whatever their
-                # topic: keep it short, so a sync request is never queued behind a
-                # deep prefetch of job items (paused classes stop adding to it).
-                "queued.max.messages.kbytes": 256,
-                "max.partition.fetch.bytes": 65536,
-                "enable.partition.eof": False,
-            }
-        )
+        # Sync traffic and job items are read by separate consumers (decision 0011).
+        self.lanes = [ConsumerLane(settings, spec, self) for spec in lane_specs(settings)]
         self.stats = {"consumed": 0, "batches": 0, "expired": 0, "failed": 0, "persisted": 0}
 
     # ---- workers -------------------------------------------------------------------
@@ -196,32 +168,20 @@ class SchedulerService:
                 f"{ref[0]}@{ref[1]}": dict(zip(PRIORITY_CLASSES, depths, strict=True))
                 for ref, depths in self.batcher.depth_by_model().items()
             }
-            lag = dict(self.lag)
+            lag = merged_lag(self.lanes)
         try:
             with self.engine.begin() as conn:
                 report_scheduler(conn, self.scheduler_id, capacity, backlog, lag)
         except Exception as exc:
             log.warning("load report failed: %s", _short(exc))
 
-    def _measure_lag(self) -> None:
-        """Messages in Kafka not yet consumed, per class (consumer thread only)."""
-        lag: dict[str, int] = {}
-        try:
-            for tp in self.consumer.position(self.consumer.assignment()):
-                _, hi = self.consumer.get_watermark_offsets(tp, cached=True)
-                if tp.offset >= 0 and hi >= 0:
-                    cls_ = priority_of_topic(self.settings, tp.topic)
-                    lag[cls_] = lag.get(cls_, 0) + max(0, hi - tp.offset)
-        except Exception as exc:  # during a rebalance; next second retries
-            log.debug("lag measurement failed: %s", exc)
-            return
-        self.lag = lag
-
     def _refresh_cancelled(self) -> None:
         """Jobs cancelled by a client: their queued items are recorded, not run."""
         try:
             with self.engine.connect() as conn:
-                ids = frozenset(str(r[0]) for r in conn.execute(cancelled_unfinished_stmt()))
+                ids = frozenset(
+                    (str(r[0]), int(r[1])) for r in conn.execute(cancelled_unfinished_stmt())
+                )
         except Exception as exc:
             log.warning("cancelled-jobs refresh failed: %s", exc)
             return
@@ -271,12 +231,16 @@ class SchedulerService:
 
     def _drop_cancelled(self, batch: Batch) -> Batch | None:
         """Record items of cancelled jobs as cancelled; the rest of the batch runs."""
-        gone = [p for p in batch.items if p.msg.job_id in self.cancelled_jobs]
+
+        def cancelled(p: Pending) -> bool:
+            return (p.msg.job_id, p.msg.job_attempt) in self.cancelled_jobs
+
+        gone = [p for p in batch.items if cancelled(p)]
         if not gone:
             return batch
         rows = [request_row(p, status="cancelled", error="the job was cancelled") for p in gone]
         self._persist_async(rows, None, gone)
-        batch.items = [p for p in batch.items if p.msg.job_id not in self.cancelled_jobs]
+        batch.items = [p for p in batch.items if not cancelled(p)]
         return batch if batch.items else None
 
     def _dispatch_loop(self, h: WorkerHandle) -> None:
@@ -404,33 +368,35 @@ class SchedulerService:
             for p in items:
                 self.tracker.done(p.tp, p.offset)
 
-    # ---- Kafka ---------------------------------------------------------------------
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        log.info("assigned %s", [(p.topic, p.partition) for p in partitions])
-        self.owned.update((p.topic, p.partition) for p in partitions)
-        if self.paused:
-            # Newly assigned partitions of a paused class start paused too.
-            paused_topics = {request_topic(self.settings, PRIORITY_CLASSES[r]) for r in self.paused}
-            consumer.incremental_assign(partitions)
-            consumer.pause([p for p in partitions if p.topic in paused_topics])
+    # ---- what the consumer lanes call (each from its own thread) --------------------
+    def accept(self, msgs: list[Message], owned: set[tuple[str, int]], now: float) -> None:
+        """Queue fetched requests (skipping those fetched just before a revocation)."""
+        pending: list[Pending] = []
+        for msg in msgs:
+            try:
+                pending.append(self._pending(msg, now))
+            except Exception as exc:  # a malformed message must not stall a partition
+                log.error(
+                    "undecodable message at %s[%d]@%d: %s",
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                    exc,
+                )
+        with self.cond:
+            for p in pending:
+                if p.tp not in owned:
+                    continue
+                self.tracker.track(p.tp, p.offset)
+                self.batcher.add(p)
+                self.stats["consumed"] += 1
+            self.cond.notify_all()
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        tps = [(p.topic, p.partition) for p in partitions]
-        log.info("revoked %s", tps)
-        self._commit(only=set(tps))
-        self._give_up_partitions(tps)
-
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        tps = [(p.topic, p.partition) for p in partitions]
-        log.warning("lost %s", tps)
-        self._give_up_partitions(tps)
-
-    def _give_up_partitions(self, tps: list[tuple[str, int]]) -> None:
+    def give_up_partitions(self, tps: list[tuple[str, int]]) -> None:
         """Stop working on partitions another member now owns: drop their queued and
         retrying requests (the new owner re-reads them from the committed offset).
         Batches already on a worker finish; their rows are harmless thanks to the upsert."""
         gone = set(tps)
-        self.owned -= gone
         with self.cond:
             self.batcher.drop_partitions(tps)
             self.tracker.forget(tps)
@@ -441,23 +407,19 @@ class SchedulerService:
                     kept.append(r)
             self.retries = kept
 
-    def _commit(self, only: set[tuple[str, int]] | None = None) -> None:
+    def committable(self, only: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
         with self.cond:
-            positions = self.tracker.committable()
-        if only is not None:
-            positions = {tp: o for tp, o in positions.items() if tp in only}
-        if not positions:
-            return
-        try:
-            self.consumer.commit(
-                offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
-                asynchronous=False,
-            )
-        except Exception as exc:  # e.g. rebalance in progress; the next round retries
-            log.warning("commit failed: %s", exc)
-            return
+            return {tp: o for tp, o in self.tracker.committable().items() if tp in only}
+
+    def mark_committed(self, positions: dict[tuple[str, int], int]) -> None:
         with self.cond:
             self.tracker.mark_committed(positions)
+
+    def wanted_paused(self, paused: frozenset[int]) -> frozenset[int]:
+        """Classes whose buffer is full (hysteresis from the lane's current pauses)."""
+        with self.cond:
+            depths = self.batcher.depth_by_rank()
+        return paused_classes(depths, paused, self.budget)
 
     def _pending(self, msg: Message, now: float) -> Pending:
         value, topic, partition, offset = msg.value(), msg.topic(), msg.partition(), msg.offset()
@@ -482,77 +444,12 @@ class SchedulerService:
         ensure_topics(self.settings)
         self.pool.start()
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
-        self.consumer.subscribe(
-            all_request_topics(self.settings),
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
-        last_commit = last_lag = 0.0
+        for lane in self.lanes:
+            lane.start(self.stopping)
         log.info("scheduler running")
-        while not self.stopping.is_set():
-            # consume() waits for its whole timeout unless the count is reached, which
-            # would add that wait to every request: block on poll() for the first
-            # message only, then drain whatever is already fetched without waiting.
-            first = self.consumer.poll(0.05)
-            msgs = [] if first is None else [first, *self.consumer.consume(499, timeout=0)]
-            now = time.time()
-            if msgs:
-                with self.cond:
-                    for msg in msgs:
-                        err = msg.error()
-                        if err is not None:
-                            if err.code() != KafkaError._PARTITION_EOF:
-                                log.warning("consume error: %s", err)
-                            continue
-                        try:
-                            p = self._pending(msg, now)
-                        except Exception as exc:  # a malformed message must not stall a partition
-                            log.error(
-                                "undecodable message at %s[%d]@%d: %s",
-                                msg.topic(),
-                                msg.partition(),
-                                msg.offset(),
-                                exc,
-                            )
-                            continue
-                        if p.tp not in self.owned:  # fetched before a revocation
-                            continue
-                        self.tracker.track(p.tp, p.offset)
-                        self.batcher.add(p)
-                        self.stats["consumed"] += 1
-                    self.cond.notify_all()
-            self._apply_backpressure()
-            if now - last_lag >= 1.0:
-                self._measure_lag()
-                last_lag = now
-            if now - last_commit >= self.settings.commit_interval_ms / 1000:
-                self._commit()
-                last_commit = now
+        while not self.stopping.wait(0.1):
             self.producer.poll(0)
         self._shutdown()
-
-    def _class_partitions(self, ranks: frozenset[int]) -> list[TopicPartition]:
-        topics = {request_topic(self.settings, PRIORITY_CLASSES[r]) for r in ranks}
-        return [tp for tp in self.consumer.assignment() if tp.topic in topics]
-
-    def _apply_backpressure(self) -> None:
-        """Pause the partitions of classes whose buffer is full; resume drained ones."""
-        with self.cond:
-            depths = self.batcher.depth_by_rank()
-        wanted = paused_classes(depths, self.paused, self.budget)
-        if wanted == self.paused:
-            return
-        if wanted - self.paused:
-            self.consumer.pause(self._class_partitions(wanted - self.paused))
-        if self.paused - wanted:
-            self.consumer.resume(self._class_partitions(self.paused - wanted))
-        log.info(
-            "buffer depths %s: paused classes %s",
-            depths,
-            [PRIORITY_CLASSES[r] for r in sorted(wanted)],
-        )
-        self.paused = wanted
 
     def stop(self, *_: object) -> None:
         self.stopping.set()
@@ -583,8 +480,8 @@ class SchedulerService:
         for h in list(self.handles):
             h.stop()
         self.persist_pool.shutdown(wait=True)
-        self._commit()
-        self.consumer.close()
+        for lane in self.lanes:  # final commit, then leave both groups
+            lane.finish()
         self.producer.flush(5)
         self.pool.stop()
         try:  # stop counting toward capacity at once rather than after the staleness window

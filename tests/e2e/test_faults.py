@@ -28,9 +28,10 @@ from gristmill.chaos.load import LoadGenerator
 from gristmill.chaos.procs import sigkill, wait_gone
 from gristmill.chaos.recovery import measure
 from gristmill.chaos.rig import Rig, own_services, running_rig
-from gristmill.topics import all_request_topics, dead_letter_topic
+from gristmill.topics import dead_letter_topic
 from results.db import make_engine
 from results.schema import batches, requests
+from scheduler.lane import lane_specs
 from workers.models.sim import sim_output
 
 POISON = "§poison§"
@@ -178,16 +179,17 @@ def test_api_killed_loses_no_accepted_request(rig: Rig, engine: Engine) -> None:
 
 def _committed_vs_end(rig: Rig) -> dict[tuple[str, int], tuple[int, int]]:
     s = rig.system.settings
-    c = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": s.consumer_group})
-    try:
-        tps = [TopicPartition(t, p) for t in all_request_topics(s) for p in range(3)]
-        out = {}
-        for tp in c.committed(tps, timeout=10):
-            _, high = c.get_watermark_offsets(tp, timeout=10)
-            out[(tp.topic, tp.partition)] = (max(tp.offset, 0), high)
-        return out
-    finally:
-        c.close()
+    out = {}
+    for spec in lane_specs(s):  # sync classes and job items are committed by their own groups
+        c = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": spec.group_id})
+        try:
+            tps = [TopicPartition(t, p) for t in spec.topics(s) for p in range(3)]
+            for tp in c.committed(tps, timeout=10):
+                _, high = c.get_watermark_offsets(tp, timeout=10)
+                out[(tp.topic, tp.partition)] = (max(tp.offset, 0), high)
+        finally:
+            c.close()
+    return out
 
 
 def _members(rig: Rig) -> int:

@@ -168,3 +168,52 @@ def test_property_batches_are_homogeneous_and_lose_nothing(
         seen.extend(batch.items)
     assert len(b) == 0
     assert sorted(p.msg.request_id for p in seen) == sorted(p.msg.request_id for p in added)
+
+
+def test_job_backlog_does_not_start_while_sync_lingers_on_another_key() -> None:
+    """A worker about to start a full job batch flushes the lingering sync queue first."""
+    b = make_batcher(max_batch=4)
+    jobs_key, sync_key = BatchKey("sim", "1", (("p", 1),)), BatchKey("sim", "1")
+    for _ in range(8):
+        b.add(pending(key=jobs_key, rank=3, at=0.0))
+    b.add(pending(key=sync_key, rank=1, at=0.01))
+    batch = b.take(0.011, ALL)
+    assert batch is not None and batch.key == sync_key and batch.reason == "priority"
+    assert [p.rank for p in batch.items] == [1]
+    nxt = b.take(0.012, ALL)
+    assert nxt is not None and nxt.key == jobs_key and nxt.reason == "full"
+
+
+def test_sync_keeps_lingering_when_the_worker_would_otherwise_idle() -> None:
+    b = make_batcher(max_batch=4)
+    b.add(pending(rank=1, at=0.0))
+    assert b.take(0.01, ALL) is None  # nothing else ready: wait to fill the batch
+
+
+def test_ready_sync_is_not_preempted_by_a_lingering_more_urgent_queue_of_same_rank() -> None:
+    b = make_batcher(max_batch=4)
+    a, c = BatchKey("sim", "1", (("p", 1),)), BatchKey("sim", "1", (("p", 2),))
+    for _ in range(4):
+        b.add(pending(key=a, rank=1, at=0.0))
+    b.add(pending(key=c, rank=1, at=0.0))
+    batch = b.take(0.001, ALL)
+    assert batch is not None and batch.key == a and batch.reason == "full"
+
+
+def test_same_key_sync_items_ride_first_in_a_job_filled_batch() -> None:
+    b = make_batcher(max_batch=4)
+    for _ in range(6):
+        b.add(pending(rank=3, at=0.0))
+    b.add(pending(rank=0, at=0.5))
+    batch = b.take(0.5, ALL)
+    assert batch is not None and [p.rank for p in batch.items] == [0, 3, 3, 3]
+
+
+def test_urgent_queue_on_a_model_the_worker_does_not_serve_is_ignored() -> None:
+    b = make_batcher(max_batch=4)
+    other = BatchKey("embed", "1")
+    for _ in range(4):
+        b.add(pending(rank=3, at=0.0))
+    b.add(pending(key=other, rank=0, at=0.0))
+    batch = b.take(0.001, lambda ref: ref[0] == "sim")
+    assert batch is not None and batch.key.model == "sim" and batch.reason == "full"

@@ -2,7 +2,7 @@
 
 A small model of Kafka (per-partition logs and committed positions), a result
 store and two consumer-group members, each driving its own ``OffsetTracker``
-the way ``scheduler/service.py`` does: track on consume, done after persist,
+the way ``scheduler/lane.py`` and ``scheduler/service.py`` do: track on consume, done after persist,
 commit what is committable, commit then forget on revoke, forget on loss.
 Results may land late and out of order, also after the partition moved on.
 

@@ -1,0 +1,237 @@
+"""One Kafka consumer and the thread that drives it: a lane of the scheduler.
+
+The scheduler reads sync traffic and job items through two lanes, each with its
+own consumer, consumer group, fetch queue and thread (decision 0011). librdkafka
+keeps fetched messages in one FIFO per consumer whatever their topic, so with a
+single consumer a sync request could sit behind a prefetch of job items; in its
+own lane it is fetched and queued the moment it lands.
+
+A lane alone touches its Consumer: it polls, pauses and resumes its classes'
+partitions, commits the offsets of its partitions and answers rebalances. What
+it reads goes to the host (the scheduler service), which owns the batcher and
+the offset tracker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from gristmill.config import Settings
+from gristmill.topics import PRIORITY_CLASSES, request_topic
+
+log = logging.getLogger("gristmill.scheduler")
+
+TP = tuple[str, int]
+
+
+class LaneHost(Protocol):
+    """What a lane needs from the scheduler it feeds."""
+
+    def accept(self, msgs: list[Message], owned: set[TP], now: float) -> None: ...
+    def give_up_partitions(self, tps: list[TP]) -> None: ...
+    def committable(self, only: set[TP]) -> dict[TP, int]: ...
+    def mark_committed(self, positions: dict[TP, int]) -> None: ...
+    def wanted_paused(self, paused: frozenset[int]) -> frozenset[int]: ...
+
+
+@dataclass(frozen=True)
+class LaneSpec:
+    name: str
+    group_id: str
+    ranks: frozenset[int]  # the priority classes (ranks) this lane reads
+    # librdkafka fetch settings: how much this lane may prefetch.
+    fetch: dict[str, Any] = field(default_factory=dict)
+
+    def topics(self, settings: Settings) -> list[str]:
+        return [request_topic(settings, PRIORITY_CLASSES[r]) for r in sorted(self.ranks)]
+
+
+def lane_specs(settings: Settings) -> list[LaneSpec]:
+    """Sync classes in one lane, job items in the other."""
+    jobs = PRIORITY_CLASSES.index("jobs")
+    return [
+        LaneSpec(
+            "sync",
+            settings.consumer_group,
+            frozenset(r for r in range(len(PRIORITY_CLASSES)) if r != jobs),
+            # Short prefetch: a paused class must stop adding to the queue quickly.
+            {"queued.max.messages.kbytes": 256, "max.partition.fetch.bytes": 65536},
+        ),
+        LaneSpec(
+            "jobs",
+            f"{settings.consumer_group}-jobs",
+            frozenset({jobs}),
+            # A deep backlog is read in large fetches; nothing waits behind it here.
+            {"queued.max.messages.kbytes": 4096, "max.partition.fetch.bytes": 1 << 20},
+        ),
+    ]
+
+
+class ConsumerLane:
+    def __init__(self, settings: Settings, spec: LaneSpec, host: LaneHost):
+        self.settings = settings
+        self.spec = spec
+        self.host = host
+        self.topics = spec.topics(settings)
+        self.owned: set[TP] = set()
+        self.paused: frozenset[int] = frozenset()
+        self.lag: dict[str, int] = {}
+        self.closing = threading.Event()  # set once the host has persisted all it will
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": settings.kafka_bootstrap,
+                "group.id": spec.group_id,
+                "client.id": f"gristmill-scheduler-{spec.name}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "partition.assignment.strategy": "cooperative-sticky",
+                # A dead member is noticed within the session timeout; see
+                # docs/decisions/0006-session-timeout-and-rebalances.md.
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 1000,
+                # The broker answers a fetch as soon as any message lands (fetch.min.bytes=1),
+                # so a long wait costs no latency; a short one only spins the broker.
+                "fetch.wait.max.ms": 100,
+                "enable.partition.eof": False,
+                **spec.fetch,
+            }
+        )
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"lane-{spec.name}")
+
+    # ---- lifecycle -----------------------------------------------------------------
+    def start(self, stopping: threading.Event) -> None:
+        self._stopping = stopping
+        self.consumer.subscribe(
+            self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
+        self.thread.start()
+
+    def finish(self, timeout_s: float = 30.0) -> None:
+        """Final commit and leave the group (the host has persisted what it will)."""
+        self.closing.set()
+        self.thread.join(timeout_s)
+
+    def _run(self) -> None:
+        last_commit = last_lag = 0.0
+        while not self._stopping.is_set():
+            # consume() waits for its whole timeout unless the count is reached, which
+            # would add that wait to every request: block on poll() for the first
+            # message only, then drain whatever is already fetched without waiting.
+            first = self.consumer.poll(0.05)
+            msgs = [] if first is None else [first, *self.consumer.consume(499, timeout=0)]
+            now = time.time()
+            good = [m for m in msgs if _ok(m)]
+            if good:
+                self.host.accept(good, self.owned, now)
+            self._apply_backpressure()
+            if now - last_lag >= 1.0:
+                self._measure_lag()
+                last_lag = now
+            if now - last_commit >= self.settings.commit_interval_ms / 1000:
+                self.commit()
+                last_commit = now
+        # Stopped consuming: wait for the host to finish and persist, then hand over.
+        self.closing.wait()
+        self.commit()
+        self.consumer.close()
+
+    # ---- offsets -------------------------------------------------------------------
+    def commit(self, only: set[TP] | None = None) -> None:
+        positions = self.host.committable(self.owned if only is None else only & self.owned)
+        if not positions:
+            return
+        try:
+            self.consumer.commit(
+                offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
+                asynchronous=False,
+            )
+        except Exception as exc:  # e.g. rebalance in progress; the next round retries
+            log.warning("%s lane: commit failed: %s", self.spec.name, exc)
+            return
+        self.host.mark_committed(positions)
+
+    def _measure_lag(self) -> None:
+        """Messages in Kafka not yet consumed, per class."""
+        lag: dict[str, int] = {}
+        try:
+            for tp in self.consumer.position(self.consumer.assignment()):
+                _, hi = self.consumer.get_watermark_offsets(tp, cached=True)
+                if tp.offset >= 0 and hi >= 0:
+                    cls_ = tp.topic.rsplit(".", 1)[-1]
+                    lag[cls_] = lag.get(cls_, 0) + max(0, hi - tp.offset)
+        except Exception as exc:  # during a rebalance; next second retries
+            log.debug("lag measurement failed: %s", exc)
+            return
+        self.lag = lag
+
+    # ---- backpressure --------------------------------------------------------------
+    def _class_partitions(
+        self, ranks: frozenset[int], among: list[TopicPartition] | None = None
+    ) -> list[TopicPartition]:
+        topics = {request_topic(self.settings, PRIORITY_CLASSES[r]) for r in ranks}
+        among = self.consumer.assignment() if among is None else among
+        return [tp for tp in among if tp.topic in topics]
+
+    def _apply_backpressure(self) -> None:
+        """Pause this lane's classes whose buffer is full; resume drained ones."""
+        wanted = self.host.wanted_paused(self.paused) & self.spec.ranks
+        if wanted == self.paused:
+            return
+        if wanted - self.paused:
+            self.consumer.pause(self._class_partitions(wanted - self.paused))
+        if self.paused - wanted:
+            self.consumer.resume(self._class_partitions(self.paused - wanted))
+        log.info(
+            "%s lane: paused classes %s",
+            self.spec.name,
+            [PRIORITY_CLASSES[r] for r in sorted(wanted)],
+        )
+        self.paused = wanted
+
+    # ---- rebalances (called inside poll, on this lane's thread) ----------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info(
+            "%s lane: assigned %s", self.spec.name, [(p.topic, p.partition) for p in partitions]
+        )
+        self.owned.update((p.topic, p.partition) for p in partitions)
+        if self.paused:
+            # Newly assigned partitions of a paused class start paused too.
+            consumer.incremental_assign(partitions)
+            consumer.pause(self._class_partitions(self.paused, partitions))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        tps = [(p.topic, p.partition) for p in partitions]
+        log.info("%s lane: revoked %s", self.spec.name, tps)
+        self.commit(only=set(tps))
+        self._give_up(tps)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        tps = [(p.topic, p.partition) for p in partitions]
+        log.warning("%s lane: lost %s", self.spec.name, tps)
+        self._give_up(tps)
+
+    def _give_up(self, tps: list[TP]) -> None:
+        self.owned -= set(tps)
+        self.host.give_up_partitions(tps)
+
+
+def _ok(msg: Message) -> bool:
+    err = msg.error()
+    if err is None:
+        return True
+    if err.code() != KafkaError._PARTITION_EOF:
+        log.warning("consume error: %s", err)
+    return False
+
+
+def merged_lag(lanes: list[ConsumerLane]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for lane in lanes:
+        out.update(lane.lag)
+    return out
