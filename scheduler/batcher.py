@@ -260,6 +260,10 @@ class Batcher:
         self._forget(dropped)
         return dropped
 
+    def has_more_urgent_than(self, rank: int, serves: Callable[[ModelRef], bool]) -> bool:
+        """Whether requests ranked above ``rank`` wait for a model this worker serves."""
+        return any(n and r < rank and serves(ref) for (ref, r), n in self._by_ref_rank.items())
+
     def depth_by_rank(self) -> list[int]:
         """Queued requests per priority rank (kept current, O(1))."""
         return list(self._by_rank)

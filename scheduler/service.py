@@ -45,6 +45,7 @@ from scheduler.offsets import OffsetTracker
 from scheduler.priority_pool import PriorityPool
 from scheduler.retry import RetryPolicy, plan_failure
 from scheduler.rows import batch_row, request_row
+from scheduler.stagger import Running, background_hold_until
 from scheduler.workerpool import WorkerHandle, WorkerLost, WorkerPool
 from workers.models.registry import build_specs
 from workers.protocol import WorkBatch
@@ -53,6 +54,8 @@ log = logging.getLogger("gristmill.scheduler")
 
 # On SIGTERM, queued requests get this long to run before the rest is handed back.
 SHUTDOWN_DRAIN_S = 10.0
+# Job items: background work, started staggered across workers (scheduler/stagger.py).
+BACKGROUND_RANK = PRIORITY_CLASSES.index("jobs")
 
 
 @dataclass
@@ -90,6 +93,7 @@ class SchedulerService:
         self.retries: deque[_Retry] = deque()
         self.retry_policy = RetryPolicy()
         self.handles: list[WorkerHandle] = []
+        self.running: dict[str, Running] = {}  # worker id -> the batch it runs now
         self.dispatchers: list[threading.Thread] = []
         self.cancelled_jobs: frozenset[tuple[str, int]] = frozenset()  # (job id, attempt)
         self.scheduler_id = process_id(
@@ -210,12 +214,20 @@ class SchedulerService:
                     if r.not_before <= now and h.serves(r.batch.key.ref):
                         self.retries.remove(r)
                         return r.batch
+                hold = self._background_hold(h, now)
+                if hold > now and not self.batcher.has_more_urgent_than(BACKGROUND_RANK, h.serves):
+                    # Only job items could start now: spread this worker's start from the
+                    # others' (a sync arrival wakes us and goes at once).
+                    self.cond.wait(timeout=min(hold - now, 0.25))
+                    continue
                 batch = self.batcher.take(now, h.serves)
                 if batch is not None:
                     self.cond.notify_all()  # the consumer may resume paused partitions
                     if self.cancelled_jobs:
                         batch = self._drop_cancelled(batch)
                     if batch is not None:
+                        predicted = self.cost.predict_ms(batch.key.ref, len(batch.items)) / 1000
+                        self.running[h.worker_id] = Running(now, predicted)
                         return batch
                     continue
                 wake = min(
@@ -228,6 +240,14 @@ class SchedulerService:
                     timeout=min(max(wake - now, 0.001), 0.25) if wake < math.inf else 0.25
                 )
         return None
+
+    def _background_hold(self, h: WorkerHandle, now: float) -> float:
+        """Until when this worker should hold back a job batch (caller holds the lock)."""
+        peers = [o for o in self.handles if o.alive and o.refs & h.refs]
+        others = [
+            self.running[o.worker_id] for o in peers if o is not h and o.worker_id in self.running
+        ]
+        return background_hold_until(now, others, len(peers))
 
     def _drop_cancelled(self, batch: Batch) -> Batch | None:
         """Record items of cancelled jobs as cancelled; the rest of the batch runs."""
@@ -258,7 +278,11 @@ class SchedulerService:
                 [p.msg.input for p in batch.items],
             )
             try:
-                result = h.run(work, self.settings.batch_timeout_s)
+                try:
+                    result = h.run(work, self.settings.batch_timeout_s)
+                finally:
+                    with self.cond:
+                        self.running.pop(h.worker_id, None)
             except WorkerLost as exc:
                 log.warning(
                     "%s; handing back batch %s (%d items)", exc, batch.batch_id, len(batch.items)
