@@ -110,9 +110,12 @@ def write_results(
     rows = cur.fetchall()
     written = [str(rid) for rid, _, _ in rows]
     record_job_results(conn, ((None if j is None else str(j), st) for _, j, st in rows))
-    # Announce every id, written now or before: a waiter may be waiting on a
+    # Announce every sync id, written now or before: a waiter may be waiting on a
     # redelivered request whose first row landed while it was not yet listening.
-    for payload in notify_payloads([r["request_id"] for r in request_rows]):
+    # Job items have no waiter (job results are read by polling the job's rows), and
+    # announcing thousands a second would only keep every API instance busy.
+    waited = [r["request_id"] for r in request_rows if r.get("job_id") is None]
+    for payload in notify_payloads(waited):
         conn.execute(select(func.pg_notify(RESULTS_CHANNEL, payload)))
     return written
 
