@@ -98,7 +98,7 @@ async def _infer(
         priority=TIER_TO_CLASS[tenant.tier],
         model=spec.name,
         version=spec.version,
-        input=body.input,
+        input=spec.message_input(body.input),  # token ids too, where the model takes them
         params=params,
         deadline=deadline,
         received_at=received,

@@ -69,11 +69,19 @@ _INSERT_REQUESTS = (
 )
 
 
+def _json(value: Any) -> str:
+    """JSON text of a column value. A numpy row (a model's array output) is written as
+    float64, which orjson prints exactly as it prints the same values as Python floats."""
+    if hasattr(value, "dtype") and hasattr(value, "astype"):
+        return orjson.dumps(value.astype("float64"), option=orjson.OPT_SERIALIZE_NUMPY).decode()
+    return orjson.dumps(value).decode()
+
+
 def _column_arrays(rows: list[dict[str, Any]]) -> list[list[Any]]:
     out = []
     for name, pgtype in _REQUEST_COLUMNS:
         if pgtype == "jsonb":
-            out.append([None if r[name] is None else orjson.dumps(r[name]).decode() for r in rows])
+            out.append([None if r[name] is None else _json(r[name]) for r in rows])
         else:
             out.append([r[name] for r in rows])
     return out

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from results.db import ts
 from scheduler.batcher import Batch, Pending
+from workers.models.token_ids import input_text
+
+
+@lru_cache(maxsize=64)
+def _batch_ts(epoch_s: float | None) -> datetime | None:
+    """A batch's times repeat on each of its rows: convert them once."""
+    return ts(epoch_s)
 
 
 def request_row(
@@ -26,7 +35,8 @@ def request_row(
         "model": m.model,
         "model_version": m.version,
         "params": m.params,
-        "input": None if m.job_id else m.input,  # job items keep theirs in job_items
+        # Job items keep theirs in job_items; a tokenized input is stored as its text.
+        "input": None if m.job_id else input_text(m.input),
         "status": status,
         "output": output,
         "error": error,
@@ -38,9 +48,9 @@ def request_row(
         "received_at": ts(m.received_at),
         "produced_at": ts(m.extra.get("produced_at")),
         "consumed_at": ts(p.consumed_at),
-        "batched_at": ts(batch.formed_at) if batch else None,
-        "compute_start_at": ts(compute_start),
-        "compute_end_at": ts(compute_end),
+        "batched_at": _batch_ts(batch.formed_at) if batch else None,
+        "compute_start_at": _batch_ts(compute_start),
+        "compute_end_at": _batch_ts(compute_end),
         "deadline_at": ts(m.deadline),
         "kafka_topic": p.tp[0],
         "kafka_partition": p.tp[1],

@@ -33,6 +33,9 @@ from workers.protocol import Hello, ModelInfo, WorkBatch, WorkResult
 
 log = logging.getLogger("gristmill.worker")
 
+# Benchmarks ask for the model's per-batch measurements (CUDA events on) in every result.
+_REPORT_STATS = os.environ.get("GRISTMILL_WORKER_STATS") == "1"
+
 
 def load_models(settings: Settings, names: list[str]) -> dict[tuple[str, str], Model]:
     """Load every requested ``name`` or ``name@version`` (all versions for a bare name)."""
@@ -58,7 +61,8 @@ def run_batch(models: dict[tuple[str, str], Model], batch: WorkBatch) -> WorkRes
         outputs = model.predict(batch.inputs, batch.params)
         if len(outputs) != len(batch.inputs):
             raise RuntimeError(f"model returned {len(outputs)} outputs for {len(batch.inputs)}")
-        return WorkResult(batch.batch_id, outputs, None, start, time.time())
+        stats = getattr(model, "last_stats", None) if _REPORT_STATS else None
+        return WorkResult(batch.batch_id, outputs, None, start, time.time(), stats)
     except Exception as exc:  # the scheduler decides about retries; we only report
         log.warning("batch %s failed: %s", batch.batch_id, exc)
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -117,9 +121,16 @@ def serve(
     models = load_models(settings, model_names)
     infos = []
     for (name, version), model in models.items():
+        if _REPORT_STATS and hasattr(model, "timing"):
+            model.timing = True
         profile = model.warmup()
-        infos.append(ModelInfo(name, version, model.spec.max_batch_size, profile))
-        log.info("model %s@%s ready, warmup profile %s", name, version, profile)
+        # Warmup may bound the batch below the spec's (GPU memory per batch size).
+        limit = model.batch_limit()
+        profile = {n: ms for n, ms in profile.items() if n <= limit}
+        infos.append(ModelInfo(name, version, limit, profile))
+        log.info(
+            "model %s@%s ready, max batch %d, warmup profile %s", name, version, limit, profile
+        )
     wid = worker_id or f"{socket.gethostname()}-{os.getpid()}"
     device = os.environ.get("CUDA_VISIBLE_DEVICES", "cpu")
     conn = Client(socket_path, family="AF_UNIX", authkey=authkey)

@@ -6,8 +6,12 @@ key), so a model that crashes or hangs takes down only its worker process.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -38,7 +42,10 @@ class WorkBatch:
 @dataclass
 class WorkResult:
     batch_id: str
-    outputs: list[Any] | None
+    # One output per input, in order: a list, or one numpy array whose rows are the
+    # outputs (no per-float Python objects to make and pickle; stored as the same JSON).
+    outputs: Sequence[Any] | np.ndarray | None
     error: str | None
     compute_start: float  # epoch s
     compute_end: float
+    stats: dict[str, float] | None = None  # the model's own measurements (benchmarks)

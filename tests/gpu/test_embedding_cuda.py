@@ -102,3 +102,23 @@ def test_warmup_profile_and_memory() -> None:
     assert m.max_batch_for_memory(0) == 0
     assert m._graphs  # small shapes are captured up front
     m.close()
+
+
+def test_tokenized_inputs_take_the_packed_path(models: tuple[Any, Any], texts: list[str]) -> None:
+    """What the API tier sends (token ids) gives what the text gives, on graphs and off."""
+    gpu, cpu = models
+    tokenized = [gpu.spec.message_input(t) for t in texts]
+    assert all(isinstance(x, dict) for x in tokenized)
+    want = torch.from_numpy(cpu.predict(texts, {"normalize": True}))
+    for graphs in (True, False):
+        gpu.use_graphs = graphs
+        try:
+            got = torch.from_numpy(gpu.predict(tokenized, {"normalize": True}).copy())
+        finally:
+            gpu.use_graphs = True
+        assert got.shape == want.shape
+        assert (got - want).abs().max().item() < 5e-3
+        assert gpu.last_stats["padded_tokens"] >= gpu.last_stats["real_tokens"]
+    gpu.capture_graphs()
+    gpu.measure_graphs()
+    assert gpu.graph_ms and all(ms > 0 for ms in gpu.graph_ms.values())

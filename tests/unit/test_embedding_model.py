@@ -7,6 +7,7 @@ import subprocess
 import sys
 from typing import Any
 
+import numpy as np
 import pytest
 
 from gristmill.errors import InvalidInput
@@ -64,8 +65,8 @@ def test_params_are_validated() -> None:
 
 def test_mixed_batch_is_normalized_and_in_input_order(model: Any) -> None:
     out = model.predict(MIXED, {"normalize": True})
-    assert len(out) == len(MIXED)
-    for v in out:
+    assert out.shape == (len(MIXED), 384) and out.dtype == np.float32
+    for v in out.tolist():
         assert isinstance(v, list) and len(v) == 384 and isinstance(v[0], float)
         assert abs(_norm(v) - 1.0) < 1e-5
     singles = [model.predict([t], {"normalize": True})[0] for t in MIXED]
@@ -154,13 +155,14 @@ REFERENCE = {
 
 def test_matches_transformers_mean_pooling(model: Any) -> None:
     """The hand-written encoder equals BertModel + mean pooling (values taken from it)."""
-    got = model.predict(list(REFERENCE), {"normalize": True})
+    got = model.predict(list(REFERENCE), {"normalize": True}).tolist()
     for vec, (head, tail) in zip(got, REFERENCE.values(), strict=True):
         assert max(abs(a - b) for a, b in zip(vec[:8] + vec[-4:], head + tail, strict=True)) < 1e-5
 
 
 def test_batch_limit_and_empty(model: Any) -> None:
-    assert model.predict([], {"normalize": True}) == []
+    assert model.predict([], {"normalize": True}).shape == (0, 384)
+    assert model.batch_limit() == SPEC.max_batch_size  # CPU: nothing measured bounds it
     with pytest.raises(ValueError):
         model.predict(["x"] * 65, {"normalize": True})
 
@@ -171,3 +173,31 @@ def test_warmup_reports_a_profile(model: Any) -> None:
     assert all(v > 0 for v in profile.values())
     assert set(model.profile_measured) <= set(profile)
     assert model.peak_memory_bytes == {}  # CPU: no GPU memory to bound
+
+
+def test_tokenized_inputs_give_the_text_answer(model: Any) -> None:
+    """The API tier's token ids (packed path), text and a mix: the same vectors."""
+    text = model.predict(MIXED, {"normalize": True})
+    tokenized = [SPEC.message_input(t) for t in MIXED]
+    assert all(x["text"] == t for x, t in zip(tokenized, MIXED, strict=True))
+    packed = model.predict(tokenized, {"normalize": True})
+    assert model.last_stats["items"] == len(MIXED) and "plan_ms" in model.last_stats
+    mixed = model.predict([tokenized[0], *MIXED[1:]], {"normalize": True})
+    assert np.abs(packed - text).max() < 1e-5
+    assert np.abs(mixed - text).max() < 1e-5
+    raw = model.predict(tokenized[:3], {"normalize": False})
+    assert np.abs(raw - model.predict(MIXED[:3], {"normalize": False})).max() < 1e-4
+
+
+def test_pack_rows_pads_and_truncates_like_the_tokenizer() -> None:
+    from workers.models.embedding_runtime import pack_rows
+    from workers.models.token_ids import decode_batch, encode_ids
+
+    seqs = [[101, 5, 6, 102], [101, 102], [101, 7, 8, 9, 10, 102]]
+    flat, lens, starts = decode_batch([encode_ids(s) for s in seqs])
+    out = np.full((3, 8), -1, dtype=np.int32)
+    pack_rows(flat, lens, starts, np.array([2, 0, 1]), 5, 5, out)
+    assert out[0, :5].tolist() == [101, 7, 8, 9, 102]  # cut to 5, [SEP] kept
+    assert out[1, :5].tolist() == [101, 5, 6, 102, 0]
+    assert out[2, :5].tolist() == [101, 102, 0, 0, 0]
+    assert out[:, 5:].tolist() == [[-1] * 3] * 3  # nothing past the padded length

@@ -10,9 +10,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gristmill.errors import InvalidInput
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,12 @@ class ModelSpec(ABC):
         """The part of the (normalized) params that goes into the batch key."""
         return tuple(sorted((p.name, params[p.name]) for p in self.params if p.batching))
 
+    def message_input(self, value: Any) -> Any:
+        """What the request message carries for a validated ``value``. Text models that
+        can tokenize in the API tier return ``{"text", "ids"}`` (token_ids.py); the
+        default carries the input as it came."""
+        return value
+
     @abstractmethod
     def load(self) -> Model:
         """Load weights and return a ready model (called in the worker process only)."""
@@ -85,9 +94,36 @@ class Model(ABC):
     spec: ModelSpec
 
     @abstractmethod
-    def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> list[Any]:
-        """Outputs for ``inputs``, same length, same order. One call at a time."""
+    def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> Sequence[Any] | np.ndarray:
+        """Outputs for ``inputs``, same length, same order. One call at a time.
+
+        A list, or a numpy array whose rows are the outputs (results/store.py writes
+        a row as the same JSON as the list of its values)."""
 
     def warmup(self) -> dict[int, float]:
         """Run representative batches; return measured ms per batch by batch size."""
         return {}
+
+    def batch_limit(self) -> int:
+        """The largest batch this model takes (after warmup: bounded by what it measured)."""
+        return self.spec.max_batch_size
+
+
+def memory_batch_limit(
+    peak_bytes: dict[int, int], reserved_bytes: int, free_bytes: int, requested: int
+) -> int:
+    """The largest batch size whose measured peak memory fits, at most ``requested``.
+
+    ``peak_bytes`` by batch size includes ``reserved_bytes`` already held (captured
+    graphs), which ``free_bytes`` no longer counts; a tenth of what is free is kept
+    back for fragmentation. Unmeasured sizes above the largest fitting one are not
+    trusted; at least 1.
+    """
+    budget = 0.9 * free_bytes
+    fits = [n for n, b in peak_bytes.items() if b - reserved_bytes <= budget]
+    if not peak_bytes:
+        return requested
+    if not fits:
+        return 1
+    best = max(fits)
+    return requested if best >= max(peak_bytes) else min(best, requested)

