@@ -1,56 +1,79 @@
-"""A thread pool that runs the most urgent task first.
+"""A thread pool that runs the most urgent task first, with threads kept for urgent work.
 
 Used for persistence: when PostgreSQL falls behind (a big job, a slow disk),
 the results of sync requests must not wait behind thousands of job batches in
-a FIFO. Lower priority numbers run first; equal priorities run in order.
+a FIFO. Lower priority numbers run first; equal priorities run in order. And
+since a job batch already being written cannot be overtaken, ``reserved``
+threads only ever run tasks more urgent than ``background_from``: a sync
+result finds a free thread even while every other thread writes job results.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
-import queue
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("gristmill.scheduler.pool")
 
-_STOP = (float("inf"), 0, None, ())
+_Task = tuple[float, int, Callable[..., Any], tuple[Any, ...]]
 
 
 class PriorityPool:
-    def __init__(self, workers: int, *, name: str):
-        self._q: queue.PriorityQueue[tuple[float, int, Callable[..., Any] | None, tuple[Any, ...]]]
-        self._q = queue.PriorityQueue()
+    def __init__(
+        self, workers: int, *, name: str, reserved: int = 0, background_from: float = math.inf
+    ):
+        if not 0 <= reserved < workers:
+            raise ValueError("reserved threads must leave at least one for background work")
+        self._background_from = background_from
+        self._cv = threading.Condition()
+        self._heap: list[_Task] = []
         self._seq = itertools.count(1)
+        self._stopping = False
         self._threads = [
-            threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True)
+            threading.Thread(
+                target=self._run, args=(i < reserved,), name=f"{name}-{i}", daemon=True
+            )
             for i in range(workers)
         ]
         for t in self._threads:
             t.start()
 
     def submit(self, priority: float, fn: Callable[..., Any], *args: Any) -> None:
-        self._q.put((priority, next(self._seq), fn, args))
+        with self._cv:
+            heapq.heappush(self._heap, (priority, next(self._seq), fn, args))
+            self._cv.notify_all()
 
     def pending(self) -> int:
-        return self._q.qsize()
+        with self._cv:
+            return len(self._heap)
 
-    def _run(self) -> None:
-        while True:
-            _, _, fn, args = self._q.get()
-            if fn is None:
-                return
+    def _next(self, urgent_only: bool) -> _Task | None:
+        with self._cv:
+            while True:
+                if self._heap and (not urgent_only or self._heap[0][0] < self._background_from):
+                    return heapq.heappop(self._heap)
+                if self._stopping and (urgent_only or not self._heap):
+                    return None
+                self._cv.wait()
+
+    def _run(self, urgent_only: bool) -> None:
+        while (task := self._next(urgent_only)) is not None:
+            _, _, fn, args = task
             try:
                 fn(*args)
             except Exception:  # a task logs its own failures; never kill the pool thread
                 log.exception("task failed")
 
     def shutdown(self, wait: bool = True) -> None:
-        """Run what is queued, then stop (stop markers sort after every real task)."""
-        for _ in self._threads:
-            self._q.put(_STOP)
+        """Run what is queued, then stop."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
         if wait:
             for t in self._threads:
                 t.join()

@@ -102,8 +102,12 @@ class SchedulerService:
         self.budget = BufferBudget.default(settings.max_buffered, len(PRIORITY_CLASSES))
         self.stopping = threading.Event()  # stop consuming
         self.drained = threading.Event()  # stop dispatching (set after the drain on stop)
-        self.engine = make_engine(settings.database_url, pool_size=4)
-        self.persist_pool = PriorityPool(2, name="persist")
+        self.engine = make_engine(settings.database_url, pool_size=5)
+        # Two threads write any results; one more only sync results, so a sync row
+        # never waits for a job batch's write to finish.
+        self.persist_pool = PriorityPool(
+            3, name="persist", reserved=1, background_from=BACKGROUND_RANK
+        )
         self.pool = WorkerPool(
             socket_path=socket_dir / "workers.sock",
             n_local=settings.workers if n_workers is None else n_workers,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from scheduler.backpressure import BufferBudget, paused_classes
 from scheduler.priority_pool import PriorityPool
 
@@ -47,3 +49,22 @@ def test_pause_with_hysteresis() -> None:
 def test_sync_classes_keep_flowing_while_jobs_are_paused() -> None:
     b = BufferBudget.default(100, 4)
     assert paused_classes([5, 5, 5, 25], frozenset(), b) == {3}
+
+
+def test_reserved_thread_runs_urgent_work_while_background_holds_the_others() -> None:
+    gate, ran = threading.Event(), threading.Event()
+    pool = PriorityPool(2, name="t", reserved=1, background_from=3)
+    pool.submit(3, gate.wait)  # a long job write takes the only general thread
+    for _ in range(5):
+        pool.submit(3, lambda: None)
+    pool.submit(0, ran.set)
+    assert ran.wait(2), "the sync write waited behind job writes"
+    assert pool.pending() == 5, "the reserved thread never takes background work"
+    gate.set()
+    pool.shutdown(wait=True)
+    assert pool.pending() == 0
+
+
+def test_pool_needs_a_thread_for_background_work() -> None:
+    with pytest.raises(ValueError):
+        PriorityPool(1, name="t", reserved=1)
