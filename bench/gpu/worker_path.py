@@ -1,0 +1,523 @@
+"""The embedding worker as Gristmill runs it, at saturation, against the raw ceiling.
+
+Issue 7 item 3. One run, one JSON, on one GPU:
+
+1. The raw ceiling, measured first in this process: the encoder alone on inputs
+   already on the GPU, every row at the workload's mean length, batch ``--max-batch``,
+   the better of eager and a CUDA graph (CUDA events, median of 5 groups).
+2. Requests as the API tier makes them: each text validated and turned into its
+   message input by ``spec.message_input`` (token ids, workers/models/token_ids.py).
+   Kafka and PostgreSQL cannot run on the GPU machine, so an in-process source stands
+   in for the consumer: it keeps the scheduler's real ``Batcher`` (scheduler/batcher.py)
+   at least ``--depth`` batches deep, and nothing is persisted.
+3. The scheduler's dispatch loop, as scheduler/service.py runs it: ``Batcher.take`` ->
+   ``WorkBatch`` -> ``WorkerHandle.run`` over the real socket protocol to real worker
+   processes (``scheduler/workerpool.py`` spawns ``python -m workers``) -> cost model
+   update -> ``request_row`` per item.
+
+Reported per worker count: items/s against the ceiling; GPU busy fraction (one worker:
+the sum of its forward passes' CUDA-event times over the wall time; any count: NVML's
+kernel-activity counter sampled by a thread); and per batch, the GPU's idle time
+(wall - busy) / batches, i.e. what a batch costs outside the forward pass.
+
+    GRISTMILL_EMBED_MODEL_DIR=.modelcache/all-minilm-l6-v2 \\
+        python3 bench/gpu/worker_path.py --out $OUT/worker_path.json
+    python3 bench/gpu/worker_path.py --plot worker_path.json --plot-out docs/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+MODEL = "all-minilm-l6-v2"
+
+
+def gpu_env() -> dict[str, Any]:
+    import torch
+
+    p = torch.cuda.get_device_properties(0)
+    return {
+        "gpu": p.name,
+        "gpu_mem_gib": round(p.total_memory / 2**30, 1),
+        "sms": p.multi_processor_count,
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+    }
+
+
+def ceiling(model_dir: str, batch: int, seq: int) -> dict[str, Any]:
+    """Encoder alone, ``batch`` rows of ``seq`` tokens on the GPU: eager and graph."""
+    import torch
+
+    from workers.models.embedding_runtime import Encoder
+
+    dev = torch.device("cuda")
+    with torch.inference_mode():
+        enc = Encoder(Path(model_dir), dev, torch.float16)
+        ids = torch.randint(1000, 29000, (batch, seq), dtype=torch.int32, device=dev)
+        lens = torch.full((batch,), seq, dtype=torch.int32, device=dev)
+
+        def timed(fn: Any) -> float:
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            reps = max(3, int(25e-3 / max(1e-5, time.perf_counter() - t0)))
+            groups = []
+            for _ in range(5):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                for _ in range(reps):
+                    fn()
+                b.record()
+                b.synchronize()
+                groups.append(a.elapsed_time(b) / reps)
+            return statistics.median(groups)
+
+        eager_ms = timed(lambda: enc(ids, lens))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            enc(ids, lens)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            enc(ids, lens)
+        graph_ms = timed(g.replay)
+    gc.collect()
+    torch.cuda.empty_cache()
+    best = min(eager_ms, graph_ms)
+    return {
+        "batch": batch,
+        "seq": seq,
+        "eager_ms": eager_ms,
+        "graph_ms": graph_ms,
+        "ms": best,
+        "items_per_s": batch / best * 1e3,
+    }
+
+
+class NvmlBusy:
+    """NVML's utilization.gpu: percent of each sample period in which a kernel ran."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._h = pynvml.nvmlDeviceGetHandleByIndex(0)
+            self._nvml: Any = pynvml
+        except Exception:
+            self._nvml = None
+
+    def start(self) -> None:
+        if self._nvml is not None:
+            threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.05):
+            u = self._nvml.nvmlDeviceGetUtilizationRates(self._h).gpu
+            self.samples.append((time.perf_counter(), int(u)))
+
+    def mean(self, t0: float, t1: float) -> float | None:
+        self._stop.set()
+        # Each reading covers the period before it: skip the first after t0.
+        xs = [u for t, u in self.samples if t0 + 0.5 <= t <= t1]
+        return statistics.mean(xs) / 100 if xs else None
+
+
+def make_workload(model_dir: str, n: int, lo: int, hi: int, max_tokens: int) -> dict[str, Any]:
+    """Texts ``lo``..``hi`` tokens, validated and turned into message inputs as the API does."""
+    from workers.models.embedding import EmbedSpec
+    from workers.models.embedding_runtime import synthetic_texts
+    from workers.models.text_tokenizer import shared_tokenizer
+    from workers.models.token_ids import is_tokenized
+
+    spec = EmbedSpec(
+        name=MODEL, version="1", max_batch_size=1, model_dir=model_dir, max_tokens=max_tokens
+    )
+    tok = shared_tokenizer(model_dir, max_tokens)
+    texts = synthetic_texts(tok, n, lo, hi, seed=11)
+    t0 = time.perf_counter()
+    inputs = []
+    for t in texts:
+        spec.validate_input(t)
+        inputs.append(spec.message_input(t))
+    api_s = time.perf_counter() - t0
+    assert all(is_tokenized(x) for x in inputs)
+    lens = [len(x["ids"]) for x in inputs]
+    return {
+        "inputs": inputs,
+        "mean_tokens": statistics.mean(lens),
+        "api_tokenize_items_per_s_one_core": n / api_s,
+    }
+
+
+def run_workers(
+    args: argparse.Namespace, inputs: list[Any], n_workers: int, barrier: Any = None
+) -> dict[str, Any]:
+    from gristmill.messages import RequestMessage
+    from scheduler.batcher import Batcher, BatchKey, FlushPolicy, Pending
+    from scheduler.costmodel import CostModel
+    from scheduler.rows import request_row
+    from scheduler.workerpool import WorkerHandle, WorkerPool
+    from workers.protocol import WorkBatch
+
+    handles: list[WorkerHandle] = []
+    ready = threading.Condition()
+
+    def on_ready(h: WorkerHandle) -> None:
+        with ready:
+            handles.append(h)
+            ready.notify_all()
+
+    sock_dir = Path(tempfile.mkdtemp(prefix="gm-bench-"))
+    pool = WorkerPool(
+        socket_path=sock_dir / "workers.sock",
+        n_local=n_workers,
+        models=[MODEL],
+        on_ready=on_ready,
+        env={
+            "GRISTMILL_EMBED_MAX_BATCH": str(args.max_batch),
+            "GRISTMILL_EMBED_MAX_TOKENS": str(args.max_tokens),
+            "GRISTMILL_EMBED_MODEL_DIR": args.model_dir,
+            "GRISTMILL_WORKER_STATS": "1",
+        },
+    )
+    t_spawn = time.perf_counter()
+    pool.start()
+    with ready:
+        if not ready.wait_for(lambda: len(handles) >= n_workers, timeout=300):
+            raise SystemExit(f"only {len(handles)} of {n_workers} workers became ready")
+    startup_s = time.perf_counter() - t_spawn
+    info = handles[0].hello.models[0]
+    ref = (info.name, info.version)
+    max_batch = min(m.max_batch_size for h in handles for m in h.hello.models)
+    cost = CostModel()
+    cost.seed(ref, {int(k): v for k, v in info.profile_ms.items()})
+    cond = threading.Condition()
+    batcher = Batcher(
+        policy=FlushPolicy(max_linger_s=args.linger_ms / 1000, margin_s=0.02),
+        cost=cost,
+        max_batch=lambda r: max_batch,
+        n_ranks=4,
+    )
+    key = BatchKey(MODEL, "1", (("normalize", True),))
+    stop = threading.Event()
+    depth = args.depth * max_batch * n_workers
+
+    def feed() -> None:
+        """The consumer's stand-in: keep the queue deep with requests as ingest sends them."""
+        i = 0
+        while not stop.is_set():
+            with cond:
+                need = depth - len(batcher)
+            # Decode-side work (the consumer's) outside the lock, as a consumer lane does.
+            now = time.time()
+            fresh = []
+            for _ in range(max(0, need)):
+                msg = RequestMessage(
+                    request_id=f"r{i}",
+                    tenant_id="bench",
+                    priority="paid",
+                    model=MODEL,
+                    version="1",
+                    input=inputs[i % len(inputs)],
+                    params={"normalize": True},
+                    deadline=now + 3600,
+                    received_at=now,
+                )
+                fresh.append(Pending(msg, key, 1, ("bench", 0), i, now))
+                i += 1
+            if fresh:
+                with cond:
+                    for p in fresh:
+                        batcher.add(p)
+                    cond.notify_all()
+            time.sleep(0.001)
+
+    records: list[dict[str, Any]] = []
+
+    def dispatch(h: WorkerHandle) -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            with cond:
+                batch = None
+                while batch is None and not stop.is_set():
+                    batch = batcher.take(time.time(), h.serves)
+                    if batch is None:
+                        cond.wait(0.001)
+            if batch is None:
+                return
+            first = batch.items[0].msg
+            work = WorkBatch(
+                batch.batch_id,
+                batch.key.model,
+                batch.key.version,
+                first.params,
+                [p.msg.input for p in batch.items],
+            )
+            t1 = time.perf_counter()
+            result = h.run(work, 120)
+            t2 = time.perf_counter()
+            assert result.error is None, result.error
+            assert result.outputs is not None
+            ms = (result.compute_end - result.compute_start) * 1000
+            with cond:
+                cost.observe(batch.key.ref, len(batch.items), ms)
+            rows = [
+                request_row(p, status="succeeded", output=out, batch=batch)
+                for p, out in zip(batch.items, result.outputs, strict=True)
+            ]
+            t3 = time.perf_counter()
+            records.append(
+                {
+                    "worker": h.worker_id,
+                    "n": len(rows),
+                    "take_ms": (t1 - t0) * 1e3,
+                    "run_ms": (t2 - t1) * 1e3,
+                    "rows_ms": (t3 - t2) * 1e3,
+                    "compute_ms": ms,
+                    "done": t2,
+                    **{k: v for k, v in (result.stats or {}).items()},
+                }
+            )
+
+    if barrier is not None:  # schedulers in other processes start their windows with us
+        barrier.wait(timeout=600)
+    nvml = NvmlBusy()
+    threads = [threading.Thread(target=feed, daemon=True)]
+    threads += [threading.Thread(target=dispatch, args=(h,), daemon=True) for h in handles]
+    for t in threads:
+        t.start()
+    time.sleep(args.warm_s)
+    nvml.start()
+    t_start = time.perf_counter()
+    n_before = len(records)
+    time.sleep(args.seconds)
+    t_end = time.perf_counter()
+    window = [r for r in records[n_before:] if r["done"] <= t_end]
+    stop.set()
+    busy_nvml = nvml.mean(t_start, t_end)
+    for t in threads:
+        t.join(timeout=30)
+    for h in handles:
+        h.stop()
+    pool.stop(timeout_s=30)
+
+    wall_s = (window[-1]["done"] - t_start) if window else args.seconds
+    items = sum(r["n"] for r in window)
+    gpu_ms = sum(r.get("gpu_ms", 0.0) for r in window)
+
+    def med(k: str) -> float | None:
+        xs = [r[k] for r in window if k in r]
+        return statistics.median(xs) if xs else None
+
+    out: dict[str, Any] = {
+        "config": f"1 scheduler x {n_workers} worker(s)",
+        "schedulers": 1,
+        "workers": n_workers,
+        "t_start": t_start,
+        "t_end": t_end,
+        "startup_s": startup_s,
+        "hello_max_batch": max_batch,
+        "hello_profile_ms": {str(k): v for k, v in info.profile_ms.items()},
+        "window_s": wall_s,
+        "batches": len(window),
+        "items": items,
+        "items_per_s": items / wall_s,
+        "mean_batch": items / max(1, len(window)),
+        "busy_nvml": busy_nvml,
+        "padding": (
+            sum(r.get("padded_tokens", 0) for r in window)
+            / max(1.0, sum(r.get("real_tokens", 0) for r in window))
+            - 1
+        ),
+        "median_ms": {
+            k: med(k)
+            for k in (
+                "take_ms",
+                "run_ms",
+                "rows_ms",
+                "compute_ms",
+                "gpu_ms",
+                "gpu_span_ms",
+                "plan_ms",
+                "launch_ms",
+                "wall_ms",
+            )
+        },
+    }
+    if n_workers == 1 and window:
+        # One process: its events are the GPU's whole work (nothing else runs on it).
+        out["busy_events"] = gpu_ms / 1e3 / wall_s
+        out["idle_per_batch_ms"] = (wall_s * 1e3 - gpu_ms) / len(window)
+    if busy_nvml is not None and window:
+        out["idle_per_batch_ms_nvml"] = (1 - busy_nvml) * wall_s * 1e3 / len(window)
+    return out
+
+
+def _child(args: argparse.Namespace, inputs: list[Any], n: int, barrier: Any) -> dict[str, Any]:
+    return run_workers(args, inputs, n, barrier)
+
+
+def run_config(args: argparse.Namespace, inputs: list[Any], s: int, n: int) -> dict[str, Any]:
+    """``s`` scheduler processes (as ``s`` schedulers of one consumer group on one host
+    would be), each with ``n`` workers, measured over one common window."""
+    if s == 1:
+        return run_workers(args, inputs, n)
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as mgr, ProcessPoolExecutor(s, mp_context=ctx) as ex:
+        barrier = mgr.Barrier(s + 1)
+        futs = [ex.submit(_child, args, inputs, n, barrier) for _ in range(s)]
+        barrier.wait(timeout=600)
+        nvml = NvmlBusy()
+        nvml.start()
+        parts = [f.result() for f in futs]
+    t0 = max(p["t_start"] for p in parts)
+    t1 = min(p["t_end"] for p in parts)
+    busy = nvml.mean(t0, t1)
+    batches_per_s = sum(p["batches"] / p["window_s"] for p in parts)
+    out: dict[str, Any] = {
+        "config": f"{s} schedulers x {n} worker(s)",
+        "schedulers": s,
+        "workers": s * n,
+        "items_per_s": sum(p["items_per_s"] for p in parts),
+        "busy_nvml": busy,
+        "mean_batch": statistics.mean(p["mean_batch"] for p in parts),
+        "padding": statistics.mean(p["padding"] for p in parts),
+        "parts": parts,
+    }
+    if busy is not None:
+        out["idle_per_batch_ms_nvml"] = (1 - busy) * 1e3 / batches_per_s
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model-dir", default=os.environ.get("GRISTMILL_EMBED_MODEL_DIR", ""))
+    ap.add_argument("--out", default="worker_path.json")
+    ap.add_argument("--max-batch", type=int, default=1024)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument(
+        "--configs",
+        default="1x1,1x2,2x1",
+        help="SxW: S scheduler processes with W workers each, all on the one GPU",
+    )
+    ap.add_argument("--seconds", type=float, default=15.0, help="measured window per count")
+    ap.add_argument("--warm-s", type=float, default=3.0)
+    ap.add_argument("--depth", type=int, default=3, help="queued batches per worker, at least")
+    ap.add_argument("--linger-ms", type=float, default=5.0)
+    ap.add_argument("--texts", type=int, default=8192)
+    ap.add_argument("--lo", type=int, default=8)
+    ap.add_argument("--hi", type=int, default=128)
+    ap.add_argument("--plot", default="", help="draw charts from this JSON instead")
+    ap.add_argument("--plot-out", default="docs/bench")
+    args = ap.parse_args()
+    if args.plot:
+        plot(json.loads(Path(args.plot).read_text()), Path(args.plot_out))
+        return
+    if not args.model_dir:
+        from workers.models.text_tokenizer import default_model_dir
+
+        args.model_dir = str(default_model_dir())
+    res: dict[str, Any] = {"env": gpu_env(), "args": vars(args)}
+    out = Path(args.out)
+
+    def save() -> None:
+        out.write_text(json.dumps(res, indent=1))
+
+    w = make_workload(args.model_dir, args.texts, args.lo, args.hi, args.max_tokens)
+    res["workload"] = {
+        "texts": args.texts,
+        "tokens": [args.lo, args.hi],
+        "mean_tokens": w["mean_tokens"],
+        "api_tokenize_items_per_s_one_core": w["api_tokenize_items_per_s_one_core"],
+    }
+    seq = round(w["mean_tokens"])
+    res["ceiling"] = ceiling(args.model_dir, args.max_batch, seq)
+    print(f"ceiling {res['ceiling']}", flush=True)
+    save()
+    res["runs"] = []
+    for cfg in [c for c in args.configs.split(",") if c]:
+        s, _, n = cfg.partition("x")
+        r = run_config(args, w["inputs"], int(s), int(n))
+        r["pct_of_ceiling"] = r["items_per_s"] / res["ceiling"]["items_per_s"]
+        res["runs"].append(r)
+        print(json.dumps(r, indent=1), flush=True)
+        save()
+    print(
+        f"\n{res['env']['gpu']}: ceiling {res['ceiling']['items_per_s']:.0f} items/s "
+        f"(batch {args.max_batch} x {seq} tokens, {res['ceiling']['ms']:.2f} ms)"
+    )
+    for r in res["runs"]:
+        print(
+            f"{r['config']}: {r['items_per_s']:.0f} items/s = "
+            f"{100 * r['pct_of_ceiling']:.1f}% of ceiling; busy events "
+            f"{r.get('busy_events')} nvml {r['busy_nvml']}; idle/batch "
+            f"{r.get('idle_per_batch_ms')} ms (nvml {r.get('idle_per_batch_ms_nvml')}); "
+            f"padding {r['padding']:.2f}; mean batch {r['mean_batch']:.0f}"
+        )
+
+
+def plot(res: dict[str, Any], out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ceil = res["ceiling"]["items_per_s"]
+    runs = res["runs"]
+    labels = ["ceiling"] + [f"{r['schedulers']}x{r['workers'] // r['schedulers']}" for r in runs]
+    vals = [ceil] + [r["items_per_s"] for r in runs]
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    bars = ax[0].bar(labels, [v / 1e3 for v in vals], color=["#888"] + ["#3a7"] * len(runs))
+    for b, v in zip(bars, vals, strict=True):
+        ax[0].text(
+            b.get_x() + b.get_width() / 2,
+            v / 1e3,
+            f"{v / 1e3:.1f}k\n{100 * v / ceil:.0f}%",
+            ha="center",
+            va="bottom",
+        )
+    ax[0].axhline(0.7 * ceil / 1e3, ls="--", color="r", lw=1, label="70% target")
+    ax[0].set_ylabel("items/s (thousands)")
+    ax[0].set_xlabel("raw ceiling, then schedulers x workers each")
+    ax[0].set_title(f"{res['env']['gpu']}: mixed {res['workload']['tokens']} tokens")
+    ax[0].legend(loc="lower right")
+    busy = [r.get("busy_events") or r.get("busy_nvml") or 0 for r in runs]
+    names = [f"{r['schedulers']}x{r['workers'] // r['schedulers']}" for r in runs]
+    ax[1].bar(names, [100 * b for b in busy], color="#37a")
+    ax[1].set_xlabel("schedulers x workers each")
+    ax[1].axhline(90, ls="--", color="r", lw=1, label="90% target")
+    ax[1].set_ylim(0, 105)
+    ax[1].set_ylabel("GPU busy while work is queued (%)")
+    ax[1].legend(loc="lower right")
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_dir / "gpu_worker_path.png", dpi=110)
+    print(f"wrote {out_dir / 'gpu_worker_path.png'}")
+
+
+if __name__ == "__main__":
+    main()
