@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
@@ -44,37 +45,68 @@ class WorkerLost(Exception):
 
 
 class WorkerHandle:
+    """One worker's connection. ``send`` queues a batch on the worker and ``receive``
+    returns results in the order the batches were sent; they may be called from two
+    threads (one sending, one receiving), so a batch can be sent while the one before
+    it computes (decision 0012). ``run`` is both, for one batch at a time."""
+
     def __init__(self, conn: Connection, hello: Hello, proc: subprocess.Popen[bytes] | None):
         self.conn = conn
         self.hello = hello
         self.proc = proc
         self.refs = {(m.name, m.version) for m in hello.models}
         self.alive = True
+        self._sent: deque[tuple[str, float]] = deque()  # (batch id, sent at), in order
+        self._last_result_at = 0.0  # monotonic
+        self._send_lock = threading.Lock()
 
     @property
     def worker_id(self) -> str:
         return self.hello.worker_id
 
+    @property
+    def in_flight(self) -> int:
+        """Batches sent whose result has not been received."""
+        return len(self._sent)
+
     def serves(self, ref: tuple[str, str]) -> bool:
         return ref in self.refs
 
     def run(self, batch: WorkBatch, timeout_s: float) -> WorkResult:
-        """Send one batch and wait for its result (one batch at a time per worker)."""
+        """Send one batch and wait for its result (nothing else in flight)."""
+        self.send(batch)
+        return self.receive(timeout_s)
+
+    def send(self, batch: WorkBatch) -> None:
+        """Queue ``batch`` on the worker; it runs its batches one at a time, in order.
+        ``WorkerLost(ran=False)`` if the worker is already gone."""
         if self.proc is not None and self.proc.poll() is not None:
             self.alive = False
             raise WorkerLost(f"worker {self.worker_id} is gone", ran=False)
+        with self._send_lock:
+            entry = (batch.batch_id, time.monotonic())
+            self._sent.append(entry)  # before the bytes go: a result may come back at once
+            try:
+                self.conn.send(batch)
+            except (OSError, ValueError) as exc:
+                self.alive = False
+                with contextlib.suppress(ValueError):
+                    self._sent.remove(entry)
+                raise WorkerLost(f"worker {self.worker_id} is gone: {exc!r}", ran=False) from exc
+
+    def receive(self, timeout_s: float) -> WorkResult:
+        """The result of the oldest batch in flight. That batch started when it was sent
+        or when the result before it came back, whichever was later; if no result comes
+        within ``timeout_s`` of that, the worker hung and is killed."""
+        batch_id, sent_at = self._sent[0]
+        started = max(sent_at, self._last_result_at)
         try:
-            self.conn.send(batch)
-        except (OSError, ValueError) as exc:
-            self.alive = False
-            raise WorkerLost(f"worker {self.worker_id} is gone: {exc!r}", ran=False) from exc
-        try:
-            if not self.conn.poll(timeout_s):
+            left = started + timeout_s - time.monotonic()
+            if left <= 0 or not self.conn.poll(left):
                 raise WorkerLost(
                     f"the worker hung: no result within the {timeout_s:g}s batch timeout"
                 )
             result: WorkResult = self.conn.recv()
-            return result
         except (EOFError, OSError) as exc:
             self.alive = False
             code = self.proc.poll() if self.proc is not None else None
@@ -83,6 +115,12 @@ class WorkerHandle:
         except WorkerLost:
             self.kill()
             raise
+        if result.batch_id != batch_id:
+            self.kill()
+            raise WorkerLost(f"the worker answered batch {result.batch_id}, not {batch_id}")
+        self._sent.popleft()
+        self._last_result_at = time.monotonic()
+        return result
 
     def kill(self) -> None:
         self.alive = False

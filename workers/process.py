@@ -2,8 +2,19 @@
 
 It connects to its scheduler's socket, announces the models it serves with
 their measured cost profile, and then answers every WorkBatch with a
-WorkResult. When the scheduler goes away the worker exits: it never runs
-work that nobody will persist.
+WorkResult, in the order the batches came. When the scheduler goes away the
+worker exits: it never runs work that nobody will persist.
+
+A scheduler may send the next batch before the current one's result is back
+(decision 0012). The main thread reads batches and launches each (``Model.launch``:
+a GPU model packs it and enqueues its work behind the running batch); a second
+thread waits for each launched batch in turn (``Model.finish``) and sends its
+result. So the device computes one batch at a time, in order, while the host
+prepares the next one and ships the last one's result; at most ``MAX_LAUNCHED``
+batches are launched and unfinished, the rest wait unread in the socket. A batch
+that a model computed outright in ``launch`` (CPU models, sim) has its result sent
+before the next batch is launched: if the next one kills the process, the scheduler
+blames that one, not a batch that had already finished.
 
 A worker spawned by a scheduler ignores SIGTERM/SIGINT (a stop signal sent to
 the whole process group must not cut the scheduler's drain short: the scheduler
@@ -18,16 +29,19 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import queue
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
-from multiprocessing.connection import Client
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection
 from types import FrameType
 
 from gristmill.config import Settings
-from workers.models.base import Model
+from workers.models.base import Launched, Model
 from workers.models.registry import build_specs, latest
 from workers.protocol import Hello, ModelInfo, WorkBatch, WorkResult
 
@@ -35,6 +49,8 @@ log = logging.getLogger("gristmill.worker")
 
 # Benchmarks ask for the model's per-batch measurements (CUDA events on) in every result.
 _REPORT_STATS = os.environ.get("GRISTMILL_WORKER_STATS") == "1"
+# Batches launched and not yet finished: the running one and the one queued behind it.
+MAX_LAUNCHED = 2
 
 
 def load_models(settings: Settings, names: list[str]) -> dict[tuple[str, str], Model]:
@@ -55,25 +71,58 @@ def load_models(settings: Settings, names: list[str]) -> dict[tuple[str, str], M
 
 
 def run_batch(models: dict[tuple[str, str], Model], batch: WorkBatch) -> WorkResult:
+    """Run one batch start to finish (no pipelining)."""
     start = time.time()
+    return finish_batch(models, launch_batch(models, batch), start)
+
+
+@dataclass
+class _Started:
+    batch: WorkBatch
+    job: Launched | None  # None: launching failed (``error``)
+    error: str | None
+    launched_at: float  # epoch s
+
+
+def _describe(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def launch_batch(models: dict[tuple[str, str], Model], batch: WorkBatch) -> _Started:
+    launched_at = time.time()
     try:
         model = models[(batch.model, batch.version)]
-        outputs = model.predict(batch.inputs, batch.params)
-        if len(outputs) != len(batch.inputs):
-            raise RuntimeError(f"model returned {len(outputs)} outputs for {len(batch.inputs)}")
-        stats = getattr(model, "last_stats", None) if _REPORT_STATS else None
-        return WorkResult(batch.batch_id, outputs, None, start, time.time(), stats)
+        job = model.launch(batch.inputs, batch.params, token_ids=batch.token_ids)
+        return _Started(batch, job, None, launched_at)
     except Exception as exc:  # the scheduler decides about retries; we only report
         log.warning("batch %s failed: %s", batch.batch_id, exc)
-        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        return WorkResult(batch.batch_id, None, detail, start, time.time())
+        return _Started(batch, None, _describe(exc), launched_at)
+
+
+def finish_batch(
+    models: dict[tuple[str, str], Model], started: _Started, start: float
+) -> WorkResult:
+    """Wait for a launched batch; ``start`` is when the device began it (epoch s)."""
+    batch = started.batch
+    if started.job is None:
+        return WorkResult(batch.batch_id, None, started.error, start, time.time())
+    try:
+        model = models[(batch.model, batch.version)]
+        outputs = model.finish(started.job)
+        if len(outputs) != len(batch.inputs):
+            raise RuntimeError(f"model returned {len(outputs)} outputs for {len(batch.inputs)}")
+        stats = started.job.stats if _REPORT_STATS else None
+        return WorkResult(batch.batch_id, outputs, None, start, time.time(), stats)
+    except Exception as exc:
+        log.warning("batch %s failed: %s", batch.batch_id, exc)
+        return WorkResult(batch.batch_id, None, _describe(exc), start, time.time())
 
 
 class _Shutdown:
-    """SIGTERM/SIGINT: exit now when idle, after the current batch when busy."""
+    """SIGTERM/SIGINT: exit now when idle, after the batches it launched when busy."""
 
     def __init__(self) -> None:
-        self.busy = False
+        self.busy = False  # a batch is launched and its result not yet sent
         self.requested = False
 
     def install(self) -> None:
@@ -135,22 +184,66 @@ def serve(
     device = os.environ.get("CUDA_VISIBLE_DEVICES", "cpu")
     conn = Client(socket_path, family="AF_UNIX", authkey=authkey)
     conn.send(Hello(worker_id=wid, pid=os.getpid(), device=device, models=infos))
-    while True:
-        try:
-            batch = conn.recv()
-        except (EOFError, OSError):
-            log.info("scheduler went away; worker %s exits", wid)
-            return
-        if batch is None:  # orderly shutdown
-            return
-        shutdown.busy = True
-        result = run_batch(models, batch)
-        try:
-            conn.send(result)
-        except OSError:
-            log.info("scheduler went away mid-batch; worker %s exits", wid)
-            return
-        shutdown.busy = False
-        if shutdown.requested:
-            log.info("worker %s finished its batch and exits on request", wid)
-            return
+    _serve_batches(conn, models, shutdown, wid)
+
+
+def _serve_batches(
+    conn: Connection, models: dict[tuple[str, str], Model], shutdown: _Shutdown, wid: str
+) -> None:
+    """Read and launch batches here; finish them and send results in a second thread."""
+    launched: queue.Queue[_Started | None] = queue.Queue()
+    slots = threading.Semaphore(MAX_LAUNCHED)
+    unsent = [0]  # launched batches whose result is not sent yet
+    sent = threading.Condition()
+
+    def finisher() -> None:
+        prev_end = 0.0
+        while (started := launched.get()) is not None:
+            # It began on the device when the batch before it ended, if that was later.
+            result = finish_batch(models, started, max(started.launched_at, prev_end))
+            prev_end = result.compute_end
+            slots.release()
+            try:
+                conn.send(result)
+            except OSError:
+                log.info("scheduler went away mid-batch; worker %s exits", wid)
+                os._exit(0)
+            with sent:
+                unsent[0] -= 1
+                shutdown.busy = unsent[0] > 0
+                sent.notify_all()
+
+    t = threading.Thread(target=finisher, name="finish", daemon=True)
+    t.start()
+    try:
+        while True:
+            try:
+                # Poll so that a stop requested while busy is seen once the work is sent.
+                while not conn.poll(0.2):
+                    if shutdown.requested and not shutdown.busy:
+                        log.info("worker %s finished its batches and exits on request", wid)
+                        return
+            except (EOFError, OSError):
+                log.info("scheduler went away; worker %s exits", wid)
+                return
+            if shutdown.requested:
+                continue  # not reading more: what the scheduler queued goes back unrun
+            try:
+                batch = conn.recv()
+            except (EOFError, OSError):
+                log.info("scheduler went away; worker %s exits", wid)
+                return
+            if batch is None:  # orderly shutdown: send what was launched, then exit
+                return
+            slots.acquire()
+            with sent:
+                unsent[0] += 1
+                shutdown.busy = True
+            started = launch_batch(models, batch)
+            launched.put(started)
+            if started.job is None or not started.job.computing():
+                with sent:  # computed already: its result goes out before the next starts
+                    sent.wait_for(lambda: unsent[0] == 0)
+    finally:
+        launched.put(None)
+        t.join()

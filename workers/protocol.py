@@ -37,6 +37,9 @@ class WorkBatch:
     version: str
     params: dict[str, Any]
     inputs: list[Any]
+    # True: every input is a token-id string (workers/models/token_ids.py) that the
+    # API tier made; the text stays with the scheduler, which stores it.
+    token_ids: bool = False
 
 
 @dataclass

@@ -90,6 +90,19 @@ class ModelSpec(ABC):
         """Load weights and return a ready model (called in the worker process only)."""
 
 
+@dataclass
+class Launched:
+    """A batch whose computation has started (``Model.launch``); ``Model.finish``
+    returns its outputs. ``stats``: the model's own measurements for this batch."""
+
+    outputs: Sequence[Any] | np.ndarray | None = None
+    stats: dict[str, float] | None = None
+
+    def computing(self) -> bool:
+        """Whether its work may still run on a device (``finish`` waits for it)."""
+        return self.outputs is None
+
+
 class Model(ABC):
     spec: ModelSpec
 
@@ -99,6 +112,28 @@ class Model(ABC):
 
         A list, or a numpy array whose rows are the outputs (results/store.py writes
         a row as the same JSON as the list of its values)."""
+
+    def launch(
+        self, inputs: Sequence[Any], params: dict[str, Any], *, token_ids: bool = False
+    ) -> Launched:
+        """Start computing a batch; ``finish`` returns its outputs.
+
+        The worker launches the batch it has queued while the one before it finishes, so
+        a model on an accelerator can enqueue its work behind the running batch (the
+        device still runs them one at a time, in order) and the host-side preparation
+        overlaps the device. This default computes the whole batch here and now.
+        ``token_ids``: every input is a token-id string (workers/models/token_ids.py).
+        """
+        if token_ids:
+            inputs = [{"ids": s} for s in inputs]
+        out = self.predict(inputs, params)
+        stats = getattr(self, "last_stats", None)
+        return Launched(out, dict(stats) if stats else None)
+
+    def finish(self, job: Launched) -> Sequence[Any] | np.ndarray:
+        """The outputs of a launched batch (waits for the device where needed)."""
+        assert job.outputs is not None
+        return job.outputs
 
     def warmup(self) -> dict[int, float]:
         """Run representative batches; return measured ms per batch by batch size."""

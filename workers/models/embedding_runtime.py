@@ -29,7 +29,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +40,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
 from workers.models import subbatch
-from workers.models.base import Model, memory_batch_limit
+from workers.models.base import Launched, Model, memory_batch_limit
 from workers.models.text_tokenizer import default_model_dir, load_tokenizer
 from workers.models.token_ids import (
     decode_batch,
@@ -239,6 +239,19 @@ class _Prepared:
 
 
 @dataclass
+class _PackedJob(Launched):
+    """A packed batch enqueued on the GPU: ``host`` holds its rows once ``done`` fired."""
+
+    host: torch.Tensor | None = None
+    done: torch.cuda.Event | None = None
+    events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
+    t_start: float = 0.0
+
+    def computing(self) -> bool:
+        return self.done is not None
+
+
+@dataclass
 class _Launched:
     positions: list[int]
     host: torch.Tensor  # [rows, hidden] fp32, valid once ``done`` has fired
@@ -296,15 +309,32 @@ class EmbeddingModel(Model):
         take the packed path: no tokenizer, all of the batch planned and launched at once.
         Plain texts are tokenized here, overlapped with the GPU.
         """
+        out = self.finish(self.launch(inputs, params))
+        assert isinstance(out, np.ndarray)
+        return out
+
+    def launch(
+        self, inputs: Sequence[Any], params: dict[str, Any], *, token_ids: bool = False
+    ) -> Launched:
+        """Start a batch. The packed path (token ids) only enqueues its GPU work, behind
+        whatever batch the stream still runs; ``finish`` waits for it. Plain texts are
+        computed here (their tokenizer pipeline needs the GPU's results as it goes)."""
         if len(inputs) > self.batch_limit():
             raise ValueError(f"batch of {len(inputs)}; at most {self.batch_limit()}")
         normalize = bool(params.get("normalize", True))
+        if token_ids:
+            return self._launch_packed(*decode_batch(inputs), normalize)
         if inputs and all(is_tokenized(x) for x in inputs):
-            flat, lens, starts = decode_batch([x["ids"] for x in inputs])
-            return self.embed_packed(flat, lens, starts, normalize)
+            return self._launch_packed(*decode_batch([x["ids"] for x in inputs]), normalize)
         out = np.empty((len(inputs), self.hidden), dtype=np.float32)
         self._run([len(_text_of(x)) for x in inputs], self._encode_inputs(inputs), normalize, out)
-        return out
+        return Launched(out, dict(self.last_stats))
+
+    def finish(self, job: Launched) -> np.ndarray:
+        if isinstance(job, _PackedJob):
+            return self._finish_packed(job)
+        assert isinstance(job.outputs, np.ndarray)
+        return job.outputs
 
     def batch_limit(self) -> int:
         """The largest batch this worker takes: the spec's, or less where GPU memory
@@ -344,11 +374,17 @@ class EmbeddingModel(Model):
         numpy into pinned buffers, and launched at once; each sub-batch's rows are
         scattered into input order on the GPU and one copy brings the batch back.
         """
+        return self._finish_packed(self._launch_packed(flat, lens, starts, normalize))
+
+    def _launch_packed(
+        self, flat: np.ndarray, lens: np.ndarray, starts: np.ndarray, normalize: bool
+    ) -> _PackedJob:
+        """Plan, pack and enqueue a packed batch; on CPU compute it outright."""
         t_start = time.perf_counter()
         n = len(lens)
         out = np.empty((n, self.hidden), dtype=np.float32)
         if n == 0:
-            return out
+            return _PackedJob(out, {"items": 0.0}, t_start=t_start)
         cap = self.spec.max_tokens
         keep = np.minimum(lens, cap)
         order = np.argsort(keep, kind="stable")
@@ -381,9 +417,7 @@ class EmbeddingModel(Model):
                     pooled = self.encoder(ids, lens_t)
                     pooled = F.normalize(pooled, dim=-1) if normalize else pooled
                     out[rows] = pooled.numpy()
-                stats["wall_ms"] = (time.perf_counter() - t_start) * 1e3
-                self.last_stats = stats
-                return out
+                return _PackedJob(out, stats, t_start=t_start)
             dev = torch.empty((n, self.hidden), dtype=torch.float32, device=self.device)
             for a, b, g, s in parts:
                 r = b - a
@@ -419,14 +453,24 @@ class EmbeddingModel(Model):
             host.copy_(dev, non_blocking=True)
             done = torch.cuda.Event(enable_timing=self.timing)
             done.record()
-            done.synchronize()
-        stats["wall_ms"] = (time.perf_counter() - t_start) * 1e3
-        if events:
-            stats["gpu_ms"] = sum(x.elapsed_time(y) for x, y in events)
-            stats["gpu_span_ms"] = events[0][0].elapsed_time(done)
+        return _PackedJob(None, stats, host=host, done=done, events=events, t_start=t_start)
+
+    def _finish_packed(self, job: _PackedJob) -> np.ndarray:
+        stats = job.stats if job.stats is not None else {}
+        if job.done is not None:
+            job.done.synchronize()
+            assert job.host is not None
+            # A view of the pinned buffer (it stays alive with the array): no extra copy.
+            job.outputs = job.host.numpy()
+            if job.events:
+                stats["gpu_ms"] = sum(x.elapsed_time(y) for x, y in job.events)
+                stats["gpu_span_ms"] = job.events[0][0].elapsed_time(job.done)
+            job.done = job.host = None
+            job.events = []
+        stats["wall_ms"] = (time.perf_counter() - job.t_start) * 1e3
         self.last_stats = stats
-        # A view of the pinned buffer (it stays alive with the array): no extra copy.
-        return host.numpy()
+        assert isinstance(job.outputs, np.ndarray)
+        return job.outputs
 
     def _graph_cost(self, rows: int, seq: int) -> float:
         ms = self.graph_ms.get((rows, seq))
