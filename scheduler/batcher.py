@@ -119,6 +119,10 @@ class _KeyQueue:
         return min(fq.oldest_at() for fq in self.by_rank)
 
     def earliest_deadline(self) -> float:
+        if len(self.deadlines) > 2 * self.count + 64:
+            # Mostly entries of taken requests: one rebuild costs less than popping each.
+            self.deadlines = [e for e in self.deadlines if not e[2].gone]
+            heapq.heapify(self.deadlines)
         while self.deadlines and self.deadlines[0][2].gone:
             heapq.heappop(self.deadlines)
         return self.deadlines[0][0] if self.deadlines else math.inf
@@ -237,7 +241,7 @@ class Batcher:
                 else ("linger" if q.oldest_at() + self.policy.max_linger_s <= now else "deadline")
             )
         items = q.pop(self.max_batch(key.ref))
-        self._forget(items)
+        self._forget_taken(key.ref, items)
         return Batch(key=key, items=items, formed_at=now, reason=reason)
 
     def wake_at(self, serves: Callable[[ModelRef], bool]) -> float:
@@ -281,6 +285,14 @@ class Batcher:
         for p in items:
             self._by_rank[p.rank] -= 1
             self._by_ref_rank[(p.key.ref, p.rank)] -= 1
+        self._gc()
+
+    def _forget_taken(self, ref: ModelRef, items: list[Pending]) -> None:
+        """``_forget`` for one batch's items (one model): counted per rank in one pass."""
+        self._count -= len(items)
+        for rank, n in Counter([p.rank for p in items]).items():
+            self._by_rank[rank] -= n
+            self._by_ref_rank[(ref, rank)] -= n
         self._gc()
 
     def _gc(self) -> None:

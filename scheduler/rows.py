@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from results.db import ts
 from scheduler.batcher import Batch, Pending
 from workers.models.token_ids import input_text
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @lru_cache(maxsize=64)
@@ -56,6 +60,62 @@ def request_row(
         "kafka_partition": p.tp[1],
         "kafka_offset": p.offset,
     }
+
+
+def succeeded_rows(
+    batch: Batch, outputs: Sequence[Any] | np.ndarray, compute_start: float, compute_end: float
+) -> list[dict[str, Any]]:
+    """``request_row(p, status="succeeded", ...)`` for every item of a computed batch,
+    in one pass: what a batch shares is worked out once, and times its requests share
+    (consumed in one fetch, produced in the same millisecond) are converted once."""
+    if len(outputs) != len(batch.items):
+        raise ValueError(f"{len(outputs)} outputs for {len(batch.items)} requests")
+    fromts = datetime.fromtimestamp
+    seen: dict[float, datetime] = {}
+
+    def shared(epoch_s: float | None) -> datetime | None:
+        if epoch_s is None:
+            return None
+        d = seen.get(epoch_s)
+        if d is None:
+            d = seen[epoch_s] = fromts(epoch_s, UTC)
+        return d
+
+    batch_id, size = batch.batch_id, len(batch.items)
+    batched, start, end = ts(batch.formed_at), ts(compute_start), ts(compute_end)
+    rows = []
+    for p, out in zip(batch.items, outputs, strict=True):
+        m = p.msg
+        rows.append(
+            {
+                "request_id": m.request_id,
+                "tenant_id": m.tenant_id,
+                "priority": m.priority,
+                "model": m.model,
+                "model_version": m.version,
+                "params": m.params,
+                "input": None if m.job_id else input_text(m.input),
+                "status": "succeeded",
+                "output": out,
+                "error": None,
+                "attempts": m.attempt + 1,
+                "batch_id": batch_id,
+                "batch_size": size,
+                "job_id": m.job_id,
+                "item_index": m.item_index,
+                "received_at": fromts(m.received_at, UTC),
+                "produced_at": shared(m.extra.get("produced_at")),
+                "consumed_at": shared(p.consumed_at),
+                "batched_at": batched,
+                "compute_start_at": start,
+                "compute_end_at": end,
+                "deadline_at": fromts(m.deadline, UTC),
+                "kafka_topic": p.tp[0],
+                "kafka_partition": p.tp[1],
+                "kafka_offset": p.offset,
+            }
+        )
+    return rows
 
 
 def batch_row(

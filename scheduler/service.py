@@ -4,10 +4,14 @@ Threads, each with one job:
   * two consumer lanes (scheduler/lane.py), one for sync classes and one for job
     items, each read Kafka with its own consumer, queue requests, commit offsets
     and handle rebalances;
-  * one dispatcher per worker takes the batch the flush rule allows, runs it
-    on its worker, and hands the result on (one batch at a time per worker);
-  * a small persister pool writes each batch's results in one transaction and
-    only then marks its offsets done, so a commit never passes unsaved work.
+  * one dispatcher per worker takes the batch the flush rule allows and sends it
+    to its worker; a receiver per worker takes the results back in order and hands
+    them on. A worker computes one batch at a time; while it runs one, a second may
+    wait queued on it when batches are short (decision 0012), so sending, batch
+    forming and result handling overlap the computation;
+  * a small persister pool builds each batch's result rows, writes them in one
+    transaction and only then marks its offsets done, so a commit never passes
+    unsaved work.
 Shared state (batcher, offset tracker) is guarded by one condition variable.
 """
 
@@ -44,11 +48,12 @@ from scheduler.lane import ConsumerLane, lane_specs, merged_lag
 from scheduler.offsets import OffsetTracker
 from scheduler.priority_pool import PriorityPool
 from scheduler.retry import RetryPolicy, plan_failure
-from scheduler.rows import batch_row, request_row
+from scheduler.rows import batch_row, request_row, succeeded_rows
 from scheduler.stagger import Running, background_hold_until
 from scheduler.workerpool import WorkerHandle, WorkerLost, WorkerPool
 from workers.models.registry import build_specs
-from workers.protocol import WorkBatch
+from workers.models.token_ids import is_tokenized
+from workers.protocol import WorkBatch, WorkResult
 
 log = logging.getLogger("gristmill.scheduler")
 
@@ -56,12 +61,26 @@ log = logging.getLogger("gristmill.scheduler")
 SHUTDOWN_DRAIN_S = 10.0
 # Job items: background work, started staggered across workers (scheduler/stagger.py).
 BACKGROUND_RANK = PRIORITY_CLASSES.index("jobs")
+# A second batch is queued on a busy worker only when every model it serves computes a
+# full batch within this (predicted): a sync request that arrives meanwhile waits for
+# the queued batch too, so this bounds what pipelining can add to its latency
+# (decision 0012).
+PIPELINE_MAX_MS = 25.0
+# Batches on one worker at most: the one computing and the one queued behind it.
+MAX_IN_FLIGHT = 2
 
 
 @dataclass
 class _Retry:
     not_before: float
     batch: Batch
+
+
+@dataclass(eq=False)
+class _InFlight:
+    batch: Batch
+    predicted_s: float
+    sent: bool = False  # the bytes went out: the receiver may wait for its result
 
 
 def _short(exc: BaseException | None) -> str:
@@ -78,6 +97,31 @@ class SchedulerService:
         n_workers: int | None = None,
         models: list[str] | None = None,
     ):
+        self._init_dispatch(settings)
+        self.scheduler_id = process_id(
+            settings.topic_prefix, f"{socket.gethostname()}-{os.getpid()}"
+        )
+        self.budget = BufferBudget.default(settings.max_buffered, len(PRIORITY_CLASSES))
+        self.engine = make_engine(settings.database_url, pool_size=5)
+        self.pool = WorkerPool(
+            socket_path=socket_dir / "workers.sock",
+            n_local=settings.workers if n_workers is None else n_workers,
+            models=models or [m for m in settings.worker_models.split(",") if m],
+            on_ready=self._on_worker_ready,
+        )
+        self.producer = Producer(
+            {
+                "bootstrap.servers": settings.kafka_bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+            }
+        )
+        # Sync traffic and job items are read by separate consumers (decision 0011).
+        self.lanes = [ConsumerLane(settings, spec, self) for spec in lane_specs(settings)]
+
+    def _init_dispatch(self, settings: Settings) -> None:
+        """The state batching, dispatch and persistence share (no Kafka, no database:
+        bench/gpu/worker_path.py runs the dispatch path on this alone)."""
         self.settings = settings
         self.specs = build_specs(settings)
         self.cond = threading.Condition()
@@ -94,35 +138,19 @@ class SchedulerService:
         self.retry_policy = RetryPolicy()
         self.handles: list[WorkerHandle] = []
         self.running: dict[str, Running] = {}  # worker id -> the batch it runs now
+        # worker -> its batches sent and not yet answered, oldest (computing) first. By
+        # handle: a restarted worker comes back under the same id.
+        self.inflight: dict[WorkerHandle, deque[_InFlight]] = {}
         self.dispatchers: list[threading.Thread] = []
+        self._senders_done: set[WorkerHandle] = set()  # workers whose dispatcher returned
         self.cancelled_jobs: frozenset[tuple[str, int]] = frozenset()  # (job id, attempt)
-        self.scheduler_id = process_id(
-            settings.topic_prefix, f"{socket.gethostname()}-{os.getpid()}"
-        )
-        self.budget = BufferBudget.default(settings.max_buffered, len(PRIORITY_CLASSES))
         self.stopping = threading.Event()  # stop consuming
         self.drained = threading.Event()  # stop dispatching (set after the drain on stop)
-        self.engine = make_engine(settings.database_url, pool_size=5)
         # Two threads write any results; one more only sync results, so a sync row
         # never waits for a job batch's write to finish.
         self.persist_pool = PriorityPool(
             3, name="persist", reserved=1, background_from=BACKGROUND_RANK
         )
-        self.pool = WorkerPool(
-            socket_path=socket_dir / "workers.sock",
-            n_local=settings.workers if n_workers is None else n_workers,
-            models=models or [m for m in settings.worker_models.split(",") if m],
-            on_ready=self._on_worker_ready,
-        )
-        self.producer = Producer(
-            {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "enable.idempotence": True,
-                "acks": "all",
-            }
-        )
-        # Sync traffic and job items are read by separate consumers (decision 0011).
-        self.lanes = [ConsumerLane(settings, spec, self) for spec in lane_specs(settings)]
         self.stats = {"consumed": 0, "batches": 0, "expired": 0, "failed": 0, "persisted": 0}
 
     # ---- workers -------------------------------------------------------------------
@@ -135,6 +163,7 @@ class SchedulerService:
                 )
                 self.cost.seed(ref, {int(k): v for k, v in m.profile_ms.items()})
             self.handles.append(h)
+            self.inflight[h] = deque()
             self.cond.notify_all()
         self._announce()
         t = threading.Thread(
@@ -197,10 +226,14 @@ class SchedulerService:
             self.cancelled_jobs = ids
 
     # ---- dispatch ------------------------------------------------------------------
-    def _next_batch(self, h: WorkerHandle) -> Batch | None:
-        """Block until this worker has a batch to run (None when stopping)."""
+    def _next_batch(self, h: WorkerHandle) -> _InFlight | None:
+        """Block until this worker has room and a batch to run (None when stopping)."""
         with self.cond:
+            inflight = self.inflight[h]
             while not self.drained.is_set() and h.alive:
+                if inflight and (len(inflight) >= MAX_IN_FLIGHT or not self._may_queue(h)):
+                    self.cond.wait(0.25)  # the receiver wakes us when a result is back
+                    continue
                 now = time.time()
                 expired = self.batcher.drop_expired(now)
                 if expired:
@@ -217,7 +250,7 @@ class SchedulerService:
                 for r in list(self.retries):
                     if r.not_before <= now and h.serves(r.batch.key.ref):
                         self.retries.remove(r)
-                        return r.batch
+                        return self._start(h, r.batch, now)
                 hold = self._background_hold(h, now)
                 if hold > now and not self.batcher.has_more_urgent_than(BACKGROUND_RANK, h.serves):
                     # Only job items could start now: spread this worker's start from the
@@ -230,9 +263,7 @@ class SchedulerService:
                     if self.cancelled_jobs:
                         batch = self._drop_cancelled(batch)
                     if batch is not None:
-                        predicted = self.cost.predict_ms(batch.key.ref, len(batch.items)) / 1000
-                        self.running[h.worker_id] = Running(now, predicted)
-                        return batch
+                        return self._start(h, batch, now)
                     continue
                 wake = min(
                     [
@@ -244,6 +275,25 @@ class SchedulerService:
                     timeout=min(max(wake - now, 0.001), 0.25) if wake < math.inf else 0.25
                 )
         return None
+
+    def _may_queue(self, h: WorkerHandle) -> bool:
+        """Whether a second batch may wait on this busy worker: a full batch of every
+        model it serves is predicted short (caller holds the lock)."""
+        return all(
+            self.cost.predict_ms(ref, self.max_batch.get(ref, 1)) <= PIPELINE_MAX_MS
+            for ref in h.refs
+        )
+
+    def _start(self, h: WorkerHandle, batch: Batch, now: float) -> _InFlight:
+        """Record ``batch`` as going to ``h`` (caller holds the lock). ``running`` holds
+        the batch a worker computes: this one if nothing is ahead of it."""
+        predicted = self.cost.predict_ms(batch.key.ref, len(batch.items)) / 1000
+        inflight = self.inflight[h]
+        if not inflight:
+            self.running[h.worker_id] = Running(now, predicted)
+        entry = _InFlight(batch, predicted)
+        inflight.append(entry)
+        return entry
 
     def _background_hold(self, h: WorkerHandle, now: float) -> float:
         """Until when this worker should hold back a job batch (caller holds the lock)."""
@@ -267,65 +317,143 @@ class SchedulerService:
         batch.items = [p for p in batch.items if not cancelled(p)]
         return batch if batch.items else None
 
-    def _dispatch_loop(self, h: WorkerHandle) -> None:
-        while True:
-            batch = self._next_batch(h)
-            if batch is None:
-                return
-            self.stats["batches"] += 1
-            first = batch.items[0].msg
-            work = WorkBatch(
-                batch.batch_id,
-                batch.key.model,
-                batch.key.version,
-                first.params,
-                [p.msg.input for p in batch.items],
+    @staticmethod
+    def _work(batch: Batch) -> WorkBatch:
+        """What the worker gets: token ids alone when the API tier tokenized every input
+        (the text stays here, for the rows)."""
+        first = batch.items[0].msg
+        inputs = [p.msg.input for p in batch.items]
+        if all(is_tokenized(x) for x in inputs):
+            ids = [x["ids"] for x in inputs]
+            return WorkBatch(
+                batch.batch_id, batch.key.model, batch.key.version, first.params, ids, True
             )
-            try:
+        return WorkBatch(batch.batch_id, batch.key.model, batch.key.version, first.params, inputs)
+
+    def _dispatch_loop(self, h: WorkerHandle) -> None:
+        """Send this worker the batches the flush rule releases; its receiver thread
+        takes the results. Returns once both are done with the worker."""
+        receiver = threading.Thread(
+            target=self._receive_loop, args=(h,), daemon=True, name=f"results-{h.worker_id}"
+        )
+        receiver.start()
+        try:
+            while True:
+                entry = self._next_batch(h)
+                if entry is None:
+                    return
+                batch = entry.batch
+                self.stats["batches"] += 1
                 try:
-                    result = h.run(work, self.settings.batch_timeout_s)
-                finally:
+                    h.send(self._work(batch))
+                except WorkerLost as exc:
+                    # This batch never reached the worker: back unchanged (unless the
+                    # receiver, finding the worker lost, already gave it back).
+                    log.warning(
+                        "%s; handing back batch %s (%d items)",
+                        exc,
+                        batch.batch_id,
+                        len(batch.items),
+                    )
                     with self.cond:
-                        self.running.pop(h.worker_id, None)
-            except WorkerLost as exc:
-                log.warning(
-                    "%s; handing back batch %s (%d items)", exc, batch.batch_id, len(batch.items)
-                )
-                with self.cond:
-                    self.handles.remove(h)
-                    if not exc.ran:  # never reached the worker: not the batch's fault
-                        self.retries.append(_Retry(time.time(), batch))
+                        queue = self.inflight[h]
+                        if entry in queue:
+                            queue.remove(entry)
+                            self.retries.append(_Retry(time.time(), batch))
                         self.cond.notify_all()
-                if exc.ran:
-                    self._on_failure(batch, str(exc))
+                    return
+                with self.cond:
+                    entry.sent = True
+                    self.cond.notify_all()
+        finally:
+            with self.cond:
+                self._senders_done.add(h)
+                self.cond.notify_all()
+            receiver.join()
+            with self.cond:
+                self._senders_done.discard(h)
+                if not h.alive and h in self.handles:
+                    self.handles.remove(h)
+
+    def _receive_loop(self, h: WorkerHandle) -> None:
+        """Results in the order the batches were sent; a lost worker hands back all it held."""
+        queue = self.inflight[h]
+        while True:
+            with self.cond:
+                while not (queue and queue[0].sent) and h not in self._senders_done:
+                    self.cond.wait(0.25)
+                if not (queue and queue[0].sent):
+                    return  # the dispatcher is done and nothing was sent
+                head = queue[0]
+            try:
+                result = h.receive(self.settings.batch_timeout_s)
+            except WorkerLost as exc:
+                self._worker_lost(h, exc)
                 return
+            batch = head.batch
+            with self.cond:
+                if queue and queue[0] is head:
+                    queue.popleft()
+                if queue:  # the queued batch computes from now on
+                    self.running[h.worker_id] = Running(time.time(), queue[0].predicted_s)
+                else:
+                    self.running.pop(h.worker_id, None)
+                if result.error is None:
+                    ms = (result.compute_end - result.compute_start) * 1000
+                    self.cost.observe(batch.key.ref, len(batch.items), ms)
+                self.cond.notify_all()
             if result.error is not None:
                 self._on_failure(batch, result.error)
                 continue
-            assert result.outputs is not None
-            ms = (result.compute_end - result.compute_start) * 1000
-            with self.cond:
-                self.cost.observe(batch.key.ref, len(batch.items), ms)
-            rows = [
-                request_row(
-                    p,
-                    status="succeeded",
-                    output=out,
-                    batch=batch,
-                    compute_start=result.compute_start,
-                    compute_end=result.compute_end,
-                )
-                for p, out in zip(batch.items, result.outputs, strict=True)
-            ]
-            brow = batch_row(
-                batch,
-                worker_id=h.worker_id,
-                status="succeeded",
-                error=None,
-                compute_start=result.compute_start,
-                compute_end=result.compute_end,
+            self._persist_result(h, batch, result)
+
+    def _worker_lost(self, h: WorkerHandle, exc: WorkerLost) -> None:
+        """Drop the worker and hand back every batch it held: the oldest was computing
+        (``exc.ran``: it counts as an attempt), those queued behind it never started
+        and go back unchanged."""
+        with self.cond:
+            queue = self.inflight[h]
+            held = [f.batch for f in queue]
+            queue.clear()
+            if h in self.handles:
+                self.handles.remove(h)
+            if all(o.worker_id != h.worker_id for o in self.handles):  # not its successor's
+                self.running.pop(h.worker_id, None)
+            now = time.time()
+            blamed = held[0] if held and exc.ran else None
+            for b in held:
+                if b is not blamed:
+                    self.retries.append(_Retry(now, b))
+            self.cond.notify_all()
+        for i, b in enumerate(held):
+            log.warning(
+                "%s; handing back batch %s (%d items%s)",
+                exc,
+                b.batch_id,
+                len(b.items),
+                "" if i == 0 else ", queued behind it, never started",
             )
-            self._persist_async(rows, brow, batch.items)
+        if blamed is not None:
+            self._on_failure(blamed, str(exc))
+
+    def _persist_result(self, h: WorkerHandle, batch: Batch, result: WorkResult) -> None:
+        """Rows are built in the persist thread: the receiver is free for the next."""
+        self.persist_pool.submit(
+            min(p.rank for p in batch.items), self._persist_batch, h.worker_id, batch, result
+        )
+
+    def _persist_batch(self, worker_id: str, batch: Batch, result: WorkResult) -> None:
+        assert result.outputs is not None
+        rows = succeeded_rows(batch, result.outputs, result.compute_start, result.compute_end)
+        brow = batch_row(
+            batch,
+            worker_id=worker_id,
+            status="succeeded",
+            error=None,
+            compute_start=result.compute_start,
+            compute_end=result.compute_end,
+        )
+        self._persist(rows, brow, batch.items)
 
     def _on_failure(self, batch: Batch, error: str) -> None:
         plan = plan_failure(batch.items, self.retry_policy)

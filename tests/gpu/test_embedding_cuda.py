@@ -122,3 +122,23 @@ def test_tokenized_inputs_take_the_packed_path(models: tuple[Any, Any], texts: l
     gpu.capture_graphs()
     gpu.measure_graphs()
     assert gpu.graph_ms and all(ms > 0 for ms in gpu.graph_ms.values())
+
+
+def test_launched_back_to_back_batches_match_one_at_a_time(
+    models: tuple[Any, Any], texts: list[str]
+) -> None:
+    """The worker launches a batch while the one before it still computes (token ids
+    in, as the scheduler sends them): each result equals that batch run alone."""
+    from workers.models.token_ids import encode_ids
+
+    gpu, _ = models
+    ids = [encode_ids(e.ids) for e in gpu._encode(texts)]
+    a, b = ids[:150], ids[150:]
+    alone_a = gpu.predict([{"ids": x} for x in a], {"normalize": True}).copy()
+    alone_b = gpu.predict([{"ids": x} for x in b], {"normalize": True}).copy()
+    ja = gpu.launch(a, {"normalize": True}, token_ids=True)
+    jb = gpu.launch(b, {"normalize": True}, token_ids=True)
+    out_b = gpu.finish(jb)  # out of order on purpose: b waits for a on the stream
+    out_a = gpu.finish(ja)
+    assert abs(out_a - alone_a).max() < 1e-6
+    assert abs(out_b - alone_b).max() < 1e-6

@@ -1,0 +1,241 @@
+"""The scheduler's dispatch path against real sim worker processes: up to two batches
+in flight per worker when batches are short (decision 0012), results persisted in
+order, and a lost worker handing back everything it held."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gristmill.config import Settings
+from gristmill.messages import RequestMessage
+from gristmill.topics import PRIORITY_CLASSES
+from scheduler.batcher import Batch, BatchKey, Pending
+from scheduler.service import PIPELINE_MAX_MS, SchedulerService
+from scheduler.workerpool import WorkerHandle, WorkerPool
+from workers.models.sim import sim_output
+
+POISON = "@@poison@@"
+
+
+class _Producer:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def produce(self, topic: str, key: str, value: bytes, headers: Any) -> None:
+        self.sent.append(key)
+
+    def flush(self, timeout: float) -> int:
+        return 0
+
+
+class _Svc(SchedulerService):
+    """The real dispatch, receive and persist code; rows are kept instead of written."""
+
+    def __init__(
+        self, batch_ms: float, n_workers: int = 1, max_batch: int = 8, timeout_s: float = 5
+    ):
+        self._init_dispatch(
+            Settings(
+                max_linger_ms=5,
+                batch_timeout_s=timeout_s,
+                sim_batch_ms=batch_ms,
+                sim_max_batch=max_batch,
+            )
+        )
+        self.producer = _Producer()  # type: ignore[assignment]
+        self.rows: list[dict[str, Any]] = []
+        self.batches: list[dict[str, Any]] = []
+        self.max_seen_in_flight = 0
+        self.ready = threading.Event()
+        self.n_workers = n_workers
+        self.pool = WorkerPool(
+            socket_path=Path(tempfile.mkdtemp(prefix="gm-test-")) / "w.sock",
+            n_local=n_workers,
+            models=["sim"],
+            on_ready=self._ready,
+            env={
+                "GRISTMILL_SIM_BATCH_MS": str(batch_ms),
+                "GRISTMILL_SIM_MAX_BATCH": str(max_batch),
+                "GRISTMILL_SIM_POISON_PREFIX": POISON,
+            },
+        )
+
+    def _ready(self, h: WorkerHandle) -> None:
+        self._on_worker_ready(h)
+        if len(self.handles) >= self.n_workers:
+            self.ready.set()
+
+    def _announce(self) -> None:
+        pass
+
+    def _next_batch(self, h: WorkerHandle) -> Any:
+        entry = super()._next_batch(h)
+        with self.cond:
+            self.max_seen_in_flight = max(self.max_seen_in_flight, len(self.inflight.get(h, ())))
+        return entry
+
+    def _persist(self, rows: Any, brow: Any, items: list[Pending]) -> None:
+        with self.cond:
+            self.rows.extend(rows)
+            if brow is not None:
+                self.batches.append(brow)
+            for p in items:
+                self.tracker.done(p.tp, p.offset)
+            self.cond.notify_all()
+
+    def add(self, texts: list[str], start: int = 0) -> None:
+        now = time.time()
+        key = BatchKey("sim", "1", (("salt", ""),))
+        with self.cond:
+            for i, t in enumerate(texts, start):
+                msg = RequestMessage(
+                    request_id=f"r{i}",
+                    tenant_id="t",
+                    priority="paid",
+                    model="sim",
+                    version="1",
+                    input=t,
+                    params={"salt": ""},
+                    deadline=now + 60,
+                    received_at=now,
+                )
+                p = Pending(msg, key, PRIORITY_CLASSES.index("paid"), ("t", 0), i, now)
+                self.tracker.track(p.tp, p.offset)
+                self.batcher.add(p)
+            self.cond.notify_all()
+
+    def wait_rows(self, n: int, timeout: float = 30) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.rows) >= n, timeout), len(self.rows)
+
+    def close(self) -> None:
+        self.drained.set()
+        with self.cond:
+            self.cond.notify_all()
+        for t in self.dispatchers:
+            t.join(timeout=10)
+        for h in list(self.handles):
+            h.stop()
+        self.persist_pool.shutdown(wait=True)
+        self.pool.stop(timeout_s=10)
+
+
+@pytest.fixture
+def svc(request: pytest.FixtureRequest) -> Iterator[_Svc]:
+    s = _Svc(*request.param)
+    s.pool.start()
+    assert s.ready.wait(60), "worker did not start"
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("svc", [(5.0,)], indirect=True)
+def test_short_batches_queue_a_second_batch_and_results_stay_in_order(svc: _Svc) -> None:
+    h = svc.handles[0]
+    with svc.cond:
+        assert svc._may_queue(h)
+    texts = [f"text {i}" for i in range(400)]
+    svc.add(texts)
+    svc.wait_rows(len(texts))
+    assert svc.max_seen_in_flight == 2
+    by_id = {r["request_id"]: r for r in svc.rows}
+    assert len(by_id) == len(texts)
+    for i, t in enumerate(texts):
+        row = by_id[f"r{i}"]
+        assert row["status"] == "succeeded" and row["output"] == sim_output(t)
+        assert row["input"] == t
+    # Offsets are done only once persisted: everything is committable now.
+    assert svc.tracker.committable() == {("t", 0): len(texts)}
+    # Compute times are the worker's one batch at a time, not time spent queued.
+    assert all(b["compute_ms"] < 5 + 40 for b in svc.batches)
+
+
+@pytest.mark.parametrize("svc", [(100.0,)], indirect=True)
+def test_long_batches_run_one_at_a_time(svc: _Svc) -> None:
+    """sim's 100 ms batches: a queued batch would hold back a sync arrival by a whole
+    batch, so nothing is queued behind the running one."""
+    with svc.cond:
+        assert svc.cost.predict_ms(("sim", "1"), 8) > PIPELINE_MAX_MS
+        assert not svc._may_queue(svc.handles[0])
+    texts = [f"x{i}" for i in range(40)]
+    svc.add(texts)
+    svc.wait_rows(len(texts))
+    assert svc.max_seen_in_flight == 1
+
+
+@pytest.mark.parametrize("svc", [(20.0,)], indirect=True)
+def test_a_crash_hands_back_the_queued_batch_unblamed(svc: _Svc) -> None:
+    """The worker dies on the batch it computes: that batch counts an attempt; the one
+    queued behind it never started and goes back unchanged (attempt not counted)."""
+    good = [f"ok {i}" for i in range(16)]
+    svc.add([POISON + "crash", *good[:7]])  # first batch: crashes the worker
+    svc.add(good[7:], start=8)  # queued behind it
+    svc.wait_rows(len(good) + 1, timeout=60)
+    by_id = {r["request_id"]: r for r in svc.rows}
+    assert by_id["r0"]["status"] == "failed"
+    for i in range(1, 17):
+        row = by_id[f"r{i}"]
+        assert row["status"] == "succeeded", row
+    # Items of the queued batch were never blamed: their first attempt is their only one.
+    assert all(by_id[f"r{i}"]["attempts"] == 1 for i in range(8, 17))
+
+
+@pytest.mark.parametrize("svc", [(20.0, 1, 8, 1.5)], indirect=True)
+def test_a_hang_hands_back_the_queued_batch_unblamed(svc: _Svc) -> None:
+    """A batch that hangs is timed from when the one before it returned; the worker is
+    killed and the batch queued behind it goes back unchanged."""
+    svc.add([POISON + "hang", *[f"a{i}" for i in range(1, 8)]])
+    svc.add([f"b{i}" for i in range(8, 16)], start=8)
+    svc.wait_rows(16, timeout=90)
+    by_id = {r["request_id"]: r for r in svc.rows}
+    assert by_id["r0"]["status"] == "failed"
+    assert all(by_id[f"r{i}"]["status"] == "succeeded" for i in range(1, 16))
+    assert all(by_id[f"r{i}"]["attempts"] == 1 for i in range(8, 16))
+
+
+def test_batches_in_flight_compare_by_identity() -> None:
+    k = BatchKey("sim", "1")
+    a = Batch(key=k, items=[], formed_at=0.0, reason="full")
+    b = Batch(key=k, items=[], formed_at=0.0, reason="full")
+    assert a is not b and a.batch_id != b.batch_id
+
+
+def test_succeeded_rows_match_request_row() -> None:
+    from scheduler.rows import request_row, succeeded_rows
+
+    now = time.time()
+    key = BatchKey("sim", "1")
+    items = []
+    for i in range(5):
+        msg = RequestMessage(
+            request_id=f"r{i}",
+            tenant_id="t",
+            priority="paid",
+            model="sim",
+            version="1",
+            input={"text": f"t{i}", "ids": "ab"} if i % 2 else f"t{i}",
+            params={},
+            deadline=now + 10 + i,
+            received_at=now + i / 7,
+        )
+        msg.extra["produced_at"] = None if i == 3 else now
+        items.append(Pending(msg, key, 1, ("t", 0), i, now))
+    batch = Batch(key=key, items=items, formed_at=now, reason="full")
+    outs = [[float(i)] for i in range(5)]
+    got = succeeded_rows(batch, outs, now + 1, now + 2)
+    want = [
+        request_row(
+            p, status="succeeded", output=o, batch=batch, compute_start=now + 1, compute_end=now + 2
+        )
+        for p, o in zip(items, outs, strict=True)
+    ]
+    assert got == want
