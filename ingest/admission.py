@@ -2,12 +2,21 @@
 
 Every scheduler reports, each second, what its live workers can do (items/s per
 model at the best measured batch size) and what is waiting (queued requests per
-model and class, Kafka lag per class). The predicted delay for a new request of
-class c is the work queued at c or above, divided by the capacity that the
-target utilization leaves usable. A class is shed (503 + Retry-After) when its
-predicted delay exceeds its threshold; thresholds rise with the tier, so free
-traffic is shed first, then paid, enterprise last. When workers join or die the
-capacity, and so the shedding point, follows within a report interval. Pure.
+model and class, and what Kafka holds back in paused classes). The predicted
+delay for a new request of class c is the work queued at c or above, divided by
+the capacity that the
+target utilization leaves usable. A request is shed (503 + Retry-After) when its
+predicted delay exceeds its class's threshold; thresholds rise with the tier, so
+free traffic is shed first, then paid, enterprise last. When workers join or die
+the capacity, and so the shedding point, follows within a report interval.
+
+Inside its own class a request does not wait behind the whole class: the
+scheduler serves the class's tenants by weighted deficit round robin, so a new
+request of tenant t waits for at most as much of another tenant u's queue as t
+itself gets served meanwhile: min(q_u, (q_t + 1) * w_u / w_t). Schedulers report
+the largest tenants' queues per class, so the tenant that owns a backlog is the
+one whose predicted delay crosses the threshold and is shed, while a quiet
+tenant of the same tier is still admitted. Pure.
 """
 
 from __future__ import annotations
@@ -17,13 +26,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gristmill.topics import PRIORITY_CLASSES
+from results.load import REST
+
+# ref -> class -> tenant -> [queued, weight]; the tenant "*" stands for the rest:
+# [queued by all smaller tenants together, how many such tenants].
+TenantBacklog = dict[str, dict[str, dict[str, list[float]]]]
 
 
 @dataclass
 class LoadReport:
     capacity: dict[str, float] = field(default_factory=dict)  # model ref -> items/s
     backlog: dict[str, dict[str, int]] = field(default_factory=dict)  # ref -> class -> n
-    lag: dict[str, int] = field(default_factory=dict)  # class -> messages not yet consumed
+    lag: dict[str, int] = field(default_factory=dict)  # class -> held back in Kafka (paused)
+    tenants: TenantBacklog = field(default_factory=dict)
 
 
 @dataclass
@@ -31,12 +46,14 @@ class LoadView:
     capacity: dict[str, float]
     backlog: dict[str, dict[str, int]]
     lag: dict[str, int]
+    tenants: TenantBacklog = field(default_factory=dict)
 
     @classmethod
     def combine(cls, reports: Iterable[LoadReport]) -> LoadView:
         cap: dict[str, float] = {}
         back: dict[str, dict[str, int]] = {}
         lag: dict[str, int] = {}
+        tenants: TenantBacklog = {}
         for r in reports:
             for ref, c in r.capacity.items():
                 cap[ref] = cap.get(ref, 0.0) + c
@@ -46,7 +63,18 @@ class LoadView:
                     dst[cls_] = dst.get(cls_, 0) + n
             for cls_, n in r.lag.items():
                 lag[cls_] = lag.get(cls_, 0) + n
-        return cls(cap, back, lag)
+            for ref, tenants_by_class in r.tenants.items():
+                for cls_, by_tenant in tenants_by_class.items():
+                    dst_t = tenants.setdefault(ref, {}).setdefault(cls_, {})
+                    for t, (q, w) in by_tenant.items():
+                        old = dst_t.get(t)
+                        if old is None:
+                            dst_t[t] = [q, w]
+                        elif t == REST:  # the rest: queued adds up, and so do tenants (at most)
+                            dst_t[t] = [old[0] + q, old[1] + w]
+                        else:  # one tenant's requests spread over several schedulers
+                            dst_t[t] = [old[0] + q, w]
+        return cls(cap, back, lag, tenants)
 
 
 @dataclass(frozen=True)
@@ -57,14 +85,43 @@ class Decision:
     reason: str = ""
 
 
-def predicted_delay_s(view: LoadView, ref: str, priority: str, utilization: float) -> float:
-    """Seconds of work queued ahead of a new request of this class for this model."""
+def share_ahead(by_tenant: Mapping[str, list[float]], tenant: str, weight: float) -> float:
+    """Requests of one class served before a new request of ``tenant`` under weighted
+    round robin: all of its own queue, and of every other tenant u at most
+    (q_own + 1) * w_u / w_own (u is served that much while ours drains)."""
+    own = by_tenant.get(tenant, [0.0, weight])[0]
+    turns = (own + 1) / max(weight, 1e-9)
+    ahead = own
+    for t, (n, w) in by_tenant.items():
+        # for REST, w counts its tenants (each taken at the default weight 1)
+        if t != tenant:
+            ahead += min(n, w * turns)
+    return ahead
+
+
+def predicted_delay_s(
+    view: LoadView,
+    ref: str,
+    priority: str,
+    utilization: float,
+    tenant: str | None = None,
+    weight: float = 1.0,
+) -> float:
+    """Seconds of work queued ahead of a new request of this class for this model
+    (and of this tenant, when the schedulers reported who owns the class's queue)."""
     cap = view.capacity.get(ref, 0.0) * utilization
     rank = PRIORITY_CLASSES.index(priority)
-    ahead_classes = PRIORITY_CLASSES[: rank + 1]
-    queued = sum(view.backlog.get(ref, {}).get(c, 0) for c in ahead_classes)
-    # Kafka lag is not split by model; count it against every model (conservative).
-    queued += sum(view.lag.get(c, 0) for c in ahead_classes)
+    by_class = view.backlog.get(ref, {})
+    queued: float = sum(by_class.get(c, 0) for c in PRIORITY_CLASSES[:rank])
+    by_tenant = view.tenants.get(ref, {}).get(priority)
+    if tenant is not None and by_tenant:
+        queued += share_ahead(by_tenant, tenant, weight)
+    else:
+        queued += by_class.get(priority, 0)
+    # Messages held in Kafka by a paused class are neither split by model nor by tenant,
+    # and partitions are FIFO: a new request lands behind all of them. Count them
+    # against every model (conservative).
+    queued += sum(view.lag.get(c, 0) for c in PRIORITY_CLASSES[: rank + 1])
     if cap <= 0:
         return math.inf if queued else 0.0
     return queued / cap
@@ -77,10 +134,12 @@ def decide(
     *,
     utilization: float,
     thresholds_ms: Mapping[str, float],
+    tenant: str | None = None,
+    weight: float = 1.0,
 ) -> Decision:
     if view is None or ref not in view.capacity:
         return Decision(True, 0.0)  # no reports yet: admit (the catalog already 503s dead models)
-    delay = predicted_delay_s(view, ref, priority, utilization)
+    delay = predicted_delay_s(view, ref, priority, utilization, tenant, weight)
     limit = thresholds_ms.get(priority, math.inf) / 1000
     if delay <= limit:
         return Decision(True, delay)
@@ -89,5 +148,8 @@ def decide(
         False,
         delay,
         retry_after_s=max(1.0, drain),
-        reason=f"overloaded: about {delay:.1f}s of {priority}-or-higher work queued",
+        reason=(
+            f"overloaded: about {delay:.1f}s of work queued ahead of this request "
+            f"(class {priority})"
+        ),
     )

@@ -37,7 +37,9 @@ class LoadWatch:
             ).scalar_one()
             rows = (await conn.execute(live_reports_stmt(stale, self.settings.topic_prefix))).all()
         self.limiter.instances = max(1, int(n))
-        self.view = LoadView.combine(LoadReport(r.capacity, r.backlog, r.lag) for r in rows)
+        self.view = LoadView.combine(
+            LoadReport(r.capacity, r.backlog, r.lag, r.tenant_backlog) for r in rows
+        )
 
     async def run(self, interval_s: float = 1.0) -> None:
         while True:

@@ -95,6 +95,8 @@ def check_admission(
         TIER_TO_CLASS[tenant.tier],
         utilization=settings.target_utilization,
         thresholds_ms=settings.shed_delay_ms,
+        tenant=tenant.id,
+        weight=tenant.weight,
     )
     if not d.admit:
         raise Unavailable(d.reason, retry_after_s=d.retry_after_s)

@@ -10,6 +10,9 @@ from sqlalchemy.dialects.postgresql import insert
 
 from results.schema import api_instances, scheduler_load
 
+# In a tenant backlog, the entry that sums the tenants too small to name.
+REST = "*"
+
 
 def report_scheduler(
     conn: Connection,
@@ -17,9 +20,14 @@ def report_scheduler(
     capacity: dict[str, float],
     backlog: dict[str, dict[str, int]],
     lag: dict[str, int],
+    tenant_backlog: dict[str, dict[str, dict[str, list[float]]]] | None = None,
 ) -> None:
     stmt = insert(scheduler_load).values(
-        scheduler_id=scheduler_id, capacity=capacity, backlog=backlog, lag=lag
+        scheduler_id=scheduler_id,
+        capacity=capacity,
+        backlog=backlog,
+        lag=lag,
+        tenant_backlog=tenant_backlog or {},
     )
     conn.execute(
         stmt.on_conflict_do_update(
@@ -28,6 +36,7 @@ def report_scheduler(
                 "capacity": stmt.excluded.capacity,
                 "backlog": stmt.excluded.backlog,
                 "lag": stmt.excluded.lag,
+                "tenant_backlog": stmt.excluded.tenant_backlog,
                 "updated_at": func.now(),
             },
         )
@@ -45,7 +54,12 @@ def process_id(deployment: str, name: str) -> str:
 
 
 def live_reports_stmt(stale_s: float, deployment: str) -> Select[Any]:
-    return select(scheduler_load.c.capacity, scheduler_load.c.backlog, scheduler_load.c.lag).where(
+    return select(
+        scheduler_load.c.capacity,
+        scheduler_load.c.backlog,
+        scheduler_load.c.lag,
+        scheduler_load.c.tenant_backlog,
+    ).where(
         scheduler_load.c.updated_at > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_s),
         scheduler_load.c.scheduler_id.startswith(process_id(deployment, ""), autoescape=True),
     )

@@ -191,5 +191,7 @@ scheduler_load = Table(
     Column("capacity", JSONB, nullable=False, server_default="{}"),
     Column("backlog", JSONB, nullable=False, server_default="{}"),
     Column("lag", JSONB, nullable=False, server_default="{}"),
+    # the largest tenants' queues per model ref and class (results.load.REST: the rest)
+    Column("tenant_backlog", JSONB, nullable=False, server_default="{}"),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )

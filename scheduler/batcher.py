@@ -280,6 +280,17 @@ class Batcher:
                 out.setdefault(ref, [0] * self.n_ranks)[rank] = n
         return out
 
+    def depth_by_tenant(self) -> dict[ModelRef, list[dict[str, tuple[int, float]]]]:
+        """Queued requests and weight per model, rank and tenant (for load reports)."""
+        out: dict[ModelRef, list[dict[str, tuple[int, float]]]] = {}
+        for key, q in self._queues.items():
+            ranks = out.setdefault(key.ref, [{} for _ in range(self.n_ranks)])
+            for rank, fq in enumerate(q.by_rank):
+                for tenant, (n, w) in fq.depth_by_tenant().items():
+                    have = ranks[rank].get(tenant, (0, w))
+                    ranks[rank][tenant] = (have[0] + n, w)
+        return out
+
     def _forget(self, items: list[Pending]) -> None:
         self._count -= len(items)
         for p in items:

@@ -89,3 +89,12 @@ class FairQueue(Generic[T]):
 
     def tenants(self) -> int:
         return len(self._queues)
+
+    def depth_by_tenant(self) -> dict[str, tuple[int, float]]:
+        """Live items and weight per tenant (O(items): for once-a-second reports)."""
+        out: dict[str, tuple[int, float]] = {}
+        for tenant, q in self._queues.items():
+            live = [x for x in q if not x.gone]
+            if live:
+                out[tenant] = (len(live), live[0].weight)
+        return out

@@ -44,7 +44,8 @@ from scheduler.backpressure import BufferBudget, paused_classes
 from scheduler.batcher import Batch, Batcher, BatchKey, FlushPolicy, Pending
 from scheduler.capacity import capacity_by_model
 from scheduler.costmodel import CostModel, ModelRef
-from scheduler.lane import ConsumerLane, lane_specs, merged_lag
+from scheduler.lane import ConsumerLane, held_lag, lane_specs
+from scheduler.load_report import tenant_backlog
 from scheduler.offsets import OffsetTracker
 from scheduler.priority_pool import PriorityPool
 from scheduler.retry import RetryPolicy, plan_failure
@@ -205,10 +206,11 @@ class SchedulerService:
                 f"{ref[0]}@{ref[1]}": dict(zip(PRIORITY_CLASSES, depths, strict=True))
                 for ref, depths in self.batcher.depth_by_model().items()
             }
-            lag = merged_lag(self.lanes)
+            lag = held_lag(self.lanes)
+            tenants = tenant_backlog(self.batcher.depth_by_tenant())
         try:
             with self.engine.begin() as conn:
-                report_scheduler(conn, self.scheduler_id, capacity, backlog, lag)
+                report_scheduler(conn, self.scheduler_id, capacity, backlog, lag, tenants)
         except Exception as exc:
             log.warning("load report failed: %s", _short(exc))
 

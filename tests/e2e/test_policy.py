@@ -155,3 +155,62 @@ def test_a_noisy_tenant_cannot_push_a_quiet_one_past_its_slo(system: System) -> 
         time.sleep(0.5)
     assert done_count(system, noisy_id) == 4000
     time.sleep(3)  # and the API instances' view of the backlog has caught up
+
+
+def test_admission_sheds_the_tenant_that_owns_the_backlog(system: System) -> None:
+    """With the default thresholds: a paid tenant with 20,000 requests queued (10 s of
+    capacity) is answered 503 with Retry-After, while another paid tenant with nothing
+    queued is still admitted and served (the round robin serves it in the next batch)."""
+    with make_engine(system.settings.database_url).begin() as conn:
+        noisy = create_tenant(conn, f"noisy-{uuid.uuid4().hex[:8]}", "paid")
+        noisy_key = issue_key(conn, noisy)[1]
+    quiet = new_tenant(system, "paid")
+    url = system.start_api("api-tenant-shed")
+    n = 20_000
+    topic = request_topic(system.settings, "paid")  # (settings are rebuilt on each access)
+    producer = Producer({"bootstrap.servers": system.settings.kafka_bootstrap, "linger.ms": 20})
+    now = time.time()
+    for i in range(n):
+        msg = RequestMessage(
+            request_id=str(uuid.uuid4()),
+            tenant_id=noisy.id,
+            priority="paid",
+            model="sim",
+            version="1",
+            input=f"burst {i}",
+            params={"salt": ""},
+            deadline=now + 120,
+            received_at=now,
+        )
+        producer.produce(topic, value=msg.encode(), key=msg.request_id)
+    producer.flush(30)
+    del producer
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline and queued_paid(system) < 1000:
+            time.sleep(0.1)
+        time.sleep(1.5)  # the API instance reads the load reports once a second
+        shed = httpx.post(
+            f"{url}/v1/infer",
+            json={"model": "sim", "input": "more"},
+            headers={"Authorization": f"Bearer {noisy_key}"},
+            timeout=30,
+        )
+        assert shed.status_code == 503, "the tenant owning the backlog was not shed"
+        assert int(shed.headers["Retry-After"]) >= 1
+        assert "overloaded" in shed.json()["error"]["message"]
+        served = httpx.post(
+            f"{url}/v1/infer",
+            json={"model": "sim", "input": "quiet"},
+            headers={"Authorization": f"Bearer {quiet}"},
+            timeout=30,
+        )
+        assert served.status_code == 200, served.text
+        assert done_count(system, noisy.id) < n, "the burst was still queued"
+    finally:
+        system.stop("api-tenant-shed")
+    deadline = time.time() + 120  # leave no backlog for the tests that follow
+    while time.time() < deadline and done_count(system, noisy.id) < n:
+        time.sleep(0.5)
+    assert done_count(system, noisy.id) == n
+    time.sleep(3)
