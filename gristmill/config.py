@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     api_port: int = 8000
     max_body_bytes: int = 1_000_000
     max_input_chars: int = 20_000
+    # A request's deadline when the caller gives no timeout_ms: its tier's SLO (tiers
+    # not listed: default_timeout_ms). Past it the caller gets 504 and compute is skipped.
+    tier_slo_ms: dict[str, int] = {"enterprise": 1_000, "paid": 2_000, "free": 5_000}
     default_timeout_ms: int = 10_000
     max_timeout_ms: int = 300_000
     # Kafka must have the message within this long, else the API answers 503.
@@ -55,7 +58,8 @@ class Settings(BaseSettings):
         "enterprise": 500_000.0,
     }
     # --- admission: shed a class when its predicted queue delay exceeds this (ms) ---
-    shed_delay_ms: dict[str, float] = {"free": 250.0, "paid": 600.0, "enterprise": 2000.0}
+    # Each below its tier's SLO minus a batch's compute and linger, and rising with the tier.
+    shed_delay_ms: dict[str, float] = {"free": 250.0, "paid": 600.0, "enterprise": 700.0}
     target_utilization: float = 0.75
     # Requests one API instance holds at once, and the share of that each tier may use.
     max_inflight: int = 1000

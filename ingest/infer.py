@@ -81,7 +81,9 @@ async def _infer(
     # Policy after validation: a malformed request is a 4xx whatever the load.
     limit_headers = check_rate(st.limiter, st.settings, tenant)
     check_admission(st.load.view, st.settings, tenant, spec.ref)
-    timeout_ms = body.timeout_ms or st.settings.default_timeout_ms
+    timeout_ms = body.timeout_ms or st.settings.tier_slo_ms.get(
+        tenant.tier, st.settings.default_timeout_ms
+    )
     if timeout_ms > st.settings.max_timeout_ms:
         raise InvalidInput(
             f"timeout_ms may be at most {st.settings.max_timeout_ms}", field="timeout_ms"
