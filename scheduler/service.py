@@ -22,6 +22,7 @@ import math
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -69,6 +70,11 @@ BACKGROUND_RANK = PRIORITY_CLASSES.index("jobs")
 PIPELINE_MAX_MS = 25.0
 # Batches on one worker at most: the one computing and the one queued behind it.
 MAX_IN_FLIGHT = 2
+# How long a thread may hold the GIL while another waits for it (Python's default is
+# 5 ms). Receivers and dispatchers wait on sockets and locks, then need the GIL at once
+# while the consumer and persist threads run Python in bursts: at 5 ms a handoff can
+# leave a worker idle longer than its batch takes (docs/bench/gpu.md).
+GIL_SWITCH_S = 0.0005
 
 
 @dataclass
@@ -123,6 +129,7 @@ class SchedulerService:
     def _init_dispatch(self, settings: Settings) -> None:
         """The state batching, dispatch and persistence share (no Kafka, no database:
         bench/gpu/worker_path.py runs the dispatch path on this alone)."""
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         self.settings = settings
         self.specs = build_specs(settings)
         self.cond = threading.Condition()

@@ -191,6 +191,9 @@ def _serve_batches(
     conn: Connection, models: dict[tuple[str, str], Model], shutdown: _Shutdown, wid: str
 ) -> None:
     """Read and launch batches here; finish them and send results in a second thread."""
+    # The finisher must get the GIL as soon as the device is done, even while this
+    # thread packs the next batch (Python's default switch interval is 5 ms).
+    sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
     launched: queue.Queue[_Started | None] = queue.Queue()
     slots = threading.Semaphore(MAX_LAUNCHED)
     unsent = [0]  # launched batches whose result is not sent yet
