@@ -10,10 +10,15 @@ Issue 7 item 3. One run, one JSON, on one GPU:
    Kafka and PostgreSQL cannot run on the GPU machine, so an in-process source stands
    in for the consumer: it keeps the scheduler's real ``Batcher`` (scheduler/batcher.py)
    at least ``--depth`` batches deep, and nothing is persisted.
-3. The scheduler's dispatch loop, as scheduler/service.py runs it: ``Batcher.take`` ->
-   ``WorkBatch`` -> ``WorkerHandle.run`` over the real socket protocol to real worker
-   processes (``scheduler/workerpool.py`` spawns ``python -m workers``) -> cost model
-   update -> ``request_row`` per item.
+3. The scheduler's own dispatch code (scheduler/service.py, ``SchedulerService`` with
+   its Kafka consumer, producer and database left out): per worker a dispatcher thread
+   (``_next_batch``: ``Batcher.take`` under the flush rule, then ``WorkerHandle.send``
+   over the real socket protocol to real worker processes spawned by
+   ``scheduler/workerpool.py``) and a receiver thread (results in order, cost model
+   update), and the persist pool building the result rows (``succeeded_rows``) and
+   marking offsets done; only the database write is skipped. Up to two batches are in
+   flight per worker when batches are short (decision 0012); ``SxW:1`` runs a
+   configuration with one at a time, as before.
 
 Reported per worker count: items/s against the ceiling; GPU busy fraction (one worker:
 the sum of its forward passes' CUDA-event times over the wall time; any count: NVML's
@@ -171,65 +176,112 @@ def make_workload(model_dir: str, n: int, lo: int, hi: int, max_tokens: int) -> 
 
 
 def run_workers(
-    args: argparse.Namespace, inputs: list[Any], n_workers: int, barrier: Any = None
+    args: argparse.Namespace, inputs: list[Any], n_workers: int, depth: int, barrier: Any = None
 ) -> dict[str, Any]:
+    import scheduler.service as service_mod
+    from gristmill.config import Settings
     from gristmill.messages import RequestMessage
-    from scheduler.batcher import Batcher, BatchKey, FlushPolicy, Pending
-    from scheduler.costmodel import CostModel
-    from scheduler.rows import request_row
+    from gristmill.topics import PRIORITY_CLASSES
+    from scheduler.batcher import Batch, BatchKey, Pending
+    from scheduler.service import SchedulerService
     from scheduler.workerpool import WorkerHandle, WorkerPool
-    from workers.protocol import WorkBatch
+    from workers.protocol import WorkResult
 
-    handles: list[WorkerHandle] = []
-    ready = threading.Condition()
+    service_mod.MAX_IN_FLIGHT = depth
+    records: list[dict[str, Any]] = []
+    takes: list[float] = []
+    rows_ms: list[float] = []
+    ready = threading.Event()
 
-    def on_ready(h: WorkerHandle) -> None:
-        with ready:
-            handles.append(h)
-            ready.notify_all()
+    class BenchService(SchedulerService):
+        """The real dispatch path; no Kafka lanes, producer or database."""
 
-    sock_dir = Path(tempfile.mkdtemp(prefix="gm-bench-"))
-    pool = WorkerPool(
-        socket_path=sock_dir / "workers.sock",
-        n_local=n_workers,
-        models=[MODEL],
-        on_ready=on_ready,
-        env={
-            "GRISTMILL_EMBED_MAX_BATCH": str(args.max_batch),
-            "GRISTMILL_EMBED_MAX_TOKENS": str(args.max_tokens),
-            "GRISTMILL_EMBED_MODEL_DIR": args.model_dir,
-            "GRISTMILL_WORKER_STATS": "1",
-        },
-    )
+        def __init__(self) -> None:
+            self._init_dispatch(
+                Settings(
+                    max_linger_ms=int(args.linger_ms), deadline_margin_ms=20, batch_timeout_s=120
+                )
+            )
+            self.pool = WorkerPool(
+                socket_path=Path(tempfile.mkdtemp(prefix="gm-bench-")) / "workers.sock",
+                n_local=n_workers,
+                models=[MODEL],
+                on_ready=self._on_ready,
+                env={
+                    "GRISTMILL_EMBED_MAX_BATCH": str(args.max_batch),
+                    "GRISTMILL_EMBED_MAX_TOKENS": str(args.max_tokens),
+                    "GRISTMILL_EMBED_MODEL_DIR": args.model_dir,
+                    "GRISTMILL_WORKER_STATS": "1",
+                },
+            )
+            take = self.batcher.take
+
+            def timed_take(now: float, serves: Any) -> Batch | None:
+                t0 = time.perf_counter()
+                b = take(now, serves)
+                if b is not None:
+                    takes.append((time.perf_counter() - t0) * 1e3)
+                return b
+
+            self.batcher.take = timed_take  # type: ignore[method-assign]
+
+        def _on_ready(self, h: WorkerHandle) -> None:
+            self._on_worker_ready(h)
+            if len(self.handles) >= n_workers:
+                ready.set()
+
+        def _announce(self) -> None:
+            pass
+
+        def _persist_result(self, h: WorkerHandle, batch: Batch, result: WorkResult) -> None:
+            n_inflight = len(self.inflight.get(h, ()))
+            records.append(
+                {
+                    "worker": h.worker_id,
+                    "n": len(batch.items),
+                    "compute_ms": (result.compute_end - result.compute_start) * 1e3,
+                    "queue_ms": (result.compute_start - batch.formed_at) * 1e3,
+                    "in_flight_after": n_inflight,
+                    "done": time.perf_counter(),
+                    **dict(result.stats or {}),
+                }
+            )
+            super()._persist_result(h, batch, result)
+
+        def _persist_batch(self, worker_id: str, batch: Batch, result: WorkResult) -> None:
+            t0 = time.perf_counter()
+            super()._persist_batch(worker_id, batch, result)
+            rows_ms.append((time.perf_counter() - t0) * 1e3)
+
+        def _persist(self, rows: Any, brow: Any, items: list[Pending]) -> None:
+            # The rows are built (succeeded_rows, batch_row); writing them is left out.
+            with self.cond:
+                self.stats["persisted"] += len(rows)
+                for p in items:
+                    self.tracker.done(p.tp, p.offset)
+
+    svc = BenchService()
     t_spawn = time.perf_counter()
-    pool.start()
-    with ready:
-        if not ready.wait_for(lambda: len(handles) >= n_workers, timeout=300):
-            raise SystemExit(f"only {len(handles)} of {n_workers} workers became ready")
+    svc.pool.start()
+    if not ready.wait(timeout=300):
+        raise SystemExit(f"only {len(svc.handles)} of {n_workers} workers became ready")
     startup_s = time.perf_counter() - t_spawn
+    handles = list(svc.handles)
     info = handles[0].hello.models[0]
     ref = (info.name, info.version)
-    max_batch = min(m.max_batch_size for h in handles for m in h.hello.models)
-    cost = CostModel()
-    cost.seed(ref, {int(k): v for k, v in info.profile_ms.items()})
-    cond = threading.Condition()
-    batcher = Batcher(
-        policy=FlushPolicy(max_linger_s=args.linger_ms / 1000, margin_s=0.02),
-        cost=cost,
-        max_batch=lambda r: max_batch,
-        n_ranks=4,
-    )
+    max_batch = svc.max_batch[ref]
     key = BatchKey(MODEL, "1", (("normalize", True),))
+    rank = PRIORITY_CLASSES.index("paid")
     stop = threading.Event()
-    depth = args.depth * max_batch * n_workers
+    depth_items = args.depth * max_batch * n_workers
 
     def feed() -> None:
-        """The consumer's stand-in: keep the queue deep with requests as ingest sends them."""
+        """The consumer lane's stand-in: keep the queue deep with requests as ingest sends
+        them; queued as ``SchedulerService.accept`` does (tracked, added, notified)."""
         i = 0
         while not stop.is_set():
-            with cond:
-                need = depth - len(batcher)
-            # Decode-side work (the consumer's) outside the lock, as a consumer lane does.
+            with svc.cond:
+                need = depth_items - len(svc.batcher)
             now = time.time()
             fresh = []
             for _ in range(max(0, need)):
@@ -244,126 +296,92 @@ def run_workers(
                     deadline=now + 3600,
                     received_at=now,
                 )
-                fresh.append(Pending(msg, key, 1, ("bench", 0), i, now))
+                fresh.append(Pending(msg, key, rank, ("bench", 0), i, now))
                 i += 1
             if fresh:
-                with cond:
+                with svc.cond:
                     for p in fresh:
-                        batcher.add(p)
-                    cond.notify_all()
+                        svc.tracker.track(p.tp, p.offset)
+                        svc.batcher.add(p)
+                    svc.cond.notify_all()
             time.sleep(0.001)
-
-    records: list[dict[str, Any]] = []
-
-    def dispatch(h: WorkerHandle) -> None:
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            with cond:
-                batch = None
-                while batch is None and not stop.is_set():
-                    batch = batcher.take(time.time(), h.serves)
-                    if batch is None:
-                        cond.wait(0.001)
-            if batch is None:
-                return
-            first = batch.items[0].msg
-            work = WorkBatch(
-                batch.batch_id,
-                batch.key.model,
-                batch.key.version,
-                first.params,
-                [p.msg.input for p in batch.items],
-            )
-            t1 = time.perf_counter()
-            result = h.run(work, 120)
-            t2 = time.perf_counter()
-            assert result.error is None, result.error
-            assert result.outputs is not None
-            ms = (result.compute_end - result.compute_start) * 1000
-            with cond:
-                cost.observe(batch.key.ref, len(batch.items), ms)
-            rows = [
-                request_row(p, status="succeeded", output=out, batch=batch)
-                for p, out in zip(batch.items, result.outputs, strict=True)
-            ]
-            t3 = time.perf_counter()
-            records.append(
-                {
-                    "worker": h.worker_id,
-                    "n": len(rows),
-                    "take_ms": (t1 - t0) * 1e3,
-                    "run_ms": (t2 - t1) * 1e3,
-                    "rows_ms": (t3 - t2) * 1e3,
-                    "compute_ms": ms,
-                    "done": t2,
-                    **{k: v for k, v in (result.stats or {}).items()},
-                }
-            )
 
     if barrier is not None:  # schedulers in other processes start their windows with us
         barrier.wait(timeout=600)
     nvml = NvmlBusy()
-    threads = [threading.Thread(target=feed, daemon=True)]
-    threads += [threading.Thread(target=dispatch, args=(h,), daemon=True) for h in handles]
-    for t in threads:
-        t.start()
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
     time.sleep(args.warm_s)
     nvml.start()
     t_start = time.perf_counter()
-    n_before = len(records)
+    n_before, takes_before, rows_before = len(records), len(takes), len(rows_ms)
     time.sleep(args.seconds)
     t_end = time.perf_counter()
     window = [r for r in records[n_before:] if r["done"] <= t_end]
+    take_window = takes[takes_before:]
+    rows_window = rows_ms[rows_before:]
+    persist_backlog = svc.persist_pool.pending()
     stop.set()
     busy_nvml = nvml.mean(t_start, t_end)
-    for t in threads:
+    svc.drained.set()
+    with svc.cond:
+        svc.cond.notify_all()
+    for t in svc.dispatchers:
         t.join(timeout=30)
     for h in handles:
         h.stop()
-    pool.stop(timeout_s=30)
+    svc.persist_pool.shutdown(wait=True)
+    svc.pool.stop(timeout_s=30)
 
     wall_s = (window[-1]["done"] - t_start) if window else args.seconds
     items = sum(r["n"] for r in window)
     gpu_ms = sum(r.get("gpu_ms", 0.0) for r in window)
 
-    def med(k: str) -> float | None:
-        xs = [r[k] for r in window if k in r]
+    def med(xs: list[float]) -> float | None:
         return statistics.median(xs) if xs else None
 
     out: dict[str, Any] = {
-        "config": f"1 scheduler x {n_workers} worker(s)",
+        "config": f"1 scheduler x {n_workers} worker(s), {depth} in flight",
         "schedulers": 1,
         "workers": n_workers,
+        "in_flight": depth,
         "t_start": t_start,
         "t_end": t_end,
         "startup_s": startup_s,
         "hello_max_batch": max_batch,
         "hello_profile_ms": {str(k): v for k, v in info.profile_ms.items()},
+        "pipelined": svc._may_queue(handles[0]),
         "window_s": wall_s,
         "batches": len(window),
         "items": items,
         "items_per_s": items / wall_s,
         "mean_batch": items / max(1, len(window)),
         "busy_nvml": busy_nvml,
+        "persist_backlog_at_end": persist_backlog,
         "padding": (
             sum(r.get("padded_tokens", 0) for r in window)
             / max(1.0, sum(r.get("real_tokens", 0) for r in window))
             - 1
         ),
         "median_ms": {
-            k: med(k)
-            for k in (
-                "take_ms",
-                "run_ms",
-                "rows_ms",
-                "compute_ms",
-                "gpu_ms",
-                "gpu_span_ms",
-                "plan_ms",
-                "launch_ms",
-                "wall_ms",
-            )
+            "take_ms": med(take_window),
+            "rows_ms": med(rows_window),
+            **{
+                k: med([r[k] for r in window if k in r])
+                for k in (
+                    "compute_ms",
+                    "queue_ms",
+                    "gpu_ms",
+                    "gpu_span_ms",
+                    "plan_ms",
+                    "launch_ms",
+                    "wall_ms",
+                )
+            },
         },
+        "queued_share": (
+            sum(1 for r in window if r["in_flight_after"] > 0) / len(window) if window else None
+        ),
     }
     if n_workers == 1 and window:
         # One process: its events are the GPU's whole work (nothing else runs on it).
@@ -374,22 +392,26 @@ def run_workers(
     return out
 
 
-def _child(args: argparse.Namespace, inputs: list[Any], n: int, barrier: Any) -> dict[str, Any]:
-    return run_workers(args, inputs, n, barrier)
+def _child(
+    args: argparse.Namespace, inputs: list[Any], n: int, depth: int, barrier: Any
+) -> dict[str, Any]:
+    return run_workers(args, inputs, n, depth, barrier)
 
 
-def run_config(args: argparse.Namespace, inputs: list[Any], s: int, n: int) -> dict[str, Any]:
+def run_config(
+    args: argparse.Namespace, inputs: list[Any], s: int, n: int, depth: int
+) -> dict[str, Any]:
     """``s`` scheduler processes (as ``s`` schedulers of one consumer group on one host
     would be), each with ``n`` workers, measured over one common window."""
     if s == 1:
-        return run_workers(args, inputs, n)
+        return run_workers(args, inputs, n, depth)
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = mp.get_context("spawn")
     with ctx.Manager() as mgr, ProcessPoolExecutor(s, mp_context=ctx) as ex:
         barrier = mgr.Barrier(s + 1)
-        futs = [ex.submit(_child, args, inputs, n, barrier) for _ in range(s)]
+        futs = [ex.submit(_child, args, inputs, n, depth, barrier) for _ in range(s)]
         barrier.wait(timeout=600)
         nvml = NvmlBusy()
         nvml.start()
@@ -399,9 +421,10 @@ def run_config(args: argparse.Namespace, inputs: list[Any], s: int, n: int) -> d
     busy = nvml.mean(t0, t1)
     batches_per_s = sum(p["batches"] / p["window_s"] for p in parts)
     out: dict[str, Any] = {
-        "config": f"{s} schedulers x {n} worker(s)",
+        "config": f"{s} schedulers x {n} worker(s), {depth} in flight",
         "schedulers": s,
         "workers": s * n,
+        "in_flight": depth,
         "items_per_s": sum(p["items_per_s"] for p in parts),
         "busy_nvml": busy,
         "mean_batch": statistics.mean(p["mean_batch"] for p in parts),
@@ -421,8 +444,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument(
         "--configs",
-        default="1x1,1x2,2x1",
-        help="SxW: S scheduler processes with W workers each, all on the one GPU",
+        default="1x1:1,1x1,1x2,2x1",
+        help="SxW[:D]: S scheduler processes with W workers each, all on the one GPU, at "
+        "most D batches in flight per worker (default 2: the scheduler's own rule)",
     )
     ap.add_argument("--seconds", type=float, default=15.0, help="measured window per count")
     ap.add_argument("--warm-s", type=float, default=3.0)
@@ -460,8 +484,9 @@ def main() -> None:
     save()
     res["runs"] = []
     for cfg in [c for c in args.configs.split(",") if c]:
-        s, _, n = cfg.partition("x")
-        r = run_config(args, w["inputs"], int(s), int(n))
+        sw, _, d = cfg.partition(":")
+        s, _, n = sw.partition("x")
+        r = run_config(args, w["inputs"], int(s), int(n), int(d or 2))
         r["pct_of_ceiling"] = r["items_per_s"] / res["ceiling"]["items_per_s"]
         res["runs"].append(r)
         print(json.dumps(r, indent=1), flush=True)
@@ -488,7 +513,13 @@ def plot(res: dict[str, Any], out_dir: Path) -> None:
 
     ceil = res["ceiling"]["items_per_s"]
     runs = res["runs"]
-    labels = ["ceiling"] + [f"{r['schedulers']}x{r['workers'] // r['schedulers']}" for r in runs]
+
+    def name(r: dict[str, Any]) -> str:
+        return f"{r['schedulers']}x{r['workers'] // r['schedulers']}" + (
+            f":{r['in_flight']}" if "in_flight" in r else ""
+        )
+
+    labels = ["ceiling"] + [name(r) for r in runs]
     vals = [ceil] + [r["items_per_s"] for r in runs]
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
     bars = ax[0].bar(labels, [v / 1e3 for v in vals], color=["#888"] + ["#3a7"] * len(runs))
@@ -502,13 +533,13 @@ def plot(res: dict[str, Any], out_dir: Path) -> None:
         )
     ax[0].axhline(0.7 * ceil / 1e3, ls="--", color="r", lw=1, label="70% target")
     ax[0].set_ylabel("items/s (thousands)")
-    ax[0].set_xlabel("raw ceiling, then schedulers x workers each")
+    ax[0].set_xlabel("raw ceiling, then schedulers x workers each : batches in flight")
     ax[0].set_title(f"{res['env']['gpu']}: mixed {res['workload']['tokens']} tokens")
     ax[0].legend(loc="lower right")
     busy = [r.get("busy_events") or r.get("busy_nvml") or 0 for r in runs]
-    names = [f"{r['schedulers']}x{r['workers'] // r['schedulers']}" for r in runs]
+    names = [name(r) for r in runs]
     ax[1].bar(names, [100 * b for b in busy], color="#37a")
-    ax[1].set_xlabel("schedulers x workers each")
+    ax[1].set_xlabel("schedulers x workers each : batches in flight")
     ax[1].axhline(90, ls="--", color="r", lw=1, label="90% target")
     ax[1].set_ylim(0, 105)
     ax[1].set_ylabel("GPU busy while work is queued (%)")
