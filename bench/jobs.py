@@ -25,6 +25,7 @@ from sqlalchemy import text
 from tqdm import tqdm
 
 from bench.openloop import RunResult, run_open_loop
+from bench.stages import stage_percentiles
 from gristmill.client import Client
 from gristmill.devservices.stack import System, build_system, local_services
 from results.db import make_engine
@@ -56,37 +57,6 @@ def busy_fraction(system: System, t0: float, t1: float, workers: int) -> float:
             {"t0": t0, "t1": t1},
         ).scalar()
     return float(ms) / 1000 / ((t1 - t0) * workers)
-
-
-STAGES = {  # where a sync request's time goes, from the request log
-    "queue": ("received_at", "consumed_at"),
-    "batch_wait": ("consumed_at", "batched_at"),
-    "dispatch": ("batched_at", "compute_start_at"),
-    "compute": ("compute_start_at", "compute_end_at"),
-    "persist": ("compute_end_at", "persisted_at"),
-}
-
-
-def sync_stages(system: System, t0: float, t1: float) -> dict[str, dict[str, float]]:
-    """p50/p95 ms of each stage for the enterprise (sync) requests received in [t0, t1]."""
-    cols = ", ".join(
-        f"percentile_cont(ARRAY[0.5, 0.95]) WITHIN GROUP (ORDER BY "
-        f"extract(epoch FROM {b} - {a}) * 1000) AS {name}"
-        for name, (a, b) in STAGES.items()
-    )
-    with make_engine(system.settings.database_url).connect() as conn:
-        row = conn.execute(
-            text(
-                f"SELECT {cols} FROM requests WHERE priority = 'enterprise' "
-                "AND received_at BETWEEN to_timestamp(:t0) AND to_timestamp(:t1)"
-            ),
-            {"t0": t0, "t1": t1},
-        ).one()
-    return {
-        name: {"p50_ms": round(v[0], 1), "p95_ms": round(v[1], 1)}
-        for name, v in zip(STAGES, row, strict=True)
-        if v is not None
-    }
 
 
 def job_throughput(system: System, n: int, work: Path) -> dict[str, Any]:
@@ -175,8 +145,8 @@ def backfill(system: System, items: int, rate: float, seconds: float, work: Path
         "with_job": during.summary(),
         "busy_fraction_during_job": round(busy, 3),
         "p95_ratio": round(during.percentile(95) / alone.percentile(95), 3),
-        "stages_alone": sync_stages(system, a0, a1),
-        "stages_with_job": sync_stages(system, t0, t1),
+        "stages_alone": stage_percentiles(system, a0, a1, priority="enterprise"),
+        "stages_with_job": stage_percentiles(system, t0, t1, priority="enterprise"),
     }
 
 

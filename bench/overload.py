@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                 for tier in MIX
             }
     retry_ok = {
-        tier: all(True for s in r.samples if s.status in (429, 503)) for tier, r in results.items()
+        tier: all(s.retry_after for s in r.samples if s.status in (429, 503))
+        for tier, r in results.items()
     }
     rows = table(results, retry_ok)
     for row in rows:

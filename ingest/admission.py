@@ -22,7 +22,8 @@ tenant of the same tier is still admitted. Pure.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections import deque
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gristmill.topics import PRIORITY_CLASSES
@@ -47,6 +48,7 @@ class LoadView:
     backlog: dict[str, dict[str, int]]
     lag: dict[str, int]
     tenants: TenantBacklog = field(default_factory=dict)
+    as_of: float = 0.0  # monotonic time of the oldest report in it
 
     @classmethod
     def combine(cls, reports: Iterable[LoadReport]) -> LoadView:
@@ -85,11 +87,47 @@ class Decision:
     reason: str = ""
 
 
-def share_ahead(by_tenant: Mapping[str, list[float]], tenant: str, weight: float) -> float:
+class RecentAdmissions:
+    """Requests this API instance admitted lately, counted in time buckets per key.
+
+    The schedulers' reports are up to a couple of seconds old when a request is
+    decided; what was admitted since is not in them yet. Without counting it, a
+    burst is admitted for those seconds at full speed and overshoots the threshold
+    many times over (measured: a 500/s burst got hundreds of requests past their
+    deadline before the view caught up)."""
+
+    def __init__(self, horizon_s: float = 5.0, bucket_s: float = 0.1):
+        self.horizon_s = horizon_s
+        self.bucket_s = bucket_s
+        self._buckets: dict[Hashable, deque[list[float]]] = {}
+
+    def add(self, key: Hashable, now: float) -> None:
+        start = math.floor(now / self.bucket_s) * self.bucket_s
+        q = self._buckets.setdefault(key, deque())
+        if q and q[-1][0] == start:
+            q[-1][1] += 1
+        else:
+            q.append([start, 1])
+        while q and q[0][0] < now - self.horizon_s:
+            q.popleft()
+
+    def since(self, key: Hashable, t: float) -> int:
+        """Admitted at or after ``t`` (to a bucket's precision: rounds up, conservative)."""
+        q = self._buckets.get(key)
+        if not q:
+            return 0
+        floor_t = math.floor(t / self.bucket_s) * self.bucket_s
+        return int(sum(n for start, n in q if start >= floor_t))
+
+
+def share_ahead(
+    by_tenant: Mapping[str, list[float]], tenant: str, weight: float, unreported: float = 0.0
+) -> float:
     """Requests of one class served before a new request of ``tenant`` under weighted
     round robin: all of its own queue, and of every other tenant u at most
-    (q_own + 1) * w_u / w_own (u is served that much while ours drains)."""
-    own = by_tenant.get(tenant, [0.0, weight])[0]
+    (q_own + 1) * w_u / w_own (u is served that much while ours drains).
+    ``unreported``: the tenant's requests admitted since the report."""
+    own = by_tenant.get(tenant, [0.0, weight])[0] + unreported
     turns = (own + 1) / max(weight, 1e-9)
     ahead = own
     for t, (n, w) in by_tenant.items():
@@ -106,18 +144,20 @@ def predicted_delay_s(
     utilization: float,
     tenant: str | None = None,
     weight: float = 1.0,
+    unreported: float = 0.0,
 ) -> float:
     """Seconds of work queued ahead of a new request of this class for this model
-    (and of this tenant, when the schedulers reported who owns the class's queue)."""
+    (and of this tenant, when the schedulers reported who owns the class's queue).
+    ``unreported``: requests of this tenant and class admitted since the reports."""
     cap = view.capacity.get(ref, 0.0) * utilization
     rank = PRIORITY_CLASSES.index(priority)
     by_class = view.backlog.get(ref, {})
     queued: float = sum(by_class.get(c, 0) for c in PRIORITY_CLASSES[:rank])
     by_tenant = view.tenants.get(ref, {}).get(priority)
     if tenant is not None and by_tenant:
-        queued += share_ahead(by_tenant, tenant, weight)
+        queued += share_ahead(by_tenant, tenant, weight, unreported)
     else:
-        queued += by_class.get(priority, 0)
+        queued += by_class.get(priority, 0) + unreported
     # Messages held in Kafka by a paused class are neither split by model nor by tenant,
     # and partitions are FIFO: a new request lands behind all of them. Count them
     # against every model (conservative).
@@ -136,10 +176,11 @@ def decide(
     thresholds_ms: Mapping[str, float],
     tenant: str | None = None,
     weight: float = 1.0,
+    unreported: float = 0.0,
 ) -> Decision:
     if view is None or ref not in view.capacity:
         return Decision(True, 0.0)  # no reports yet: admit (the catalog already 503s dead models)
-    delay = predicted_delay_s(view, ref, priority, utilization, tenant, weight)
+    delay = predicted_delay_s(view, ref, priority, utilization, tenant, weight, unreported)
     limit = thresholds_ms.get(priority, math.inf) / 1000
     if delay <= limit:
         return Decision(True, delay)

@@ -80,7 +80,7 @@ async def _infer(
     params = spec.normalize_params(body.params)
     # Policy after validation: a malformed request is a 4xx whatever the load.
     limit_headers = check_rate(st.limiter, st.settings, tenant)
-    check_admission(st.load.view, st.settings, tenant, spec.ref)
+    check_admission(st.load, st.settings, tenant, spec.ref)
     timeout_ms = body.timeout_ms or st.settings.tier_slo_ms.get(
         tenant.tier, st.settings.default_timeout_ms
     )

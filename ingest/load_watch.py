@@ -7,11 +7,12 @@ import asyncio
 import logging
 import os
 import socket
+import time
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gristmill.config import Settings
-from ingest.admission import LoadReport, LoadView
+from ingest.admission import LoadReport, LoadView, RecentAdmissions
 from ingest.ratelimit import TenantLimiter
 from results.load import heartbeat_stmt, live_instances_stmt, live_reports_stmt, process_id
 
@@ -27,6 +28,7 @@ class LoadWatch:
             settings.topic_prefix, f"{socket.gethostname()}-{os.getpid()}"
         )
         self.view: LoadView | None = None
+        self.recent = RecentAdmissions()  # admitted here since the reports were taken
 
     async def refresh(self) -> None:
         stale = self.settings.load_report_stale_s
@@ -37,9 +39,11 @@ class LoadWatch:
             ).scalar_one()
             rows = (await conn.execute(live_reports_stmt(stale, self.settings.topic_prefix))).all()
         self.limiter.instances = max(1, int(n))
-        self.view = LoadView.combine(
+        view = LoadView.combine(
             LoadReport(r.capacity, r.backlog, r.lag, r.tenant_backlog) for r in rows
         )
+        view.as_of = time.monotonic() - max((float(r.age_s) for r in rows), default=0.0)
+        self.view = view
 
     async def run(self, interval_s: float = 1.0) -> None:
         while True:

@@ -13,7 +13,8 @@ import time
 from gristmill.config import Settings
 from gristmill.errors import RateLimited, Unavailable
 from gristmill.topics import TIER_TO_CLASS
-from ingest.admission import LoadView, decide
+from ingest.admission import decide
+from ingest.load_watch import LoadWatch
 from ingest.ratelimit import TenantLimiter, Verdict
 from results.tenants import Tenant
 
@@ -86,17 +87,23 @@ def charge_job_items(
     )
 
 
-def check_admission(
-    view: LoadView | None, settings: Settings, tenant: Tenant, model_ref: str
-) -> None:
+def check_admission(load: LoadWatch, settings: Settings, tenant: Tenant, model_ref: str) -> None:
+    view = load.view
+    cls_ = TIER_TO_CLASS[tenant.tier]
+    key = (model_ref, cls_, tenant.id)
+    # Admitted since the reports were taken, by this instance and (assuming an even
+    # spread) as many again by each other live instance.
+    unreported = load.recent.since(key, view.as_of) * load.limiter.instances if view else 0
     d = decide(
         view,
         model_ref,
-        TIER_TO_CLASS[tenant.tier],
+        cls_,
         utilization=settings.target_utilization,
         thresholds_ms=settings.shed_delay_ms,
         tenant=tenant.id,
         weight=tenant.weight,
+        unreported=unreported,
     )
     if not d.admit:
         raise Unavailable(d.reason, retry_after_s=d.retry_after_s)
+    load.recent.add(key, time.monotonic())

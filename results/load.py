@@ -59,6 +59,7 @@ def live_reports_stmt(stale_s: float, deployment: str) -> Select[Any]:
         scheduler_load.c.backlog,
         scheduler_load.c.lag,
         scheduler_load.c.tenant_backlog,
+        func.extract("epoch", func.now() - scheduler_load.c.updated_at).label("age_s"),
     ).where(
         scheduler_load.c.updated_at > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_s),
         scheduler_load.c.scheduler_id.startswith(process_id(deployment, ""), autoescape=True),

@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingest.admission import LoadReport, LoadView, decide, predicted_delay_s, share_ahead
+from ingest.admission import (
+    LoadReport,
+    LoadView,
+    RecentAdmissions,
+    decide,
+    predicted_delay_s,
+    share_ahead,
+)
 from results.load import REST
 from scheduler.batcher import Batcher, BatchKey, FlushPolicy
 from scheduler.costmodel import CostModel
@@ -110,3 +117,26 @@ def test_batcher_counts_live_requests_per_tenant() -> None:
     left = b.depth_by_tenant()[("sim", "1")][1]
     assert left == {"noisy": (2, 1.0)}, "round robin served the quiet tenant in the first batch"
     assert BatchKey("sim", "1").ref in b.depth_by_tenant()
+
+
+def test_recent_admissions_count_what_reports_do_not_show_yet() -> None:
+    r = RecentAdmissions(horizon_s=5.0, bucket_s=0.1)
+    for i in range(30):
+        r.add("k", 10.0 + i * 0.05)  # 10.00 .. 11.45
+    assert r.since("k", 9.0) == 30
+    assert r.since("k", 11.0) == 10  # 11.00 .. 11.45
+    assert r.since("other", 0.0) == 0
+    r.add("k", 20.0)  # older buckets fall out of the horizon
+    assert r.since("k", 0.0) == 1
+
+
+def test_unreported_admissions_shed_a_burst_before_the_report_shows_it() -> None:
+    v = view(100, {"quiet": [0, 1.0]})
+    first = decide(v, "sim@1", "paid", utilization=1.0, thresholds_ms=THRESH, tenant="noisy")
+    assert first.admit
+    late = decide(
+        v, "sim@1", "paid", utilization=1.0, thresholds_ms=THRESH, tenant="noisy", unreported=80
+    )
+    assert not late.admit and late.predicted_delay_s == pytest.approx(80 / 100)
+    # the quiet tenant is not charged for the noisy one's unreported requests
+    assert decide(v, "sim@1", "paid", utilization=1.0, thresholds_ms=THRESH, tenant="quiet").admit
