@@ -22,9 +22,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import tempfile
 import time
 import uuid
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,12 @@ def outcome(r: RunResult, slo_ms: float) -> dict[str, Any]:
         "within_slo": sum(x <= slo_ms for x in ok) / len(ok) if ok else None,
         "retry_after_on_every_shed": all(
             s.retry_after for s in r.samples if s.status in (429, 503)
+        ),
+        # why requests were refused, by message (numbers stripped, so reasons group)
+        "refusals": dict(
+            Counter(
+                re.sub(r"[0-9.]+", "N", s.error or "") for s in r.samples if s.status != 200
+            ).most_common(5)
         ),
     }
 

@@ -25,6 +25,7 @@ class Sample:
     status: int
     body: dict[str, Any] | None
     retry_after: str | None = None  # the Retry-After header of a 429/503
+    error: str | None = None  # the error message of a non-200 answer
 
 
 @dataclass
@@ -96,10 +97,11 @@ async def run_open_loop(
                     raw = await r.read()
                     retry_after = r.headers.get("Retry-After")
                 body = orjson.loads(raw) if status == 200 else None
-            except (aiohttp.ClientError, TimeoutError):
-                status, body = 0, None
+                error = None if status == 200 else _error_message(raw)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                status, body, error = 0, None, type(exc).__name__
             latency = (time.perf_counter() - start - intended) * 1000
-            s = Sample(intended, latency, status, body, retry_after)
+            s = Sample(intended, latency, status, body, retry_after, error)
             result.samples.append(s)
             if on_done:
                 on_done(s)
@@ -107,6 +109,13 @@ async def run_open_loop(
         await asyncio.gather(*(one(i) for i in range(count)))
         result.duration_s = max(result.duration_s, time.perf_counter() - start)
     return result
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        return str(orjson.loads(raw)["error"]["message"])[:200]
+    except Exception:
+        return raw[:200].decode(errors="replace")
 
 
 # --------------------------------------------------------------------------------------------
