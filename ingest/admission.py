@@ -121,13 +121,11 @@ class RecentAdmissions:
 
 
 def share_ahead(
-    by_tenant: Mapping[str, list[float]], tenant: str, weight: float, unreported: float = 0.0
+    by_tenant: Mapping[str, list[float]], tenant: str, weight: float, own: float
 ) -> float:
     """Requests of one class served before a new request of ``tenant`` under weighted
-    round robin: all of its own queue, and of every other tenant u at most
-    (q_own + 1) * w_u / w_own (u is served that much while ours drains).
-    ``unreported``: the tenant's requests admitted since the report."""
-    own = by_tenant.get(tenant, [0.0, weight])[0] + unreported
+    round robin: all of its own queue (``own``, estimated now), and of every other
+    tenant u at most (own + 1) * w_u / w_own (u is served that much while ours drains)."""
     turns = (own + 1) / max(weight, 1e-9)
     ahead = own
     for t, (n, w) in by_tenant.items():
@@ -137,6 +135,16 @@ def share_ahead(
     return ahead
 
 
+def own_queue_now(
+    reported: float, class_reported: float, admitted: float, age_s: float, usable_cap: float
+) -> float:
+    """A tenant's queue now, from a report ``age_s`` old: plus what was admitted since,
+    less what its share of the workers served meanwhile (its share of the class's queue
+    then; all of the capacity when it was the only one queued)."""
+    share = reported / class_reported if class_reported > 0 else 0.0
+    return max(0.0, reported + admitted - age_s * usable_cap * share)
+
+
 def predicted_delay_s(
     view: LoadView,
     ref: str,
@@ -144,20 +152,27 @@ def predicted_delay_s(
     utilization: float,
     tenant: str | None = None,
     weight: float = 1.0,
-    unreported: float = 0.0,
+    admitted: float = 0.0,
+    age_s: float = 0.0,
 ) -> float:
     """Seconds of work queued ahead of a new request of this class for this model
     (and of this tenant, when the schedulers reported who owns the class's queue).
-    ``unreported``: requests of this tenant and class admitted since the reports."""
+    ``admitted``: requests of this tenant and class admitted since the reports, which
+    are ``age_s`` old."""
     cap = view.capacity.get(ref, 0.0) * utilization
     rank = PRIORITY_CLASSES.index(priority)
     by_class = view.backlog.get(ref, {})
     queued: float = sum(by_class.get(c, 0) for c in PRIORITY_CLASSES[:rank])
-    by_tenant = view.tenants.get(ref, {}).get(priority)
-    if tenant is not None and by_tenant:
-        queued += share_ahead(by_tenant, tenant, weight, unreported)
+    by_tenant = view.tenants.get(ref, {}).get(priority) or {}
+    class_q = by_class.get(priority, 0)
+    if tenant is not None:
+        reported = by_tenant.get(tenant, [0.0, weight])[0]
+        own = own_queue_now(reported, class_q, admitted, age_s, cap)
+        queued += share_ahead(by_tenant, tenant, weight, own)
+        if not by_tenant:  # no breakdown reported: the rest of the class counts in full
+            queued += class_q
     else:
-        queued += by_class.get(priority, 0) + unreported
+        queued += class_q + admitted
     # Messages held in Kafka by a paused class are neither split by model nor by tenant,
     # and partitions are FIFO: a new request lands behind all of them. Count them
     # against every model (conservative).
@@ -176,11 +191,12 @@ def decide(
     thresholds_ms: Mapping[str, float],
     tenant: str | None = None,
     weight: float = 1.0,
-    unreported: float = 0.0,
+    admitted: float = 0.0,
+    age_s: float = 0.0,
 ) -> Decision:
     if view is None or ref not in view.capacity:
         return Decision(True, 0.0)  # no reports yet: admit (the catalog already 503s dead models)
-    delay = predicted_delay_s(view, ref, priority, utilization, tenant, weight, unreported)
+    delay = predicted_delay_s(view, ref, priority, utilization, tenant, weight, admitted, age_s)
     limit = thresholds_ms.get(priority, math.inf) / 1000
     if delay <= limit:
         return Decision(True, delay)

@@ -1,5 +1,5 @@
 """Background task of each API instance: announce itself, count its peers, and read
-the schedulers' load reports for admission. Once a second; never on a request path."""
+the schedulers' load reports for admission. Four times a second; never on a request path."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class LoadWatch:
         view.as_of = time.monotonic() - max((float(r.age_s) for r in rows), default=0.0)
         self.view = view
 
-    async def run(self, interval_s: float = 1.0) -> None:
+    async def run(self, interval_s: float = 0.25) -> None:
         while True:
             try:
                 await self.refresh()

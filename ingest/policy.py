@@ -93,7 +93,8 @@ def check_admission(load: LoadWatch, settings: Settings, tenant: Tenant, model_r
     key = (model_ref, cls_, tenant.id)
     # Admitted since the reports were taken, by this instance and (assuming an even
     # spread) as many again by each other live instance.
-    unreported = load.recent.since(key, view.as_of) * load.limiter.instances if view else 0
+    now = time.monotonic()
+    admitted = load.recent.since(key, view.as_of) * load.limiter.instances if view else 0
     d = decide(
         view,
         model_ref,
@@ -102,8 +103,9 @@ def check_admission(load: LoadWatch, settings: Settings, tenant: Tenant, model_r
         thresholds_ms=settings.shed_delay_ms,
         tenant=tenant.id,
         weight=tenant.weight,
-        unreported=unreported,
+        admitted=admitted,
+        age_s=now - view.as_of if view else 0.0,
     )
     if not d.admit:
         raise Unavailable(d.reason, retry_after_s=d.retry_after_s)
-    load.recent.add(key, time.monotonic())
+    load.recent.add(key, now)

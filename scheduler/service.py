@@ -61,6 +61,7 @@ log = logging.getLogger("gristmill.scheduler")
 
 # On SIGTERM, queued requests get this long to run before the rest is handed back.
 SHUTDOWN_DRAIN_S = 10.0
+LOAD_REPORT_S = 0.25
 # Job items: background work, started staggered across workers (scheduler/stagger.py).
 BACKGROUND_RANK = PRIORITY_CLASSES.index("jobs")
 # A second batch is queued on a busy worker only when every model it serves computes a
@@ -195,16 +196,19 @@ class SchedulerService:
             log.warning("model announce failed: %s", exc)
 
     def _heartbeat_loop(self) -> None:
+        # Load reports four times a second: admission decides on them, and a stale view
+        # lets a burst through for its whole age (docs/decisions/0008).
         ticks = 0
-        while not self.stopping.wait(1.0):
+        while not self.stopping.wait(LOAD_REPORT_S):
             ticks += 1
-            if ticks % 5 == 0:
-                self._announce()
-            self._refresh_cancelled()
             self._report_load()
+            if ticks % round(1 / LOAD_REPORT_S) == 0:
+                self._refresh_cancelled()
+            if ticks % round(5 / LOAD_REPORT_S) == 0:
+                self._announce()
 
     def _report_load(self) -> None:
-        """Capacity and backlog for the API's admission control (once a second)."""
+        """Capacity and backlog for the API's admission control."""
         with self.cond:
             capacity = capacity_by_model(
                 self.cost, [h.refs for h in self.handles if h.alive], self.max_batch

@@ -11,6 +11,7 @@ from ingest.admission import (
     LoadView,
     RecentAdmissions,
     decide,
+    own_queue_now,
     predicted_delay_s,
     share_ahead,
 )
@@ -45,19 +46,19 @@ def test_noisy_tenant_is_shed_and_quiet_one_admitted() -> None:
 
 def test_a_tenant_new_to_the_queue_waits_one_turn_per_other_tenant() -> None:
     by_tenant = {"a": [100.0, 1.0], "b": [100.0, 1.0], "c": [1.0, 1.0]}
-    assert share_ahead(by_tenant, "new", 1.0) == 1 + 1 + 1
+    assert share_ahead(by_tenant, "new", 1.0, 0.0) == 1 + 1 + 1
 
 
 def test_weights_scale_the_turns() -> None:
     # a has weight 4: while our one request waits, a is served 4 of its own.
-    assert share_ahead({"a": [100.0, 4.0]}, "me", 1.0) == 4
+    assert share_ahead({"a": [100.0, 4.0]}, "me", 1.0, 0.0) == 4
     # our weight 2: a gets half a turn per request of ours
-    assert share_ahead({"a": [100.0, 1.0], "me": [3.0, 2.0]}, "me", 2.0) == 3 + 2
+    assert share_ahead({"a": [100.0, 1.0], "me": [3.0, 2.0]}, "me", 2.0, 3.0) == 3 + 2
 
 
 def test_rest_counts_one_turn_per_small_tenant() -> None:
-    assert share_ahead({REST: [50.0, 10.0]}, "me", 1.0) == 10
-    assert share_ahead({REST: [5.0, 10.0]}, "me", 1.0) == 5
+    assert share_ahead({REST: [50.0, 10.0]}, "me", 1.0, 0.0) == 10
+    assert share_ahead({REST: [5.0, 10.0]}, "me", 1.0, 0.0) == 5
 
 
 def test_without_a_tenant_breakdown_the_whole_class_counts() -> None:
@@ -91,12 +92,10 @@ def test_share_ahead_is_bounded_by_the_class_and_by_own_queue(
 ) -> None:
     by_tenant = {t: [float(n), w] for t, (n, w) in queues.items()}
     own = by_tenant.get(me, [0.0, weight])[0]
-    ahead = share_ahead(by_tenant, me, weight)
-    assert own <= ahead <= sum(n for n, _ in by_tenant.values())
+    ahead = share_ahead(by_tenant, me, weight, own)
+    assert own <= ahead <= sum(n for n, _ in by_tenant.values()) + (0 if me in by_tenant else own)
     # a tenant with more queued never waits less than one with fewer (same weights)
-    if me in by_tenant:
-        fewer = {**by_tenant, me: [max(0.0, own - 1), by_tenant[me][1]]}
-        assert share_ahead(fewer, me, weight) <= ahead
+    assert share_ahead(by_tenant, me, weight, max(0.0, own - 1)) <= ahead
 
 
 def test_report_names_the_largest_tenants_and_sums_the_rest() -> None:
@@ -135,8 +134,38 @@ def test_unreported_admissions_shed_a_burst_before_the_report_shows_it() -> None
     first = decide(v, "sim@1", "paid", utilization=1.0, thresholds_ms=THRESH, tenant="noisy")
     assert first.admit
     late = decide(
-        v, "sim@1", "paid", utilization=1.0, thresholds_ms=THRESH, tenant="noisy", unreported=80
+        v, "sim@1", "paid", utilization=1.0, thresholds_ms=THRESH, tenant="noisy", admitted=80
     )
     assert not late.admit and late.predicted_delay_s == pytest.approx(80 / 100)
     # the quiet tenant is not charged for the noisy one's unreported requests
     assert decide(v, "sim@1", "paid", utilization=1.0, thresholds_ms=THRESH, tenant="quiet").admit
+
+
+def test_own_queue_now_adds_admissions_and_drains_its_share() -> None:
+    # alone in the class: drains at the whole usable capacity for the report's age
+    assert own_queue_now(100, 100, 50, 0.5, 100) == pytest.approx(100 + 50 - 50)
+    # half the class's queue: half the capacity
+    assert own_queue_now(100, 200, 0, 0.5, 100) == pytest.approx(75)
+    # nothing reported yet: only what was admitted since counts
+    assert own_queue_now(0, 500, 30, 1.0, 100) == 30
+    assert own_queue_now(10, 10, 0, 5.0, 100) == 0  # never negative
+
+
+def test_a_stale_report_of_a_draining_backlog_does_not_shed_forever() -> None:
+    v = view(100, {"noisy": [60, 1.0]})
+    fresh = decide(
+        v, "sim@1", "paid", utilization=1.0, thresholds_ms=THRESH, tenant="noisy", admitted=10
+    )
+    assert not fresh.admit and fresh.predicted_delay_s == pytest.approx(0.70)
+    # half a second later, 50 of those 70 have been served
+    aged = decide(
+        v,
+        "sim@1",
+        "paid",
+        utilization=1.0,
+        thresholds_ms=THRESH,
+        tenant="noisy",
+        admitted=10,
+        age_s=0.5,
+    )
+    assert aged.admit and aged.predicted_delay_s == pytest.approx(0.20)
