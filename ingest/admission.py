@@ -154,12 +154,14 @@ def predicted_delay_s(
     weight: float = 1.0,
     admitted: float = 0.0,
     age_s: float = 0.0,
+    higher_rate: float = 0.0,
 ) -> float:
     """Seconds of work queued ahead of a new request of this class for this model
     (and of this tenant, when the schedulers reported who owns the class's queue).
     ``admitted``: requests of this tenant and class admitted since the reports, which
-    are ``age_s`` old."""
-    cap = view.capacity.get(ref, 0.0) * utilization
+    are ``age_s`` old. ``higher_rate``: requests/s of higher classes arriving now; they
+    will overtake this one, so only the capacity they leave drains its queue."""
+    cap = view.capacity.get(ref, 0.0) * utilization - higher_rate
     rank = PRIORITY_CLASSES.index(priority)
     by_class = view.backlog.get(ref, {})
     queued: float = sum(by_class.get(c, 0) for c in PRIORITY_CLASSES[:rank])
@@ -177,8 +179,8 @@ def predicted_delay_s(
     # and partitions are FIFO: a new request lands behind all of them. Count them
     # against every model (conservative).
     queued += sum(view.lag.get(c, 0) for c in PRIORITY_CLASSES[: rank + 1])
-    if cap <= 0:
-        return math.inf if queued else 0.0
+    if cap <= 0:  # higher classes take all of it: this request would wait indefinitely
+        return math.inf
     return queued / cap
 
 
@@ -193,10 +195,13 @@ def decide(
     weight: float = 1.0,
     admitted: float = 0.0,
     age_s: float = 0.0,
+    higher_rate: float = 0.0,
 ) -> Decision:
     if view is None or ref not in view.capacity:
         return Decision(True, 0.0)  # no reports yet: admit (the catalog already 503s dead models)
-    delay = predicted_delay_s(view, ref, priority, utilization, tenant, weight, admitted, age_s)
+    delay = predicted_delay_s(
+        view, ref, priority, utilization, tenant, weight, admitted, age_s, higher_rate
+    )
     limit = thresholds_ms.get(priority, math.inf) / 1000
     if delay <= limit:
         return Decision(True, delay)

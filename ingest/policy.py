@@ -12,7 +12,7 @@ import time
 
 from gristmill.config import Settings
 from gristmill.errors import RateLimited, Unavailable
-from gristmill.topics import TIER_TO_CLASS
+from gristmill.topics import PRIORITY_CLASSES, TIER_TO_CLASS
 from ingest.admission import decide
 from ingest.load_watch import LoadWatch
 from ingest.ratelimit import TenantLimiter, Verdict
@@ -87,6 +87,10 @@ def charge_job_items(
     )
 
 
+# Window over which higher classes' arrival rate is measured for admission.
+RATE_WINDOW_S = 2.0
+
+
 def check_admission(load: LoadWatch, settings: Settings, tenant: Tenant, model_ref: str) -> None:
     view = load.view
     cls_ = TIER_TO_CLASS[tenant.tier]
@@ -94,7 +98,14 @@ def check_admission(load: LoadWatch, settings: Settings, tenant: Tenant, model_r
     # Admitted since the reports were taken, by this instance and (assuming an even
     # spread) as many again by each other live instance.
     now = time.monotonic()
-    admitted = load.recent.since(key, view.as_of) * load.limiter.instances if view else 0
+    n = load.limiter.instances
+    admitted = load.recent.since(key, view.as_of) * n if view else 0
+    # Higher classes' arrival rate (what this instance admitted over the last seconds).
+    rank = PRIORITY_CLASSES.index(cls_)
+    higher = sum(
+        load.recent.since((model_ref, c), now - RATE_WINDOW_S) for c in PRIORITY_CLASSES[:rank]
+    )
+    higher_rate = higher * n / RATE_WINDOW_S
     d = decide(
         view,
         model_ref,
@@ -105,7 +116,9 @@ def check_admission(load: LoadWatch, settings: Settings, tenant: Tenant, model_r
         weight=tenant.weight,
         admitted=admitted,
         age_s=now - view.as_of if view else 0.0,
+        higher_rate=higher_rate,
     )
     if not d.admit:
         raise Unavailable(d.reason, retry_after_s=d.retry_after_s)
     load.recent.add(key, now)
+    load.recent.add((model_ref, cls_), now)

@@ -169,3 +169,17 @@ def test_a_stale_report_of_a_draining_backlog_does_not_shed_forever() -> None:
         age_s=0.5,
     )
     assert aged.admit and aged.predicted_delay_s == pytest.approx(0.20)
+
+
+def test_higher_classes_arriving_leave_less_capacity_to_drain_a_lower_one() -> None:
+    v = LoadView({"sim@1": 200}, {"sim@1": {"free": 30}}, {})
+    alone = decide(v, "sim@1", "free", utilization=0.75, thresholds_ms=THRESH, tenant="f")
+    assert alone.admit  # 31 / 150 = 0.21 s
+    busy = decide(
+        v, "sim@1", "free", utilization=0.75, thresholds_ms=THRESH, tenant="f", higher_rate=120
+    )
+    assert not busy.admit and busy.predicted_delay_s == pytest.approx(31 / 30)
+    full = decide(
+        v, "sim@1", "free", utilization=0.75, thresholds_ms=THRESH, tenant="f", higher_rate=150
+    )
+    assert not full.admit  # nothing left for free traffic at all
