@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 JARS    = docker/kafka/libs/.fetched
 
-.PHONY: install dev test test-unit test-e2e lint fmt bench bench-peers bench-sweep bench-profile chaos clean
+.PHONY: install dev test test-unit test-e2e lint fmt bench bench-peers bench-sweep bench-profile bench-policy chaos clean
 
 install: $(STAMP) $(JARS)
 
@@ -51,6 +51,12 @@ bench-sweep: bench-peers
 
 bench-profile: install
 	$(PY) -m bench.profile --rate 100 --duration 30 --out docs/bench
+
+# Policy under load (docs/bench/policy.md): tiers at 3x capacity, a noisy tenant, backfill.
+bench-policy: install
+	$(PY) -m bench.overload --factor 3 --seconds 30
+	$(PY) -m bench.fairness --burst 50000 --noisy-rate 500 --quiet-rate 20
+	$(PY) -m bench.jobs --backfill 100000 --rate 100 --seconds 20
 
 chaos: install
 	$(VENV)/bin/gristmill chaos --rounds 20
