@@ -63,24 +63,12 @@ def load(system: System, key: str, rate: float, count: int, tag: str) -> Any:
 
 
 def outcome(r: RunResult, slo_ms: float) -> dict[str, Any]:
-    st = r.statuses()
     ok = [s.latency_ms for s in r.ok]
     return {
-        "offered": len(r.samples),
+        **r.outcomes(),
         "offered_rps": r.rate,
-        "served_200": st.get(200, 0),
-        "shed_503": st.get(503, 0),
-        "limited_429": st.get(429, 0),
-        "late_504": st.get(504, 0),
-        "other": sum(v for k, v in st.items() if k not in (200, 429, 503, 504)),
-        "p50_ms": round(r.percentile(50), 1),
-        "p95_ms": round(r.percentile(95), 1),
-        "p99_ms": round(r.percentile(99), 1),
         "max_ms": round(max(ok), 1) if ok else None,
         "within_slo": sum(x <= slo_ms for x in ok) / len(ok) if ok else None,
-        "retry_after_on_every_shed": all(
-            s.retry_after for s in r.samples if s.status in (429, 503)
-        ),
         # why requests were refused, by message (numbers stripped, so reasons group)
         "refusals": dict(
             Counter(

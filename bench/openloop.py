@@ -48,6 +48,24 @@ class RunResult:
         k = min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))
         return xs[k]
 
+    def outcomes(self) -> dict[str, Any]:
+        """Answers by kind and latency percentiles of the served ones (one table row)."""
+        st = self.statuses()
+        return {
+            "offered": len(self.samples),
+            "served_200": st.get(200, 0),
+            "shed_429": st.get(429, 0),
+            "shed_503": st.get(503, 0),
+            "late_504": st.get(504, 0),
+            "other": sum(v for k, v in st.items() if k not in (200, 429, 503, 504)),
+            "p50_ms": round(self.percentile(50), 1),
+            "p95_ms": round(self.percentile(95), 1),
+            "p99_ms": round(self.percentile(99), 1),
+            "retry_after_on_every_shed": all(
+                s.retry_after for s in self.samples if s.status in (429, 503)
+            ),
+        }
+
     def achieved_rps(self) -> float:
         return len(self.ok) / self.duration_s if self.duration_s else 0.0
 

@@ -81,26 +81,8 @@ async def offer(
     return dict(zip(MIX, results, strict=True))
 
 
-def table(results: dict[str, RunResult], retry_after_ok: dict[str, bool]) -> list[dict[str, Any]]:
-    rows = []
-    for tier, r in results.items():
-        st = r.statuses()
-        rows.append(
-            {
-                "tier": tier,
-                "offered": len(r.samples),
-                "served_200": st.get(200, 0),
-                "shed_429": st.get(429, 0),
-                "shed_503": st.get(503, 0),
-                "late_504": st.get(504, 0),
-                "other": sum(v for k, v in st.items() if k not in (200, 429, 503, 504)),
-                "p50_ms": round(r.percentile(50), 1),
-                "p95_ms": round(r.percentile(95), 1),
-                "p99_ms": round(r.percentile(99), 1),
-                "retry_after_on_every_shed": retry_after_ok[tier],
-            }
-        )
-    return rows
+def table(results: dict[str, RunResult]) -> list[dict[str, Any]]:
+    return [{"tier": tier, **r.outcomes()} for tier, r in results.items()]
 
 
 def draw(
@@ -172,11 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                 ).scalar_one()
                 for tier in MIX
             }
-    retry_ok = {
-        tier: all(s.retry_after for s in r.samples if s.status in (429, 503))
-        for tier, r in results.items()
-    }
-    rows = table(results, retry_ok)
+    rows = table(results)
     for row in rows:
         accepted = row["served_200"] + row["late_504"]
         row["persisted"] = persisted[row["tier"]]

@@ -37,3 +37,27 @@ def test_sweep_smoke(services: Services, tmp_path: Path, monkeypatch: pytest.Mon
     for chart in ("latency.png", "throughput.png", "breakdown.png"):
         assert (tmp_path / chart).stat().st_size > 1000
     assert "| gristmill |" in (tmp_path / "table.md").read_text()
+
+
+def test_policy_benchmarks_smoke(
+    services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench.overload and bench.fairness run end to end and write their reports."""
+    from bench import fairness, overload
+
+    monkeypatch.setenv("KAFKA_BOOTSTRAP", services.bootstrap)
+    monkeypatch.setenv("DATABASE_URL", services.database_url)
+    assert overload.main(["--factor", "0.5", "--seconds", "2", "--out", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("overload-*.json")).read_text())
+    assert {r["tier"] for r in report["tiers"]} == {"free", "paid", "enterprise"}
+    assert all(r["lost"] == 0 for r in report["tiers"])
+    assert next(tmp_path.glob("overload-*.png")).stat().st_size > 1000
+
+    argv = ["--burst", "100", "--noisy-rate", "50", "--quiet-rate", "5", "--quiet-seconds", "1"]
+    assert fairness.main([*argv, "--out", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("fairness-*.json")).read_text())
+    assert report["quiet_alone"]["served_200"] == 5
+    assert report["noisy"]["offered"] == 100
+    assert report["lost"] == {"quiet": 0, "noisy": 0}
+    assert "batch_wait" in report["stages"]["quiet_alone"]
+    assert next(tmp_path.glob("fairness-*.png")).stat().st_size > 1000
