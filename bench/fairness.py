@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import re
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -35,7 +34,8 @@ from sqlalchemy import func, select
 
 from bench.openloop import RunResult, run_open_loop
 from bench.stages import stage_percentiles
-from gristmill.devservices.stack import System, build_system, local_services
+from bench.system import sim_system
+from gristmill.devservices.stack import System
 from results.db import make_engine
 from results.schema import requests
 from results.tenants import create_tenant, issue_key, set_plan
@@ -129,20 +129,14 @@ def draw(report: dict[str, Any], quiet: RunResult, noisy: RunResult, path: Path)
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--burst", type=int, default=50_000, help="noisy tenant's requests")
-    ap.add_argument("--noisy-rate", type=float, default=1000.0)
+    ap.add_argument("--noisy-rate", type=float, default=500.0)
     ap.add_argument("--quiet-rate", type=float, default=20.0)
     ap.add_argument("--quiet-seconds", type=float, default=20.0, help="of the baseline")
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gm-fair-")))
-        services = stack.enter_context(local_services(work))
-        system = build_system(services, work, extra_env={"GRISTMILL_SIM_MAX_BATCH": "10"})
-        stack.callback(system.close)
-        system.start_scheduler(workers=2, models="sim")
-        system.url = system.start_api()
-        system.wait_until_serving("sim")
+        system = sim_system(stack, "gm-fair-", extra_env={"GRISTMILL_SIM_MAX_BATCH": "10"})
         slo_ms = float(system.settings.tier_slo_ms["paid"])
         quiet_id, quiet_key = paid_tenant(system, "quiet")
         noisy_id, noisy_key = paid_tenant(system, "noisy")

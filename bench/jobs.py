@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import tempfile
 import time
 import uuid
 from contextlib import ExitStack
@@ -26,8 +25,9 @@ from tqdm import tqdm
 
 from bench.openloop import RunResult, run_open_loop
 from bench.stages import stage_percentiles
+from bench.system import sim_system
 from gristmill.client import Client
-from gristmill.devservices.stack import System, build_system, local_services
+from gristmill.devservices.stack import System
 from results.db import make_engine
 from workers.models.sim import sim_output
 
@@ -188,13 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {}
     with ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gm-jobs-")))
-        services = stack.enter_context(local_services(work))
-        system = build_system(services, work)
-        stack.callback(system.close)
-        system.start_scheduler(workers=2, models="sim")
-        system.url = system.start_api()
-        system.wait_until_serving("sim")
+        system = sim_system(stack, "gm-jobs-")
+        work = system.workdir
         if args.items:
             report["throughput"] = job_throughput(system, args.items, work)
             print(json.dumps(report["throughput"], indent=2))

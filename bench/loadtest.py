@@ -15,7 +15,6 @@ import asyncio
 import json
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from contextlib import ExitStack
@@ -96,16 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         url, key = args.url, args.key
         where = "a running system"
         if not url:
-            from gristmill.devservices.stack import build_system, local_services
+            from bench.system import sim_system
 
-            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gm-bench-")))
             print("starting Kafka, PostgreSQL, API and scheduler ...", file=sys.stderr)
-            services = stack.enter_context(local_services(work))
-            system = build_system(services, work)
-            stack.callback(system.close)
-            system.start_scheduler(workers=args.workers, models="sim")
-            system.url = system.start_api()
-            system.wait_until_serving("sim")
+            system = sim_system(stack, "gm-bench-", workers=args.workers)
             url, key = system.url, system.keys["enterprise"]
             where = f"a self-started system ({args.workers} sim workers, 100 ms/batch)"
         elif not key:

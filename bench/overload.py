@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import tempfile
 import threading
 import time
 import uuid
@@ -29,7 +28,8 @@ import psutil
 from sqlalchemy import func, select
 
 from bench.openloop import RunResult, run_open_loop
-from gristmill.devservices.stack import System, build_system, local_services
+from bench.system import sim_system
+from gristmill.devservices.stack import System
 from results.db import make_engine
 from results.schema import requests
 from results.tenants import create_tenant, issue_key, set_plan
@@ -127,13 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     rate = CAPACITY * args.factor
     with ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gm-overload-")))
-        services = stack.enter_context(local_services(work))
-        system = build_system(services, work, extra_env={"GRISTMILL_SIM_MAX_BATCH": "10"})
-        stack.callback(system.close)
-        system.start_scheduler(workers=2, models="sim")
-        system.url = system.start_api()
-        system.wait_until_serving("sim")
+        system = sim_system(stack, "gm-overload-", extra_env={"GRISTMILL_SIM_MAX_BATCH": "10"})
         tenants = tier_tenants(system)
         time.sleep(2)  # load reports reach the API
         procs = [psutil.Process(p.pid) for p in system.procs.values()]
