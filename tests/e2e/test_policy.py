@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import signal
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 
 import httpx
 from confluent_kafka import Producer
@@ -15,6 +17,7 @@ from gristmill.devservices.stack import System
 from gristmill.messages import RequestMessage
 from gristmill.topics import request_topic
 from results.db import make_engine
+from results.load import live_reports_stmt
 from results.schema import requests, scheduler_load
 from results.tenants import create_tenant, issue_key, set_plan
 
@@ -214,3 +217,34 @@ def test_admission_sheds_the_tenant_that_owns_the_backlog(system: System) -> Non
         time.sleep(0.5)
     assert done_count(system, noisy.id) == n
     time.sleep(3)
+
+
+def _live_sim_capacity(system: System) -> float:
+    s = system.settings
+    with make_engine(s.database_url).connect() as conn:
+        rows = conn.execute(live_reports_stmt(s.load_report_stale_s, s.topic_prefix)).all()
+    return sum(float(r.capacity.get("sim@1", 0.0)) for r in rows)
+
+
+def _wait_for(pred: Callable[[], bool], timeout_s: float) -> float:
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        if pred():
+            return time.time() - t0
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout_s} s")
+
+
+def test_capacity_follows_schedulers_joining_and_dying(system: System) -> None:
+    """The capacity admission divides by is the live schedulers' measured throughput:
+    it doubles when a second scheduler with as many workers joins, and falls back
+    within the report staleness window when that one is killed -9."""
+    _wait_for(lambda: _live_sim_capacity(system) > 0, 30)
+    one = _live_sim_capacity(system)
+    system.start_scheduler("sched-extra", workers=2, models="sim")
+    try:
+        _wait_for(lambda: _live_sim_capacity(system) > 1.5 * one, 90)
+    finally:
+        system.stop("sched-extra", signal.SIGKILL)
+    took = _wait_for(lambda: _live_sim_capacity(system) < 1.25 * one, 30)
+    assert took <= system.settings.load_report_stale_s + 2
