@@ -18,8 +18,8 @@ import signal
 import time
 from dataclasses import dataclass
 
-from gristmill.chaos.procs import alive, sigkill, wait_gone
 from gristmill.chaos.rig import Rig
+from gristmill.devservices.procs import alive, sigkill, wait_gone
 
 KINDS = ("scheduler", "worker", "api", "broker", "postgres")
 # How long the killed thing stays down before it is started again (seconds).

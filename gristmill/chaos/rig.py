@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from gristmill.chaos.procs import alive, children
 from gristmill.devservices import free_port
+from gristmill.devservices.procs import alive, children
 from gristmill.devservices.stack import Services, System, build_system, local_services
 from gristmill.topics import request_topic
 from results.db import libpq_url

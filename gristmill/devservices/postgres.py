@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 
 from gristmill.devservices.ports import free_port
+from gristmill.devservices.procs import alive, children
 
 HOST = "127.0.0.1"
 DB_USER = "gristmill"
@@ -109,35 +110,6 @@ def _unsearchable_ancestor(path: Path, user: pwd.struct_passwd) -> Path | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # An unreaped zombie still answers kill(0); PID 1 here may never reap orphans.
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return False
-    return fields[0] not in ("Z", "X")
-
-
-def _children(pid: int) -> list[int]:
-    kids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            kids.append(int(entry.name))
-    return kids
-
-
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -191,7 +163,7 @@ class PostgresServer:
             pid = int((self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
         except (OSError, ValueError):
             return None
-        if not _pid_alive(pid):
+        if not alive(pid):
             return None
         # A stale postmaster.pid (after kill()) may name a recycled PID; check it is ours.
         try:
@@ -239,12 +211,12 @@ class PostgresServer:
         pid = self.pid
         if pid is None:
             return
-        kids = _children(pid)
+        kids = children(pid)
         for victim in (pid, *kids):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while any(_pid_alive(p) for p in (pid, *kids)):
+        while any(alive(p) for p in (pid, *kids)):
             if time.monotonic() > deadline:
                 raise PostgresError(f"postgres processes {[pid, *kids]} survived SIGKILL")
             time.sleep(0.05)

@@ -25,9 +25,9 @@ from gristmill.chaos.audit import AuditResult, audit, fetch_rows, unsettled
 from gristmill.chaos.faults import Fault
 from gristmill.chaos.ledger import Ledger
 from gristmill.chaos.load import LoadGenerator
-from gristmill.chaos.procs import sigkill, wait_gone
 from gristmill.chaos.recovery import measure
 from gristmill.chaos.rig import Rig, own_services, running_rig
+from gristmill.devservices.procs import sigkill, wait_gone
 from gristmill.topics import dead_letter_topic
 from results.db import make_engine
 from results.schema import batches, requests

@@ -1,4 +1,5 @@
-"""Finding and killing the processes a chaos run started (and only those)."""
+"""Processes from /proc: alive or not, children, killing and waiting (local services,
+chaos runs)."""
 
 from __future__ import annotations
 
