@@ -93,13 +93,35 @@ def queued_paid(system: System) -> int:
     return sum(int(r.backlog.get("sim@1", {}).get("paid", 0)) for r in rows)
 
 
+def burst_into_kafka(system: System, tenant_id: str, n: int) -> None:
+    """``n`` paid requests of one tenant put straight into Kafka, as API instances would
+    after accepting them (nobody waits on them; they run and are persisted)."""
+    settings = system.settings  # (rebuilt on each access: read it once)
+    topic = request_topic(settings, "paid")
+    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 20})
+    now = time.time()
+    for i in range(n):
+        msg = RequestMessage(
+            request_id=str(uuid.uuid4()),
+            tenant_id=tenant_id,
+            priority="paid",
+            model="sim",
+            version="1",
+            input=f"burst {i}",
+            params={"salt": ""},
+            deadline=now + 120,
+            received_at=now,
+        )
+        producer.produce(topic, value=msg.encode(), key=msg.request_id)
+    assert producer.flush(30) == 0, "the burst did not all reach Kafka"
+
+
 def test_a_noisy_tenant_cannot_push_a_quiet_one_past_its_slo(system: System) -> None:
     """A burst of 4,000 requests (2 s of capacity) from one paid tenant is put straight
     into Kafka, as API instances would after accepting it. A quiet paid tenant's
     requests must still be answered promptly, riding in the next batches, while the
     burst drains."""
     quiet = new_tenant(system, "paid", rate_rps=1e6, burst=1e6)
-    settings = system.settings
     # This test is about sharing, not admission: an API instance that never sheds.
     url = system.start_api(
         "api-fair",
@@ -113,23 +135,7 @@ def test_a_noisy_tenant_cannot_push_a_quiet_one_past_its_slo(system: System) -> 
     )
     assert warm.status_code == 200
     noisy_id = str(uuid.uuid4())
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 20})
-    now = time.time()
-    for i in range(4000):
-        msg = RequestMessage(
-            request_id=str(uuid.uuid4()),
-            tenant_id=noisy_id,
-            priority="paid",
-            model="sim",
-            version="1",
-            input=f"noisy {i}",
-            params={"salt": ""},
-            deadline=now + 120,
-            received_at=now,
-        )
-        producer.produce(request_topic(settings, "paid"), value=msg.encode(), key=msg.request_id)
-    producer.flush(30)
-    del producer
+    burst_into_kafka(system, noisy_id, 4000)
     quiet_lat = []
     noisy_done = -1
     try:
@@ -170,24 +176,7 @@ def test_admission_sheds_the_tenant_that_owns_the_backlog(system: System) -> Non
     quiet = new_tenant(system, "paid")
     url = system.start_api("api-tenant-shed")
     n = 20_000
-    topic = request_topic(system.settings, "paid")  # (settings are rebuilt on each access)
-    producer = Producer({"bootstrap.servers": system.settings.kafka_bootstrap, "linger.ms": 20})
-    now = time.time()
-    for i in range(n):
-        msg = RequestMessage(
-            request_id=str(uuid.uuid4()),
-            tenant_id=noisy.id,
-            priority="paid",
-            model="sim",
-            version="1",
-            input=f"burst {i}",
-            params={"salt": ""},
-            deadline=now + 120,
-            received_at=now,
-        )
-        producer.produce(topic, value=msg.encode(), key=msg.request_id)
-    producer.flush(30)
-    del producer
+    burst_into_kafka(system, noisy.id, n)
     try:
         deadline = time.time() + 10
         while time.time() < deadline and queued_paid(system) < 1000:
