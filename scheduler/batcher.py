@@ -264,9 +264,29 @@ class Batcher:
         self._forget(dropped)
         return dropped
 
-    def has_more_urgent_than(self, rank: int, serves: Callable[[ModelRef], bool]) -> bool:
-        """Whether requests ranked above ``rank`` wait for a model this worker serves."""
-        return any(n and r < rank and serves(ref) for (ref, r), n in self._by_ref_rank.items())
+    def urgent_may_wait(self, rank: int, serves: Callable[[ModelRef], bool], until: float) -> bool:
+        """Whether the requests ranked above ``rank`` that this worker could take may
+        wait until ``until`` for a staggered start (see scheduler/stagger.py).
+
+        They may when a batch started now would be filled up with lower-ranked work
+        anyway (their queue holds some and they alone do not fill a batch) and their
+        deadlines allow the wait. Every such request arrived after the last start on
+        another worker (that start took whatever urgent work was queued), so holding
+        to the stagger point never makes one wait longer than that point; starting
+        early would leave the next arrivals a longer gap to the following start.
+        """
+        refs = {ref for (ref, r), n in self._by_ref_rank.items() if n and r < rank and serves(ref)}
+        for ref in refs:
+            counts = [self._by_ref_rank[(ref, r)] for r in range(self.n_ranks)]
+            urgent = sum(counts[:rank])
+            if urgent == sum(counts) or urgent >= self.max_batch(ref):
+                return False
+        for key, q in self._queues.items():
+            if q.count and key.ref in refs:
+                latest = q.earliest_deadline() - self._predicted_s(key, q.count)
+                if latest - self.policy.margin_s < until:
+                    return False
+        return True
 
     def depth_by_rank(self) -> list[int]:
         """Queued requests per priority rank (kept current, O(1))."""

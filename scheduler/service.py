@@ -265,9 +265,11 @@ class SchedulerService:
                         self.retries.remove(r)
                         return self._start(h, r.batch, now)
                 hold = self._background_hold(h, now)
-                if hold > now and not self.batcher.has_more_urgent_than(BACKGROUND_RANK, h.serves):
-                    # Only job items could start now: spread this worker's start from the
-                    # others' (a sync arrival wakes us and goes at once).
+                if hold > now and self.batcher.urgent_may_wait(BACKGROUND_RANK, h.serves, hold):
+                    # The batch would be filled with job items: spread this worker's start
+                    # from the others', so a sync arrival never waits more than a batch
+                    # time over the worker count (a sync arrival that cannot wait, or that
+                    # fills a batch, wakes us and goes at once).
                     self.cond.wait(timeout=min(hold - now, 0.25))
                     continue
                 batch = self.batcher.take(now, h.serves)

@@ -217,3 +217,51 @@ def test_urgent_queue_on_a_model_the_worker_does_not_serve_is_ignored() -> None:
     b.add(pending(key=other, rank=0, at=0.0))
     batch = b.take(0.001, lambda ref: ref[0] == "sim")
     assert batch is not None and batch.key.model == "sim" and batch.reason == "full"
+
+
+# ---- may sync work wait for a staggered start? (Batcher.urgent_may_wait) -----------
+
+
+def test_sync_with_job_fill_may_wait_for_the_stagger_point() -> None:
+    b = make_batcher(max_batch=4)
+    for _ in range(3):
+        b.add(pending(rank=3, at=0.0))
+    b.add(pending(rank=0, at=0.0, deadline=5.0))
+    assert b.urgent_may_wait(3, ALL, 0.05)
+
+
+def test_nothing_urgent_may_always_wait() -> None:
+    b = make_batcher()
+    b.add(pending(rank=3, at=0.0))
+    assert b.urgent_may_wait(3, ALL, 0.05)
+
+
+def test_sync_alone_never_waits_for_the_stagger() -> None:
+    # No job items to fill with: the start is a sync batch, not background work.
+    b = make_batcher(max_batch=4)
+    b.add(pending(rank=0, at=0.0, deadline=5.0))
+    assert not b.urgent_may_wait(3, ALL, 0.05)
+
+
+def test_sync_that_fills_a_batch_goes_at_once() -> None:
+    b = make_batcher(max_batch=2)
+    b.add(pending(rank=3, at=0.0))
+    for _ in range(2):
+        b.add(pending(rank=0, at=0.0, deadline=5.0))
+    assert not b.urgent_may_wait(3, ALL, 0.05)
+
+
+def test_sync_whose_deadline_is_near_goes_at_once() -> None:
+    # 100 ms compute + 20 ms margin: a deadline at 0.16 cannot wait until 0.05.
+    b = make_batcher(max_batch=4)
+    b.add(pending(rank=3, at=0.0, deadline=60.0))
+    b.add(pending(rank=0, at=0.0, deadline=0.16))
+    assert not b.urgent_may_wait(3, ALL, 0.05)
+    assert b.urgent_may_wait(3, ALL, 0.03)
+
+
+def test_sync_for_a_model_this_worker_does_not_serve_is_ignored() -> None:
+    b = make_batcher(max_batch=4)
+    b.add(pending(key=BatchKey("embed", "1"), rank=0, at=0.0, deadline=0.01))
+    b.add(pending(rank=3, at=0.0))
+    assert b.urgent_may_wait(3, lambda ref: ref == ("sim", "1"), 0.05)
