@@ -468,7 +468,24 @@ class SchedulerService:
             compute_start=result.compute_start,
             compute_end=result.compute_end,
         )
-        self._persist(rows, brow, batch.items)
+        waited = [i for i, p in enumerate(batch.items) if p.msg.job_id is None]
+        if not waited or len(waited) == len(batch.items):
+            self._persist(rows, brow, batch.items)
+            return
+        # A batch of sync requests topped up with job items: the sync rows go in a short
+        # transaction of their own (and are announced at once), the job rows follow at
+        # background priority. Each request still gets exactly one row, and each
+        # offset is marked done only once its row is written (decision 0013).
+        mine = set(waited)
+        self._persist([rows[i] for i in waited], brow, [batch.items[i] for i in waited])
+        rest = [i for i in range(len(rows)) if i not in mine]
+        self.persist_pool.submit(
+            BACKGROUND_RANK,
+            self._persist,
+            [rows[i] for i in rest],
+            None,
+            [batch.items[i] for i in rest],
+        )
 
     def _on_failure(self, batch: Batch, error: str) -> None:
         plan = plan_failure(batch.items, self.retry_policy)

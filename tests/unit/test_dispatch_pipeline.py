@@ -51,6 +51,7 @@ class _Svc(SchedulerService):
         )
         self.producer = _Producer()  # type: ignore[assignment]
         self.rows: list[dict[str, Any]] = []
+        self.writes: list[list[dict[str, Any]]] = []  # each _persist call's rows
         self.batches: list[dict[str, Any]] = []
         self.max_seen_in_flight = 0
         self.ready = threading.Event()
@@ -84,14 +85,16 @@ class _Svc(SchedulerService):
     def _persist(self, rows: Any, brow: Any, items: list[Pending]) -> None:
         with self.cond:
             self.rows.extend(rows)
+            self.writes.append(list(rows))
             if brow is not None:
                 self.batches.append(brow)
             for p in items:
                 self.tracker.done(p.tp, p.offset)
             self.cond.notify_all()
 
-    def add(self, texts: list[str], start: int = 0) -> None:
+    def add(self, texts: list[str], start: int = 0, job_id: str | None = None) -> None:
         now = time.time()
+        klass = "paid" if job_id is None else "jobs"
         key = BatchKey("sim", "1", (("salt", ""),))
         with self.cond:
             for i, t in enumerate(texts, start):
@@ -105,8 +108,10 @@ class _Svc(SchedulerService):
                     params={"salt": ""},
                     deadline=now + 60,
                     received_at=now,
+                    job_id=job_id,
+                    item_index=None if job_id is None else i,
                 )
-                p = Pending(msg, key, PRIORITY_CLASSES.index("paid"), ("t", 0), i, now)
+                p = Pending(msg, key, PRIORITY_CLASSES.index(klass), ("t", 0), i, now)
                 self.tracker.track(p.tp, p.offset)
                 self.batcher.add(p)
             self.cond.notify_all()
@@ -157,6 +162,23 @@ def test_short_batches_queue_a_second_batch_and_results_stay_in_order(svc: _Svc)
     assert svc.tracker.committable() == {("t", 0): len(texts)}
     # Compute times are the worker's one batch at a time, not time spent queued.
     assert all(b["compute_ms"] < 5 + 40 for b in svc.batches)
+
+
+@pytest.mark.parametrize("svc", [(100.0, 1, 8)], indirect=True)
+def test_a_mixed_batch_writes_its_sync_rows_first_in_their_own_transaction(svc: _Svc) -> None:
+    """Decision 0013: sync rows of a batch topped up with job items are not held back
+    by the job rows' larger write; every request still gets one row."""
+    job = "00000000-0000-0000-0000-0000000000aa"
+    with svc.cond:  # one batch: the dispatcher cannot take the job items alone
+        svc.add([f"j{i}" for i in range(6)], start=0, job_id=job)
+        svc.add(["s0", "s1"], start=6)
+    svc.wait_rows(8)
+    sync_ids = {"r6", "r7"}
+    assert svc.writes[0] and {r["request_id"] for r in svc.writes[0]} == sync_ids
+    assert all(r["job_id"] == job for w in svc.writes[1:] for r in w)
+    assert sorted(r["request_id"] for r in svc.rows) == sorted(f"r{i}" for i in range(8))
+    assert len({r["batch_id"] for r in svc.rows}) == 1 and len(svc.batches) == 1
+    assert svc.tracker.committable() == {("t", 0): 8}
 
 
 @pytest.mark.parametrize("svc", [(100.0,)], indirect=True)
