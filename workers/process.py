@@ -38,6 +38,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
+from pathlib import Path
 from types import FrameType
 
 from gristmill.config import Settings
@@ -70,33 +71,30 @@ def load_models(settings: Settings, names: list[str]) -> dict[tuple[str, str], M
     return models
 
 
-def run_batch(models: dict[tuple[str, str], Model], batch: WorkBatch) -> WorkResult:
-    """Run one batch start to finish (no pipelining)."""
-    start = time.time()
-    return finish_batch(models, launch_batch(models, batch), start)
-
-
 @dataclass
 class _Started:
     batch: WorkBatch
     job: Launched | None  # None: launching failed (``error``)
     error: str | None
     launched_at: float  # epoch s
+    to: Connection  # the scheduler that sent it, which gets the result
 
 
 def _describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
-def launch_batch(models: dict[tuple[str, str], Model], batch: WorkBatch) -> _Started:
+def launch_batch(
+    models: dict[tuple[str, str], Model], batch: WorkBatch, to: Connection
+) -> _Started:
     launched_at = time.time()
     try:
         model = models[(batch.model, batch.version)]
         job = model.launch(batch.inputs, batch.params, token_ids=batch.token_ids)
-        return _Started(batch, job, None, launched_at)
+        return _Started(batch, job, None, launched_at, to)
     except Exception as exc:  # the scheduler decides about retries; we only report
         log.warning("batch %s failed: %s", batch.batch_id, exc)
-        return _Started(batch, None, _describe(exc), launched_at)
+        return _Started(batch, None, _describe(exc), launched_at, to)
 
 
 def finish_batch(
@@ -153,13 +151,26 @@ def _die_with_parent() -> None:
         raise SystemExit(0)
 
 
+def authkey_for(socket_path: str) -> bytes:
+    """The key a worker proves itself with: ``GRISTMILL_WORKER_AUTHKEY`` (hex) when set,
+    else the one the scheduler left beside its socket (a worker started by hand)."""
+    key_hex = os.environ.get("GRISTMILL_WORKER_AUTHKEY")
+    return (
+        bytes.fromhex(key_hex)
+        if key_hex
+        else (Path(socket_path).parent / "worker.key").read_bytes()
+    )
+
+
 def serve(
     settings: Settings,
-    socket_path: str,
-    authkey: bytes,
+    schedulers: list[tuple[str, bytes]],
     model_names: list[str],
     worker_id: str | None = None,
 ) -> None:
+    """Load and warm the models, then serve every scheduler in ``schedulers`` (socket
+    path, key). One worker per GPU may serve several scheduler processes of the host
+    (decision 0014): their batches run on the one device in the order they arrive."""
     shutdown = _Shutdown()
     if _spawned_by_scheduler():
         _die_with_parent()
@@ -182,22 +193,40 @@ def serve(
         )
     wid = worker_id or f"{socket.gethostname()}-{os.getpid()}"
     device = os.environ.get("CUDA_VISIBLE_DEVICES", "cpu")
-    conn = Client(socket_path, family="AF_UNIX", authkey=authkey)
-    conn.send(Hello(worker_id=wid, pid=os.getpid(), device=device, models=infos))
-    _serve_batches(conn, models, shutdown, wid)
+    conns = []
+    for path, authkey in schedulers:
+        conn = Client(path, family="AF_UNIX", authkey=authkey)
+        conn.send(Hello(worker_id=wid, pid=os.getpid(), device=device, models=infos))
+        conns.append(conn)
+    _serve_batches(conns, models, shutdown, wid)
 
 
 def _serve_batches(
-    conn: Connection, models: dict[tuple[str, str], Model], shutdown: _Shutdown, wid: str
+    conns: list[Connection], models: dict[tuple[str, str], Model], shutdown: _Shutdown, wid: str
 ) -> None:
-    """Read and launch batches here; finish them and send results in a second thread."""
+    """Read batches in a thread per scheduler, launch them here in arrival order, finish
+    them and send each result to its scheduler in a second thread."""
     # The finisher must get the GIL as soon as the device is done, even while this
     # thread packs the next batch (Python's default switch interval is 5 ms).
     sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
+    incoming: queue.Queue[tuple[Connection, WorkBatch | None]] = queue.Queue()
     launched: queue.Queue[_Started | None] = queue.Queue()
     slots = threading.Semaphore(MAX_LAUNCHED)
     unsent = [0]  # launched batches whose result is not sent yet
     sent = threading.Condition()
+    serving = set(conns)  # schedulers still there (guarded by ``sent``)
+
+    def reader(conn: Connection) -> None:
+        while not shutdown.requested:  # once stopping, what is queued goes back unrun
+            try:
+                if not conn.poll(0.2):
+                    continue
+                batch: WorkBatch | None = conn.recv()
+            except (EOFError, OSError):
+                batch = None
+            incoming.put((conn, batch))  # None: that scheduler went away or stops us
+            if batch is None:
+                return
 
     def finisher() -> None:
         prev_end = 0.0
@@ -207,10 +236,14 @@ def _serve_batches(
             prev_end = result.compute_end
             slots.release()
             try:
-                conn.send(result)
+                started.to.send(result)
             except OSError:
-                log.info("scheduler went away mid-batch; worker %s exits", wid)
-                os._exit(0)
+                with sent:
+                    serving.discard(started.to)
+                    left = len(serving)
+                log.info("a scheduler went away mid-batch; %d left for worker %s", left, wid)
+                if not left:
+                    os._exit(0)
             with sent:
                 unsent[0] -= 1
                 shutdown.busy = unsent[0] > 0
@@ -218,31 +251,30 @@ def _serve_batches(
 
     t = threading.Thread(target=finisher, name="finish", daemon=True)
     t.start()
+    for i, c in enumerate(conns):
+        threading.Thread(target=reader, args=(c,), name=f"read-{i}", daemon=True).start()
     try:
         while True:
             try:
-                # Poll so that a stop requested while busy is seen once the work is sent.
-                while not conn.poll(0.2):
-                    if shutdown.requested and not shutdown.busy:
-                        log.info("worker %s finished its batches and exits on request", wid)
-                        return
-            except (EOFError, OSError):
-                log.info("scheduler went away; worker %s exits", wid)
-                return
-            if shutdown.requested:
-                continue  # not reading more: what the scheduler queued goes back unrun
-            try:
-                batch = conn.recv()
-            except (EOFError, OSError):
-                log.info("scheduler went away; worker %s exits", wid)
-                return
-            if batch is None:  # orderly shutdown: send what was launched, then exit
-                return
+                conn, batch = incoming.get(timeout=0.2)
+            except queue.Empty:
+                if shutdown.requested and not shutdown.busy:
+                    log.info("worker %s finished its batches and exits on request", wid)
+                    return
+                continue
+            with sent:
+                if batch is None:
+                    serving.discard(conn)
+                if not serving:
+                    log.info("no scheduler left; worker %s exits", wid)
+                    return
+                if batch is None or conn not in serving or shutdown.requested:
+                    continue  # not launched: that scheduler hands it back
             slots.acquire()
             with sent:
                 unsent[0] += 1
                 shutdown.busy = True
-            started = launch_batch(models, batch)
+            started = launch_batch(models, batch, conn)
             launched.put(started)
             if started.job is None or not started.job.computing():
                 with sent:  # computed already: its result goes out before the next starts

@@ -90,19 +90,18 @@ def scheduler(
 
 @app.command()
 def worker(
-    socket: Path = typer.Option(..., help="the scheduler's worker socket"),
+    socket: list[Path] = typer.Option(
+        ..., help="a scheduler's worker socket; repeat it to serve several schedulers"
+    ),
     models: str = typer.Option("sim"),
     worker_id: str | None = None,
 ) -> None:
-    """Run one worker that joins a running scheduler (one per GPU)."""
-    import os
-
-    from workers.process import serve
+    """Run one worker (one per GPU) that joins running schedulers of this host."""
+    from workers.process import authkey_for, serve
 
     _logging()
-    key_hex = os.environ.get("GRISTMILL_WORKER_AUTHKEY")
-    authkey = bytes.fromhex(key_hex) if key_hex else (socket.parent / "worker.key").read_bytes()
-    serve(load_settings(), str(socket), authkey, models.split(","), worker_id)
+    schedulers = [(str(s), authkey_for(str(s))) for s in socket]
+    serve(load_settings(), schedulers, models.split(","), worker_id)
 
 
 @tenants_app.command("add")

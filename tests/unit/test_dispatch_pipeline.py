@@ -39,7 +39,12 @@ class _Svc(SchedulerService):
     """The real dispatch, receive and persist code; rows are kept instead of written."""
 
     def __init__(
-        self, batch_ms: float, n_workers: int = 1, max_batch: int = 8, timeout_s: float = 5
+        self,
+        batch_ms: float,
+        n_workers: int = 1,
+        max_batch: int = 8,
+        timeout_s: float = 5,
+        spawn: bool = True,  # False: the workers are started by hand and join
     ):
         self._init_dispatch(
             Settings(
@@ -58,7 +63,7 @@ class _Svc(SchedulerService):
         self.n_workers = n_workers
         self.pool = WorkerPool(
             socket_path=Path(tempfile.mkdtemp(prefix="gm-test-")) / "w.sock",
-            n_local=n_workers,
+            n_local=n_workers if spawn else 0,
             models=["sim"],
             on_ready=self._ready,
             env={
