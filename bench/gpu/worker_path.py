@@ -175,9 +175,26 @@ def make_workload(model_dir: str, n: int, lo: int, hi: int, max_tokens: int) -> 
     }
 
 
+def worker_env(args: argparse.Namespace) -> dict[str, str]:
+    return {
+        "GRISTMILL_EMBED_MAX_BATCH": str(args.max_batch),
+        "GRISTMILL_EMBED_MAX_TOKENS": str(args.max_tokens),
+        "GRISTMILL_EMBED_MODEL_DIR": args.model_dir,
+        "GRISTMILL_WORKER_STATS": "1",
+    }
+
+
 def run_workers(
-    args: argparse.Namespace, inputs: list[Any], n_workers: int, depth: int, barrier: Any = None
+    args: argparse.Namespace,
+    inputs: list[Any],
+    n_workers: int,
+    depth: int,
+    barrier: Any = None,
+    shared_socket: str | None = None,
 ) -> dict[str, Any]:
+    """One scheduler's dispatch path with ``n_workers`` workers of its own, or, with
+    ``shared_socket``, joined by the one worker per GPU that serves several schedulers
+    (decision 0014; the caller starts that worker)."""
     import scheduler.service as service_mod
     from gristmill.config import Settings
     from gristmill.messages import RequestMessage
@@ -203,16 +220,13 @@ def run_workers(
                 )
             )
             self.pool = WorkerPool(
-                socket_path=Path(tempfile.mkdtemp(prefix="gm-bench-")) / "workers.sock",
-                n_local=n_workers,
+                socket_path=Path(shared_socket)
+                if shared_socket
+                else Path(tempfile.mkdtemp(prefix="gm-bench-")) / "workers.sock",
+                n_local=0 if shared_socket else n_workers,
                 models=[MODEL],
                 on_ready=self._on_ready,
-                env={
-                    "GRISTMILL_EMBED_MAX_BATCH": str(args.max_batch),
-                    "GRISTMILL_EMBED_MAX_TOKENS": str(args.max_tokens),
-                    "GRISTMILL_EMBED_MODEL_DIR": args.model_dir,
-                    "GRISTMILL_WORKER_STATS": "1",
-                },
+                env=worker_env(args),
             )
             take = self.batcher.take
 
@@ -383,7 +397,8 @@ def run_workers(
             sum(1 for r in window if r["in_flight_after"] > 0) / len(window) if window else None
         ),
     }
-    if n_workers == 1 and window:
+    out["gpu_ms"] = gpu_ms
+    if n_workers == 1 and window and not shared_socket:
         # One process: its events are the GPU's whole work (nothing else runs on it).
         out["busy_events"] = gpu_ms / 1e3 / wall_s
         out["idle_per_batch_ms"] = (wall_s * 1e3 - gpu_ms) / len(window)
@@ -393,37 +408,74 @@ def run_workers(
 
 
 def _child(
-    args: argparse.Namespace, inputs: list[Any], n: int, depth: int, barrier: Any
+    args: argparse.Namespace,
+    inputs: list[Any],
+    n: int,
+    depth: int,
+    barrier: Any,
+    shared_socket: str | None = None,
 ) -> dict[str, Any]:
-    return run_workers(args, inputs, n, depth, barrier)
+    return run_workers(args, inputs, n, depth, barrier, shared_socket)
+
+
+def _start_shared_worker(args: argparse.Namespace, sockets: list[Path]) -> Any:
+    """The one worker for the GPU, joining every scheduler once their sockets exist."""
+    import subprocess
+
+    deadline = time.time() + 120
+    while not all((p.parent / "worker.key").exists() for p in sockets):
+        if time.time() > deadline:
+            raise SystemExit("the schedulers' worker sockets did not appear")
+        time.sleep(0.1)
+    cmd = [sys.executable, "-m", "workers", "--models", MODEL, "--worker-id", "gpu0"]
+    for p in sockets:
+        cmd += ["--socket", str(p)]
+    env = {**os.environ, **worker_env(args)}
+    env.pop("GRISTMILL_WORKER_AUTHKEY", None)  # each scheduler's key lies beside its socket
+    return subprocess.Popen(cmd, env=env, cwd=str(Path(__file__).resolve().parents[2]))
 
 
 def run_config(
-    args: argparse.Namespace, inputs: list[Any], s: int, n: int, depth: int
+    args: argparse.Namespace, inputs: list[Any], s: int, n: int, depth: int, shared: bool = False
 ) -> dict[str, Any]:
     """``s`` scheduler processes (as ``s`` schedulers of one consumer group on one host
-    would be), each with ``n`` workers, measured over one common window."""
-    if s == 1:
+    would be), each with ``n`` workers, measured over one common window; ``shared``: all
+    of them served by one worker (decision 0014) instead."""
+    if s == 1 and not shared:
         return run_workers(args, inputs, n, depth)
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = mp.get_context("spawn")
+    base = Path(tempfile.mkdtemp(prefix="gm-bench-shared-"))
+    sockets = [base / f"s{i}" / "workers.sock" for i in range(s)] if shared else []
+    worker = None
     with ctx.Manager() as mgr, ProcessPoolExecutor(s, mp_context=ctx) as ex:
         barrier = mgr.Barrier(s + 1)
-        futs = [ex.submit(_child, args, inputs, n, depth, barrier) for _ in range(s)]
+        futs = [
+            ex.submit(_child, args, inputs, n, depth, barrier, str(sockets[i]) if shared else None)
+            for i in range(s)
+        ]
+        if shared:
+            worker = _start_shared_worker(args, sockets)
         barrier.wait(timeout=600)
         nvml = NvmlBusy()
         nvml.start()
         parts = [f.result() for f in futs]
+    if worker is not None:
+        worker.wait(60)
     t0 = max(p["t_start"] for p in parts)
     t1 = min(p["t_end"] for p in parts)
     busy = nvml.mean(t0, t1)
     batches_per_s = sum(p["batches"] / p["window_s"] for p in parts)
+    workers = 1 if shared else s * n
     out: dict[str, Any] = {
-        "config": f"{s} schedulers x {n} worker(s), {depth} in flight",
+        "config": f"{s} schedulers x {n} worker(s), {depth} in flight"
+        if not shared
+        else f"{s} schedulers sharing 1 worker, {depth} in flight each",
         "schedulers": s,
-        "workers": s * n,
+        "workers": workers,
+        "shared_worker": shared,
         "in_flight": depth,
         "items_per_s": sum(p["items_per_s"] for p in parts),
         "busy_nvml": busy,
@@ -433,6 +485,12 @@ def run_config(
     }
     if busy is not None:
         out["idle_per_batch_ms_nvml"] = (1 - busy) * 1e3 / batches_per_s
+    if shared:
+        # One process on the GPU: its events (over all schedulers) are the GPU's work.
+        wall = statistics.mean(p["window_s"] for p in parts)
+        gpu_s = sum(p["gpu_ms"] for p in parts) / 1e3
+        out["busy_events"] = gpu_s / wall
+        out["idle_per_batch_ms"] = (wall - gpu_s) * 1e3 / sum(p["batches"] for p in parts)
     return out
 
 
@@ -446,7 +504,8 @@ def main() -> None:
         "--configs",
         default="1x1:1,1x1,1x2,2x1",
         help="SxW[:D]: S scheduler processes with W workers each, all on the one GPU, at "
-        "most D batches in flight per worker (default 2: the scheduler's own rule)",
+        "most D batches in flight per worker (default 2: the scheduler's own rule); Sx1s: "
+        "S scheduler processes sharing one worker (decision 0014)",
     )
     ap.add_argument("--seconds", type=float, default=15.0, help="measured window per count")
     ap.add_argument("--warm-s", type=float, default=3.0)
@@ -485,8 +544,9 @@ def main() -> None:
     res["runs"] = []
     for cfg in [c for c in args.configs.split(",") if c]:
         sw, _, d = cfg.partition(":")
-        s, _, n = sw.partition("x")
-        r = run_config(args, w["inputs"], int(s), int(n), int(d or 2))
+        shared = sw.endswith("s")
+        s, _, n = sw.removesuffix("s").partition("x")
+        r = run_config(args, w["inputs"], int(s), int(n), int(d or 2), shared)
         r["pct_of_ceiling"] = r["items_per_s"] / res["ceiling"]["items_per_s"]
         res["runs"].append(r)
         print(json.dumps(r, indent=1), flush=True)
@@ -515,6 +575,8 @@ def plot(res: dict[str, Any], out_dir: Path) -> None:
     runs = res["runs"]
 
     def name(r: dict[str, Any]) -> str:
+        if r.get("shared_worker"):
+            return f"{r['schedulers']}x1s:{r['in_flight']}"
         return f"{r['schedulers']}x{r['workers'] // r['schedulers']}" + (
             f":{r['in_flight']}" if "in_flight" in r else ""
         )
