@@ -50,8 +50,11 @@ log = logging.getLogger("gristmill.worker")
 
 # Benchmarks ask for the model's per-batch measurements (CUDA events on) in every result.
 _REPORT_STATS = os.environ.get("GRISTMILL_WORKER_STATS") == "1"
-# Batches launched and not yet finished: the running one and the one queued behind it.
-MAX_LAUNCHED = 2
+# Batches launched and not yet finished: the running one and up to two queued behind
+# it. One scheduler sends at most two at a time (decision 0012); a worker serving
+# several (decision 0014) keeps one more on the device so that a late launch (its
+# threads share one GIL) does not leave the GPU idle.
+MAX_LAUNCHED = 3
 
 
 def load_models(settings: Settings, names: list[str]) -> dict[tuple[str, str], Model]:

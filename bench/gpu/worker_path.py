@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import statistics
@@ -398,13 +399,34 @@ def run_workers(
         ),
     }
     out["gpu_ms"] = gpu_ms
+    out["marks"] = [(r["t_launch"], r["t_enqueued"], r["t_done"]) for r in window if "t_done" in r]
     if n_workers == 1 and window and not shared_socket:
+        out["late_launch"] = late_launches(out.pop("marks"))
         # One process: its events are the GPU's whole work (nothing else runs on it).
         out["busy_events"] = gpu_ms / 1e3 / wall_s
         out["idle_per_batch_ms"] = (wall_s * 1e3 - gpu_ms) / len(window)
     if busy_nvml is not None and window:
         out["idle_per_batch_ms_nvml"] = (1 - busy_nvml) * wall_s * 1e3 / len(window)
     return out
+
+
+def late_launches(marks: list[tuple[float, float, float]]) -> dict[str, float]:
+    """For one worker's batches (launch start, enqueued, GPU done; host clock), in launch
+    order: how often the next batch was still being launched when the one before it
+    ended on the GPU, and the GPU time lost to that (ms per batch, median/mean)."""
+    marks = sorted(marks)
+    gaps = [max(0.0, nxt[1] - cur[2]) * 1e3 for cur, nxt in itertools.pairwise(marks)]
+    waits = [max(0.0, nxt[0] - cur[2]) * 1e3 for cur, nxt in itertools.pairwise(marks)]
+    if not gaps:
+        return {}
+    return {
+        "share_late": sum(g > 0 for g in gaps) / len(gaps),
+        "lost_ms_mean": statistics.mean(gaps),
+        "lost_ms_median": statistics.median(gaps),
+        # launch began only after the batch ahead had ended (nothing to overlap with)
+        "share_started_after_done": sum(w > 0 for w in waits) / len(waits),
+        "launch_ms_median": statistics.median((m[1] - m[0]) * 1e3 for m in marks),
+    }
 
 
 def _child(
@@ -486,6 +508,7 @@ def run_config(
     if busy is not None:
         out["idle_per_batch_ms_nvml"] = (1 - busy) * 1e3 / batches_per_s
     if shared:
+        out["late_launch"] = late_launches([m for p in parts for m in p.pop("marks")])
         # One process on the GPU: its events (over all schedulers) are the GPU's work.
         wall = statistics.mean(p["window_s"] for p in parts)
         gpu_s = sum(p["gpu_ms"] for p in parts) / 1e3
@@ -561,7 +584,8 @@ def main() -> None:
             f"{100 * r['pct_of_ceiling']:.1f}% of ceiling; busy events "
             f"{r.get('busy_events')} nvml {r['busy_nvml']}; idle/batch "
             f"{r.get('idle_per_batch_ms')} ms (nvml {r.get('idle_per_batch_ms_nvml')}); "
-            f"padding {r['padding']:.2f}; mean batch {r['mean_batch']:.0f}"
+            f"padding {r['padding']:.2f}; mean batch {r['mean_batch']:.0f}; "
+            f"late launches {r.get('late_launch')}"
         )
 
 

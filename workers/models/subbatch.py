@@ -46,7 +46,8 @@ def plan(
     n = len(lens)
     if n == 0:
         return []
-    pads = [seq_pad(x) for x in lens]
+    pad_of = {x: seq_pad(x) for x in set(lens)}  # a few distinct lengths, many inputs
+    pads = [pad_of[x] for x in lens]
     if any(b < a for a, b in itertools.pairwise(pads)):
         raise ValueError("lens must be ascending")
     # Candidate cut positions: every ``step`` rows and wherever the padded length grows.
