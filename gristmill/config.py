@@ -84,12 +84,25 @@ class Settings(BaseSettings):
     max_linger_ms: int = 50
     # Safety margin kept between predicted completion and the deadline (ms).
     deadline_margin_ms: int = 20
+    # Longest compute a batch may take (ms); 0: derived from the tightest tier SLO, so
+    # that a sync request can wait out one running batch and then run its own:
+    # (min SLO - max linger - margin) / 2. The scheduler picks, from each worker's
+    # warmup curve, the batch size with the most items/s within it.
+    batch_budget_ms: float = 0.0
     # Buffered requests above which Kafka partitions are paused (backpressure).
     max_buffered: int = 20_000
     # A batch that takes longer than this is treated as a hung worker (seconds).
     batch_timeout_s: float = 60.0
     commit_interval_ms: int = 100
     workers: int = 2
+
+    def batch_budget(self) -> float:
+        """``batch_budget_ms``, or the one the tightest tier SLO implies."""
+        if self.batch_budget_ms > 0:
+            return self.batch_budget_ms
+        slo = min(self.tier_slo_ms.values(), default=self.default_timeout_ms)
+        return max(1.0, (slo - self.max_linger_ms - self.deadline_margin_ms) / 2)
+
     # Comma-separated models each local worker serves, e.g. "sim,embed".
     worker_models: str = "sim"
     worker_socket: str = ""

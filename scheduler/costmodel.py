@@ -48,3 +48,33 @@ class CostModel:
 
     def known(self, model: ModelRef) -> dict[int, float]:
         return dict(self._ms.get(model, {}))
+
+
+NEAR_BEST = 0.95
+
+
+def best_batch_size(profile: dict[int, float], max_batch: int, budget_ms: float) -> int:
+    """The batch size with the most items per second among those whose measured (or
+    interpolated) compute time fits ``budget_ms``, at most ``max_batch``.
+
+    The largest batch is usually the fastest per item, but not always (a CPU model's
+    curve can bend the other way), and a batch that takes longer than the budget makes
+    every sync request in it, and the one waiting behind it, miss its SLO. A model
+    slower than the budget even for its smallest batch still runs that batch.
+    """
+    if not profile:
+        return max_batch
+    curve = CostModel()
+    curve.seed(("m", ""), profile)
+    sizes = sorted({n for n in profile if n <= max_batch} | {max_batch})
+
+    def per_s(n: int) -> float:
+        return n / max(curve.predict_ms(("m", ""), n), 1e-9)
+
+    fits = [n for n in sizes if curve.predict_ms(("m", ""), n) <= budget_ms]
+    if not fits:
+        return sizes[0]
+    # Warmup timings are noisy: among sizes within 5% of the best rate take the largest
+    # (it drains a backlog in fewer batches), not a small one that won by noise.
+    best = max(per_s(n) for n in fits)
+    return max(n for n in fits if per_s(n) >= NEAR_BEST * best)

@@ -44,7 +44,7 @@ from results.store import persist
 from scheduler.backpressure import BufferBudget, paused_classes
 from scheduler.batcher import Batch, Batcher, BatchKey, FlushPolicy, Pending
 from scheduler.capacity import capacity_by_model
-from scheduler.costmodel import CostModel, ModelRef
+from scheduler.costmodel import CostModel, ModelRef, best_batch_size
 from scheduler.lane import ConsumerLane, held_lag, lane_specs
 from scheduler.load_report import tenant_backlog
 from scheduler.offsets import OffsetTracker
@@ -167,10 +167,12 @@ class SchedulerService:
         with self.cond:
             for m in h.hello.models:
                 ref = (m.name, m.version)
-                self.max_batch[ref] = min(
-                    self.max_batch.get(ref, m.max_batch_size), m.max_batch_size
-                )
-                self.cost.seed(ref, {int(k): v for k, v in m.profile_ms.items()})
+                profile = {int(k): v for k, v in m.profile_ms.items()}
+                # The worker's warmup curve picks the batch size (most items/s within
+                # the compute budget the SLOs leave); memory already bounded its max.
+                size = best_batch_size(profile, m.max_batch_size, self.settings.batch_budget())
+                self.max_batch[ref] = min(self.max_batch.get(ref, size), size)
+                self.cost.seed(ref, profile)
             self.handles.append(h)
             self.inflight[h] = deque()
             self.cond.notify_all()
