@@ -102,6 +102,8 @@ def test_token_ids_and_array_paths_match(model: Any) -> None:
 
 def test_gpu_sub_batch_plan_covers_the_batch(model: Any) -> None:
     """The CUDA sub-batch plan (pure arithmetic) on CPU: contiguous, complete, within caps."""
+    from workers.models.embedding_runtime import GRAPH_SEQ_STEP
+
     saved = model.use_graphs, model.bucket_tokens
     model.use_graphs, model.bucket_tokens = True, 32_768
     try:
@@ -111,7 +113,10 @@ def test_gpu_sub_batch_plan_covers_the_batch(model: Any) -> None:
             assert ends[-1] == len(lens) and ends == sorted(set(ends))
             for a, b in zip([0, *ends], ends, strict=False):
                 s = model._seq_pad(lens[b - 1])
-                assert s % 16 == 0 and b - a <= model._row_cap(s) <= model.spec.max_batch_size
+                assert (
+                    s % GRAPH_SEQ_STEP == 0
+                    and b - a <= model._row_cap(s) <= model.spec.max_batch_size
+                )
                 assert (b - a) * s <= model.bucket_tokens or b - a == 1
     finally:
         model.use_graphs, model.bucket_tokens = saved
