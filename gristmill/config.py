@@ -63,6 +63,14 @@ class Settings(BaseSettings):
     target_utilization: float = 0.75
     # Requests one API instance holds at once, and the share of that each tier may use.
     max_inflight: int = 1000
+    # Event-loop lag (ms) at which an API instance starts refusing a tier's new sync
+    # requests, and at which it refuses them all (ingest/overload.py): its own CPU
+    # saturation, which the workers' load reports cannot show.
+    loop_lag_shed_ms: dict[str, tuple[float, float]] = {
+        "free": (50.0, 150.0),
+        "paid": (75.0, 200.0),
+        "enterprise": (100.0, 300.0),
+    }
     inflight_share: dict[str, float] = {"free": 0.5, "paid": 0.8, "enterprise": 1.0}
     # API instances and schedulers report every second; older reports are ignored.
     load_report_stale_s: float = 5.0

@@ -20,6 +20,7 @@ from ingest.catalog import ModelCatalog
 from ingest.http import BodyLimit, install_error_handlers
 from ingest.job_submit import JobPublisher
 from ingest.load_watch import LoadWatch
+from ingest.overload import LoopLag
 from ingest.producer import AsyncProducer
 from ingest.ratelimit import InflightLimiter, TenantLimiter
 from ingest.state import AppState, get_state
@@ -69,6 +70,7 @@ def create_app(settings: Settings) -> FastAPI:
             limiter=limiter,
             inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
             load=LoadWatch(engine, settings, limiter),
+            lag=LoopLag(),
         )
         app.state.gristmill = state
         await waiter.start()
@@ -76,6 +78,7 @@ def create_app(settings: Settings) -> FastAPI:
             asyncio.create_task(webhook_loop(engine, settings)),
             asyncio.create_task(finish_stale_submissions(state)),
             asyncio.create_task(state.load.run()),
+            asyncio.create_task(state.lag.run()),
         ]
         try:
             yield

@@ -63,6 +63,12 @@ async def infer(
     st: AppState = get_state(request)
     received = time.time()
     tenant = await st.auth.authenticate(authorization)
+    if st.lag.should_shed(tenant.tier, st.settings.loop_lag_shed_ms):
+        raise Unavailable(
+            f"this API instance is overloaded (event loop {st.lag.lag_ms:.0f} ms behind); "
+            "retry shortly",
+            retry_after_s=1,
+        )
     if not st.inflight.try_acquire(tenant.tier):
         raise Unavailable("this API instance is at capacity; retry shortly", retry_after_s=1)
     try:

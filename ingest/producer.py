@@ -2,7 +2,9 @@
 
 ``produce`` returns only once the broker has the message with acks=all: that is
 the moment a request becomes durable and may be acknowledged. A background
-thread serves the producer's delivery callbacks.
+thread serves the producer's delivery callbacks and hands each poll's worth of
+outcomes to the event loop in one call (one wake-up of the loop per poll, not one
+per message: at 1,000 requests/s that is most of what the thread costs).
 
 A broker dying is routine (acks=all with min.insync.replicas 2 keeps going on
 two of three brokers; librdkafka retries until the new leader answers, within
@@ -14,8 +16,10 @@ one: the API recovers by itself instead of answering 503 until restarted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
+from collections import deque
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -36,6 +40,8 @@ class AsyncProducer:
             "error_cb": self._on_error,
         }
         self._fatal = threading.Event()
+        # Outcomes served by the current poll, handed to their loops after it returns.
+        self._delivered: deque[_Outcome] = deque()  # appended by callbacks, any thread
         self._producer = Producer(self._config)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="kafka-producer", daemon=True)
@@ -57,8 +63,21 @@ class AsyncProducer:
     def _poll(self) -> None:
         while not self._stop.is_set():
             self._producer.poll(0.05)
+            self._hand_over()
             if self._fatal.is_set():
                 self._replace()
+                self._hand_over()
+        self._hand_over()  # what close()'s flush delivered
+
+    def _hand_over(self) -> None:
+        """Settle the futures the last poll's callbacks decided, one call per loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
+        while self._delivered:
+            outcome = self._delivered.popleft()
+            by_loop.setdefault(outcome[0], []).append(outcome)
+        for loop, outcomes in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits
+                loop.call_soon_threadsafe(_settle, outcomes)
 
     async def produce(self, topic: str, key: str, value: bytes) -> tuple[int, int]:
         """(partition, offset) of the durable message; raises Unavailable otherwise."""
@@ -66,18 +85,20 @@ class AsyncProducer:
         fut: asyncio.Future[tuple[int, int]] = loop.create_future()
 
         def done(err: KafkaError | None, msg: Message) -> None:
+            # Runs in the poll thread, inside poll(): recorded, settled after it returns.
             if err is not None:
-                loop.call_soon_threadsafe(
-                    _set_exc,
-                    fut,
-                    Unavailable(
-                        f"could not make the request durable in Kafka: {err.str()}", retry_after_s=2
-                    ),
+                self._delivered.append(
+                    (
+                        loop,
+                        fut,
+                        Unavailable(
+                            f"could not make the request durable in Kafka: {err.str()}",
+                            retry_after_s=2,
+                        ),
+                    )
                 )
             else:
-                loop.call_soon_threadsafe(
-                    _set_result, fut, (msg.partition() or 0, msg.offset() or 0)
-                )
+                self._delivered.append((loop, fut, (msg.partition() or 0, msg.offset() or 0)))
 
         try:
             self._producer.produce(topic, value=value, key=key, on_delivery=done)
@@ -93,11 +114,17 @@ class AsyncProducer:
         self._thread.join(timeout=2)
 
 
-def _set_result(fut: asyncio.Future[tuple[int, int]], value: tuple[int, int]) -> None:
-    if not fut.done():
-        fut.set_result(value)
+# (the waiting caller's loop, its future, (partition, offset) or the error to raise)
+_Outcome = tuple[
+    asyncio.AbstractEventLoop, asyncio.Future[tuple[int, int]], tuple[int, int] | Exception
+]
 
 
-def _set_exc(fut: asyncio.Future[tuple[int, int]], exc: Exception) -> None:
-    if not fut.done():
-        fut.set_exception(exc)
+def _settle(outcomes: list[_Outcome]) -> None:
+    for _, fut, value in outcomes:
+        if fut.done():
+            continue
+        if isinstance(value, Exception):
+            fut.set_exception(value)
+        else:
+            fut.set_result(value)

@@ -1,0 +1,76 @@
+"""Shedding by the API's own event-loop lag (ingest/overload.py): pure rules, plus the
+monitor measuring a loop that is really held up."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gristmill.config import Settings
+from ingest.overload import LoopLag, shed_share
+
+TIERS = Settings().loop_lag_shed_ms
+
+
+def test_no_shedding_below_the_lower_threshold() -> None:
+    assert shed_share(10, 20, 80) == 0.0
+
+
+def test_everything_shed_from_the_upper_threshold() -> None:
+    assert shed_share(80, 20, 80) == 1.0 and shed_share(500, 20, 80) == 1.0
+
+
+def test_ramp_between() -> None:
+    assert shed_share(50, 20, 80) == pytest.approx(0.5)
+
+
+@given(st.floats(0, 1000), st.floats(0, 1000))
+def test_share_is_monotone_in_lag(a: float, b: float) -> None:
+    lo, hi = sorted((a, b))
+    assert shed_share(lo, 20, 80) <= shed_share(hi, 20, 80)
+
+
+def test_lowest_tier_is_shed_first() -> None:
+    lag = LoopLag()
+    lag.lag_ms = 60.0  # past free's lower threshold only
+    assert lag.should_shed("free", TIERS, draw=0.1)
+    assert not lag.should_shed("paid", TIERS, draw=0.0001)
+    assert not lag.should_shed("enterprise", TIERS, draw=0.0001)
+    lag.lag_ms = 1000.0
+    assert all(lag.should_shed(t, TIERS, draw=0.9999) for t in ("free", "paid", "enterprise"))
+
+
+def test_unknown_tier_uses_the_strictest_thresholds() -> None:
+    lag = LoopLag()
+    lag.lag_ms = 60.0
+    assert lag.should_shed("trial", TIERS, draw=0.05)
+
+
+def test_smoothing_follows_the_loop() -> None:
+    lag = LoopLag(alpha=0.5)
+    lag.observe(0.100)
+    assert lag.lag_ms == pytest.approx(50.0)
+    lag.observe(-0.01)  # early timers count as on time
+    assert lag.lag_ms == pytest.approx(25.0)
+
+
+def test_monitor_sees_a_blocked_loop() -> None:
+    async def scenario() -> list[float]:
+        lag = LoopLag(period_s=0.01)
+        seen: list[float] = []
+        observe = lag.observe
+        lag.observe = lambda late_s: (seen.append(late_s), observe(late_s))[1]  # type: ignore[method-assign]
+        task = asyncio.create_task(lag.run())
+        await asyncio.sleep(0.05)
+        assert seen and max(seen) < 0.05
+        time.sleep(0.15)  # hold the loop, as a saturated API process does
+        await asyncio.sleep(0.03)
+        task.cancel()
+        assert lag.lag_ms > 5  # smoothed, and still up shortly after the late timer
+        return seen
+
+    assert max(asyncio.run(scenario())) > 0.1
