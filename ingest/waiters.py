@@ -1,9 +1,13 @@
 """Waiting for results: LISTEN/NOTIFY first, polling as the fallback.
 
 One LISTEN connection per API process hears every persisted batch (payload:
-the request ids). Only ids that have a local waiter are fetched, in one query
-per notification. A slow poll covers anything a notification missed (the
-listener reconnecting, a result persisted before the waiter registered).
+the request ids). Only ids that have a local waiter are fetched. The listener
+only collects them; a resolver task fetches whatever has gathered in one query
+(up to 1,000 ids) and starts the next as soon as that returns, so under load one
+round trip serves many notifications instead of each waiting for the one before
+(at 1,500 requests/s the serial version left results unannounced for 600 ms). A
+slow poll covers anything a notification missed (the listener reconnecting, a
+result persisted before the waiter registered).
 
 While the listener is cut off from PostgreSQL no result can reach a caller, so
 new requests are refused with 503 + Retry-After instead of being accepted into
@@ -62,9 +66,15 @@ class ResultWaiter:
         self._waiting: dict[str, tuple[asyncio.Future[dict[str, Any]], float]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()
+        self._heard: list[str] = []  # announced ids with a waiter here, not yet fetched
+        self._heard_event = asyncio.Event()
 
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._listen()), asyncio.create_task(self._poll())]
+        self._tasks = [
+            asyncio.create_task(self._listen()),
+            asyncio.create_task(self._resolver()),
+            asyncio.create_task(self._poll()),
+        ]
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -115,7 +125,7 @@ class ResultWaiter:
                     # Catch up on anything persisted while we were not listening.
                     await self._resolve(list(self._waiting))
                     async for note in conn.notifies():
-                        await self._resolve(note.payload.split(","))
+                        self._hear(note.payload.split(","))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -123,6 +133,26 @@ class ResultWaiter:
                 log.warning("result listener lost its connection (%s); retrying", exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)  # a restarted database is found fast
+
+    def _hear(self, ids: list[str]) -> None:
+        mine = [i for i in ids if i in self._waiting]
+        if mine:
+            self._heard.extend(mine)
+            self._heard_event.set()
+
+    async def _resolver(self) -> None:
+        """Fetch what the listener heard, everything gathered so far in one query."""
+        while True:
+            await self._heard_event.wait()
+            self._heard_event.clear()
+            while self._heard:
+                ids, self._heard = self._heard[:1000], self._heard[1000:]
+                try:
+                    await self._resolve(ids)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # the slow poll picks these up
+                    log.warning("result fetch failed: %s", exc)
 
     async def _poll(self) -> None:
         while True:
