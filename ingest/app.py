@@ -116,7 +116,12 @@ def create_app(settings: Settings) -> FastAPI:
         except Exception:
             checks["database"] = False
         ok = all(checks.values())
-        return ORJSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
+        return ORJSONResponse(
+            # The lag this instance sheds on (decision 15): an operator's first look at
+            # whether the instance itself is saturated.
+            {"ready": ok, "checks": checks, "loop_lag_ms": round(st.lag.lag_ms, 1)},
+            status_code=200 if ok else 503,
+        )
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, object]:
