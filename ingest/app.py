@@ -20,7 +20,7 @@ from ingest.catalog import ModelCatalog
 from ingest.http import BodyLimit, install_error_handlers
 from ingest.job_submit import JobPublisher
 from ingest.load_watch import LoadWatch
-from ingest.overload import LoopLag
+from ingest.overload import Overload
 from ingest.producer import AsyncProducer
 from ingest.ratelimit import InflightLimiter, TenantLimiter
 from ingest.state import AppState, get_state
@@ -70,7 +70,7 @@ def create_app(settings: Settings) -> FastAPI:
             limiter=limiter,
             inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
             load=LoadWatch(engine, settings, limiter),
-            lag=LoopLag(),
+            overload=Overload(),
         )
         app.state.gristmill = state
         await waiter.start()
@@ -78,7 +78,7 @@ def create_app(settings: Settings) -> FastAPI:
             asyncio.create_task(webhook_loop(engine, settings)),
             asyncio.create_task(finish_stale_submissions(state)),
             asyncio.create_task(state.load.run()),
-            asyncio.create_task(state.lag.run()),
+            asyncio.create_task(state.overload.lag.run()),
         ]
         try:
             yield
@@ -119,7 +119,12 @@ def create_app(settings: Settings) -> FastAPI:
         return ORJSONResponse(
             # The lag this instance sheds on (decision 15): an operator's first look at
             # whether the instance itself is saturated.
-            {"ready": ok, "checks": checks, "loop_lag_ms": round(st.lag.lag_ms, 1)},
+            {
+                "ready": ok,
+                "checks": checks,
+                "loop_lag_ms": round(st.overload.lag.lag_ms, 1),
+                "path_delay_ms": round(st.overload.path.ms(), 1),
+            },
             status_code=200 if ok else 503,
         )
 

@@ -54,6 +54,11 @@ def result_body(row: dict[str, Any], total_ms: float | None = None) -> dict[str,
     }
 
 
+def _worker_ms(row: dict[str, Any]) -> float:
+    """Batch wait plus compute: the part of a request's time the workers' capacity sets."""
+    return _ms(row["consumed_at"], row["compute_end_at"]) or 0.0
+
+
 @router.post("/v1/infer")
 async def infer(
     request: Request,
@@ -63,9 +68,11 @@ async def infer(
     st: AppState = get_state(request)
     received = time.time()
     tenant = await st.auth.authenticate(authorization)
-    if st.lag.should_shed(tenant.tier, st.settings.loop_lag_shed_ms):
+    s = st.settings
+    if st.overload.should_shed(tenant.tier, s.loop_lag_shed_ms, s.path_delay_shed_ms):
         raise Unavailable(
-            f"this API instance is overloaded (event loop {st.lag.lag_ms:.0f} ms behind); "
+            f"overloaded: this API instance's event loop is {st.overload.lag.lag_ms:.0f} ms "
+            f"behind and answers spend {st.overload.path.ms():.0f} ms outside the workers; "
             "retry shortly",
             retry_after_s=1,
         )
@@ -145,9 +152,9 @@ async def _infer(
                 f"no result within timeout_ms={timeout_ms}; the request stays accepted "
                 f"and its result can be fetched at /v1/requests/{rid}"
             ) from exc
-        return ORJSONResponse(
-            result_body(row, (time.time() - received) * 1000), headers=limit_headers
-        )
+        total_ms = (time.time() - received) * 1000
+        st.overload.path.observe(total_ms - _worker_ms(row))
+        return ORJSONResponse(result_body(row, total_ms), headers=limit_headers)
     finally:
         st.waiter.discard(rid)
 

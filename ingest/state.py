@@ -12,7 +12,7 @@ from ingest.auth import Authenticator
 from ingest.catalog import ModelCatalog
 from ingest.job_submit import JobPublisher
 from ingest.load_watch import LoadWatch
-from ingest.overload import LoopLag
+from ingest.overload import Overload
 from ingest.producer import AsyncProducer
 from ingest.ratelimit import InflightLimiter, TenantLimiter
 from ingest.waiters import ResultWaiter
@@ -30,7 +30,7 @@ class AppState:
     limiter: TenantLimiter
     inflight: InflightLimiter
     load: LoadWatch
-    lag: LoopLag
+    overload: Overload
 
 
 def get_state(request: Request) -> AppState:

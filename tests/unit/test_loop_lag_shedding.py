@@ -1,9 +1,11 @@
-"""Shedding by the API's own event-loop lag (ingest/overload.py): pure rules, plus the
-monitor measuring a loop that is really held up."""
+"""Shedding by the API's own saturation (ingest/overload.py): event-loop lag and the
+path delay outside the workers. Pure rules, plus the monitor measuring a loop that is
+really held up."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import pytest
@@ -11,9 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gristmill.config import Settings
-from ingest.overload import LoopLag, shed_share
+from ingest.overload import LoopLag, Overload, PathDelay, shed_share
 
 TIERS = Settings().loop_lag_shed_ms
+PATH = Settings().path_delay_shed_ms
 
 
 def test_no_shedding_below_the_lower_threshold() -> None:
@@ -35,19 +38,44 @@ def test_share_is_monotone_in_lag(a: float, b: float) -> None:
 
 
 def test_lowest_tier_is_shed_first() -> None:
-    lag = LoopLag()
-    lag.lag_ms = 60.0  # past free's lower threshold only
-    assert lag.should_shed("free", TIERS, draw=0.05)
-    assert not lag.should_shed("paid", TIERS, draw=0.0001)
-    assert not lag.should_shed("enterprise", TIERS, draw=0.0001)
-    lag.lag_ms = 1000.0
-    assert all(lag.should_shed(t, TIERS, draw=0.9999) for t in ("free", "paid", "enterprise"))
+    o = Overload()
+    o.lag.lag_ms = 60.0  # past free's lower threshold only
+    assert o.should_shed("free", TIERS, PATH, draw=0.05)
+    assert not o.should_shed("paid", TIERS, PATH, draw=0.0001)
+    assert not o.should_shed("enterprise", TIERS, PATH, draw=0.0001)
+    o.lag.lag_ms = 1000.0
+    assert all(o.should_shed(t, TIERS, PATH, draw=0.9999) for t in ("free", "paid", "enterprise"))
 
 
 def test_unknown_tier_uses_the_strictest_thresholds() -> None:
-    lag = LoopLag()
-    lag.lag_ms = 60.0
-    assert lag.should_shed("trial", TIERS, draw=0.05)
+    o = Overload()
+    o.lag.lag_ms = 60.0
+    assert o.should_shed("trial", TIERS, PATH, draw=0.05)
+
+
+def test_a_slow_path_sheds_even_with_a_prompt_loop() -> None:
+    o = Overload()
+    for _ in range(500):
+        o.path.observe(400.0)  # answers spend 400 ms outside the workers
+    assert o.lag.lag_ms == 0.0
+    assert o.should_shed("enterprise", TIERS, PATH, draw=0.9999)
+
+
+def test_path_delay_decays_when_nothing_is_answered() -> None:
+    p = PathDelay(alpha=1.0, tau_s=1.0)
+    p.observe(300.0, now=10.0)
+    assert p.ms(now=10.0) == pytest.approx(300.0)
+    assert p.ms(now=13.0) == pytest.approx(300.0 * math.exp(-3))
+    # Shedding everything cannot keep itself going: the reading falls below any threshold.
+    assert p.ms(now=20.0) < min(lo for lo, _ in PATH.values())
+
+
+def test_path_delay_smooths_observations() -> None:
+    p = PathDelay(alpha=0.5, tau_s=1e9)
+    p.observe(100.0, now=1.0)
+    p.observe(0.0, now=1.0)
+    assert p.ms(now=1.0) == pytest.approx(25.0)
+    assert PathDelay().ms() == 0.0
 
 
 def test_smoothing_follows_the_loop() -> None:
