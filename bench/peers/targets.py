@@ -23,6 +23,7 @@ import httpx
 from bench.peers.procs import cpu_seconds, listener_pid, stop_tree
 from bench.peers.setup import REPO, peers_python
 from bench.peers.stats import STATS_DIR_ENV, BatchTotals, read_totals
+from gristmill.config import Settings
 from gristmill.devservices.ports import free_port
 
 WORKERS = 2
@@ -92,7 +93,7 @@ class GristmillTarget(Target):
         self.system = build_system(services, self.workdir)
         self.stack.callback(self.system.close)
         self.system.start_scheduler(workers=self.workers, models="sim")
-        self.system.url = self.system.start_api()
+        self.system.url = self.system.start_api(processes=self.system.settings.api_processes)
         self.system.wait_until_serving("sim")
         self.url = f"{self.system.url}/v1/infer"
         self.headers = {"Authorization": f"Bearer {self.system.keys['enterprise']}"}
@@ -126,7 +127,7 @@ class GristmillTarget(Target):
         s = self.system.settings
         return {
             "workers": self.workers,
-            "api_processes": 1,
+            "api_processes": Settings().api_processes,
             "max_linger_ms": s.max_linger_ms,
             "max_batch": s.sim_max_batch,
             "topic_partitions": s.topic_partitions,

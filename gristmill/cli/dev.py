@@ -112,7 +112,7 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
             f"starting API on {url} and a scheduler with {workers} worker(s) [{models}] ...",
             flush=True,
         )
-        procs.append(_child(api_command(api_port), env, logs / "api.log"))
+        procs.append(_child(api_command(api_port, settings.api_processes), env, logs / "api.log"))
         procs.append(
             _child(
                 scheduler_command(workers, models, state_dir / "run"), env, logs / "scheduler.log"

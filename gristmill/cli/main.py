@@ -48,7 +48,9 @@ def migrate(topics: bool = typer.Option(True, help="also create the Kafka topics
 def api(
     host: str | None = None,
     port: int | None = None,
-    workers: int = typer.Option(1, help="uvicorn worker processes"),
+    workers: int | None = typer.Option(
+        None, help="uvicorn worker processes (default GRISTMILL_API_PROCESSES, 2)"
+    ),
 ) -> None:
     """Run the HTTP API."""
     import uvicorn
@@ -59,7 +61,7 @@ def api(
         "ingest.main:app",
         host=host or settings.api_host,
         port=port or settings.api_port,
-        workers=workers,
+        workers=workers or settings.api_processes,
         log_level="warning",
         access_log=False,
     )

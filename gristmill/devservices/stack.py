@@ -32,8 +32,9 @@ from results.tenants import create_tenant, issue_key, set_plan
 REPO = Path(__file__).resolve().parents[2]  # repo root: processes run from here
 
 
-def api_command(port: int) -> list[str]:
-    """One API process on loopback (shared by the tests, benchmarks and `gristmill dev`)."""
+def api_command(port: int, processes: int = 1) -> list[str]:
+    """An API instance on loopback (shared by the tests, benchmarks and `gristmill dev`);
+    ``processes`` > 1 runs that many uvicorn processes on the one port."""
     return [
         sys.executable,
         "-m",
@@ -45,6 +46,7 @@ def api_command(port: int) -> list[str]:
         str(port),
         "--log-level",
         "warning",
+        *(["--workers", str(processes)] if processes > 1 else []),
     ]
 
 
@@ -122,13 +124,18 @@ class System:
         return {"Authorization": f"Bearer {self.keys[tier]}"}
 
     def start_api(
-        self, name: str = "api", env: dict[str, str] | None = None, port: int | None = None
+        self,
+        name: str = "api",
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+        processes: int = 1,
     ) -> str:
-        """Start an API process; ``port`` restarts one where clients expect it."""
+        """Start an API process (``processes`` uvicorn processes on one port); ``port``
+        restarts one where clients expect it."""
         port = port or free_port()
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
-            api_command(port),
+            api_command(port, processes),
             env={**self.env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
