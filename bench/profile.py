@@ -59,6 +59,8 @@ def py_spy() -> str:
 
 def start_spy(pid: int, out: Path, duration_s: float) -> subprocess.Popen[bytes]:
     argv = [py_spy(), "record", "--pid", str(pid), "--duration", str(int(duration_s))]
+    # The API may be several uvicorn processes under one supervisor: sample them all.
+    argv += ["--subprocesses"]
     # --nonblocking: pausing the process at 100 Hz would itself add latency; py-spy's idle
     # detection is weaker then, so known blocking waits are set apart in hot_spots().
     argv += ["--rate", "100", "--format", "raw", "--nonblocking", "--output", str(out)]

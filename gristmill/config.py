@@ -77,9 +77,9 @@ class Settings(BaseSettings):
     # The same for the smoothed time answered sync requests spent outside batch wait
     # and compute (Kafka, intake, persistence, the answer's way back), in ms.
     path_delay_shed_ms: dict[str, tuple[float, float]] = {
-        "free": (75.0, 200.0),
-        "paid": (100.0, 250.0),
-        "enterprise": (150.0, 350.0),
+        "free": (50.0, 150.0),
+        "paid": (75.0, 200.0),
+        "enterprise": (100.0, 250.0),
     }
     inflight_share: dict[str, float] = {"free": 0.5, "paid": 0.8, "enterprise": 1.0}
     # API instances and schedulers report every second; older reports are ignored.
