@@ -57,10 +57,12 @@ def py_spy() -> str:
     return str(local) if local.exists() else "py-spy"
 
 
-def start_spy(pid: int, out: Path, duration_s: float) -> subprocess.Popen[bytes]:
+def start_spy(
+    pid: int, out: Path, duration_s: float, subprocesses: bool = False
+) -> subprocess.Popen[bytes]:
     argv = [py_spy(), "record", "--pid", str(pid), "--duration", str(int(duration_s))]
-    # The API may be several uvicorn processes under one supervisor: sample them all.
-    argv += ["--subprocesses"]
+    if subprocesses:  # the API: several uvicorn processes under one supervisor
+        argv += ["--subprocesses"]
     # --nonblocking: pausing the process at 100 Hz would itself add latency; py-spy's idle
     # detection is weaker then, so known blocking waits are set apart in hot_spots().
     argv += ["--rate", "100", "--format", "raw", "--nonblocking", "--output", str(out)]
@@ -138,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
             for role in ("api", "scheduler"):
                 raw = raw_dir / f"pyspy-{role}.txt"
                 # +2 s: the load processes take ~2 s to start their shared schedule.
-                spies[role] = (start_spy(roles[role][0][0], raw, args.duration + 2), raw)
+                spies[role] = (
+                    start_spy(roles[role][0][0], raw, args.duration + 2, role == "api"),
+                    raw,
+                )
         c0 = cpu_by_role(roles)
         spec = LoadSpec(t.url, t.headers, args.rate, args.duration, tag=f"pr-{uuid.uuid4().hex}")
         res = run_load(spec, processes=args.clients)
