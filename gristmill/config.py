@@ -74,9 +74,8 @@ class Settings(BaseSettings):
         "paid": (75.0, 200.0),
         "enterprise": (100.0, 300.0),
     }
-    # The same for the smoothed time answered sync requests spent outside batch wait
-    # and compute (Kafka, intake, persistence, the answer's way back), in ms.
-    path_delay_shed_ms: dict[str, tuple[float, float]] = {
+    # The same for the smoothed time from a sync result's commit to its answer (ms).
+    answer_delay_shed_ms: dict[str, tuple[float, float]] = {
         "free": (50.0, 150.0),
         "paid": (75.0, 200.0),
         "enterprise": (100.0, 250.0),

@@ -123,7 +123,7 @@ def create_app(settings: Settings) -> FastAPI:
                 "ready": ok,
                 "checks": checks,
                 "loop_lag_ms": round(st.overload.lag.lag_ms, 1),
-                "path_delay_ms": round(st.overload.path.ms(), 1),
+                "answer_delay_ms": round(st.overload.answer.ms(), 1),
             },
             status_code=200 if ok else 503,
         )

@@ -54,11 +54,6 @@ def result_body(row: dict[str, Any], total_ms: float | None = None) -> dict[str,
     }
 
 
-def _worker_ms(row: dict[str, Any]) -> float:
-    """Batch wait plus compute: the part of a request's time the workers' capacity sets."""
-    return _ms(row["consumed_at"], row["compute_end_at"]) or 0.0
-
-
 @router.post("/v1/infer")
 async def infer(
     request: Request,
@@ -69,11 +64,11 @@ async def infer(
     received = time.time()
     tenant = await st.auth.authenticate(authorization)
     s = st.settings
-    if st.overload.should_shed(tenant.tier, s.loop_lag_shed_ms, s.path_delay_shed_ms):
+    if st.overload.should_shed(tenant.tier, s.loop_lag_shed_ms, s.answer_delay_shed_ms):
         raise Unavailable(
             f"overloaded: this API instance's event loop is {st.overload.lag.lag_ms:.0f} ms "
-            f"behind and answers spend {st.overload.path.ms():.0f} ms outside the workers; "
-            "retry shortly",
+            f"behind and its answers leave {st.overload.answer.ms():.0f} ms after their "
+            "result is stored; retry shortly",
             retry_after_s=1,
         )
     if not st.inflight.try_acquire(tenant.tier):
@@ -153,7 +148,8 @@ async def _infer(
                 f"and its result can be fetched at /v1/requests/{rid}"
             ) from exc
         total_ms = (time.time() - received) * 1000
-        st.overload.path.observe(total_ms - _worker_ms(row))
+        if row.get("persisted_at") is not None:
+            st.overload.answer.observe((time.time() - row["persisted_at"].timestamp()) * 1000)
         return ORJSONResponse(result_body(row, total_ms), headers=limit_headers)
     finally:
         st.waiter.discard(rid)

@@ -1,5 +1,5 @@
 """Shedding by saturation the schedulers' load reports cannot see: this API
-instance's event-loop lag, and the delay of the path outside the workers.
+instance's event-loop lag, and how long its answers take once a result is stored.
 
 Admission by predicted delay (ingest/admission.py) protects the workers: it sheds what
 they could not serve in time. It cannot see the API process itself running out of CPU
@@ -11,15 +11,17 @@ requests is refused with 503 + Retry-After, all of them above its upper threshol
 lower tiers start earlier, so they are shed first. Refusing is cheap (no body parse,
 no Kafka, no wait), so shedding frees the CPU the admitted requests need.
 
-The loop's lag stays moderate when the CPU runs short in the other processes a
-request passes through (Kafka, the scheduler, PostgreSQL) or in the API's own I/O
-callbacks: on the 2-core box at 1,300 req/s the lag's median was 18 ms while the
-answers took 700 ms at p95. So the path delay counts too: for each answered sync
-request, its time outside batch wait and compute (Kafka, the scheduler's intake,
-persistence, the answer's way back), smoothed, and decaying while nothing is answered
-(so a burst's high reading cannot keep shedding once the traffic is gone). Batch wait
-and compute are left out: they grow when the workers are short, which admission by
-predicted delay already handles.
+The loop's lag stays moderate when the CPU runs short in the other processes of
+the machine or in the API's own I/O callbacks: on the 2-core box at 1,300 req/s the
+lag's median was 18 ms while the answers took 700 ms at p95. So the answer delay
+counts too: for each answered sync request, the time from its result's commit in
+PostgreSQL to its answer leaving (the NOTIFY, the fetch, the wake-up), smoothed, and
+decaying while nothing is answered (so a burst's high reading cannot keep shedding
+once the traffic is gone). That stretch is all API work: it grows when the API
+instance is short of CPU, and stays short when requests are slow for other reasons
+(a backlog after a Kafka outage, the workers' queue), which other rules handle. A
+first version counted the whole time outside batch wait and compute, and kept
+shedding for seconds after a Kafka broker came back while the backlog drained.
 """
 
 from __future__ import annotations
@@ -59,12 +61,15 @@ class LoopLag:
             self.observe(loop.time() - t0 - self.period_s)
 
 
-class PathDelay:
-    """Answered sync requests' time outside batch wait and compute, smoothed (ms)."""
+class AnswerDelay:
+    """Answered sync requests' time from their result's commit to the answer, smoothed
+    (ms). Each reading is capped at ``cap_ms``, so a few stragglers (a listener that
+    reconnected, a result found by the slow poll) cannot hold the guard shut."""
 
-    def __init__(self, alpha: float = 0.02, tau_s: float = 1.0):
+    def __init__(self, alpha: float = 0.02, tau_s: float = 0.5, cap_ms: float = 1000.0):
         self.alpha = alpha
         self.tau_s = tau_s
+        self.cap_ms = cap_ms
         self._ms = 0.0
         self._at = 0.0  # monotonic time of the last observation
 
@@ -77,7 +82,7 @@ class PathDelay:
     def observe(self, ms: float, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         cur = self.ms(now)
-        self._ms = cur + self.alpha * (max(0.0, ms) - cur)
+        self._ms = cur + self.alpha * (min(max(0.0, ms), self.cap_ms) - cur)
         self._at = now
 
 
@@ -91,25 +96,25 @@ class Overload:
 
     def __init__(self) -> None:
         self.lag = LoopLag()
-        self.path = PathDelay()
+        self.answer = AnswerDelay()
 
     def shed_share(
         self,
         tier: str,
         lag_thresholds: dict[str, tuple[float, float]],
-        path_thresholds: dict[str, tuple[float, float]],
+        answer_thresholds: dict[str, tuple[float, float]],
     ) -> float:
         return max(
             _share(self.lag.lag_ms, tier, lag_thresholds),
-            _share(self.path.ms(), tier, path_thresholds),
+            _share(self.answer.ms(), tier, answer_thresholds),
         )
 
     def should_shed(
         self,
         tier: str,
         lag_thresholds: dict[str, tuple[float, float]],
-        path_thresholds: dict[str, tuple[float, float]],
+        answer_thresholds: dict[str, tuple[float, float]],
         draw: float | None = None,
     ) -> bool:
-        share = self.shed_share(tier, lag_thresholds, path_thresholds)
+        share = self.shed_share(tier, lag_thresholds, answer_thresholds)
         return share > 0 and (random.random() if draw is None else draw) < share

@@ -1,5 +1,5 @@
 """Shedding by the API's own saturation (ingest/overload.py): event-loop lag and the
-path delay outside the workers. Pure rules, plus the monitor measuring a loop that is
+delay of its answers. Pure rules, plus the monitor measuring a loop that is
 really held up."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gristmill.config import Settings
-from ingest.overload import LoopLag, Overload, PathDelay, shed_share
+from ingest.overload import AnswerDelay, LoopLag, Overload, shed_share
 
 TIERS = Settings().loop_lag_shed_ms
-PATH = Settings().path_delay_shed_ms
+PATH = Settings().answer_delay_shed_ms
 
 
 def test_no_shedding_below_the_lower_threshold() -> None:
@@ -53,16 +53,16 @@ def test_unknown_tier_uses_the_strictest_thresholds() -> None:
     assert o.should_shed("trial", TIERS, PATH, draw=0.05)
 
 
-def test_a_slow_path_sheds_even_with_a_prompt_loop() -> None:
+def test_slow_answers_shed_even_with_a_prompt_loop() -> None:
     o = Overload()
     for _ in range(500):
-        o.path.observe(400.0)  # answers spend 400 ms outside the workers
+        o.answer.observe(400.0)  # answers leave 400 ms after their result is stored
     assert o.lag.lag_ms == 0.0
     assert o.should_shed("enterprise", TIERS, PATH, draw=0.9999)
 
 
-def test_path_delay_decays_when_nothing_is_answered() -> None:
-    p = PathDelay(alpha=1.0, tau_s=1.0)
+def test_answer_delay_decays_when_nothing_is_answered() -> None:
+    p = AnswerDelay(alpha=1.0, tau_s=1.0, cap_ms=1e9)
     p.observe(300.0, now=10.0)
     assert p.ms(now=10.0) == pytest.approx(300.0)
     assert p.ms(now=13.0) == pytest.approx(300.0 * math.exp(-3))
@@ -70,12 +70,21 @@ def test_path_delay_decays_when_nothing_is_answered() -> None:
     assert p.ms(now=20.0) < min(lo for lo, _ in PATH.values())
 
 
-def test_path_delay_smooths_observations() -> None:
-    p = PathDelay(alpha=0.5, tau_s=1e9)
+def test_stragglers_cannot_hold_the_guard_shut() -> None:
+    """Stragglers (found seconds late by the slow poll) are capped: shedding ends soon."""
+    p = AnswerDelay()
+    for _ in range(200):
+        p.observe(5000.0, now=100.0)
+    assert p.ms(now=100.0) <= p.cap_ms
+    assert p.ms(now=102.0) < min(lo for lo, _ in PATH.values())
+
+
+def test_answer_delay_smooths_observations() -> None:
+    p = AnswerDelay(alpha=0.5, tau_s=1e9)
     p.observe(100.0, now=1.0)
     p.observe(0.0, now=1.0)
     assert p.ms(now=1.0) == pytest.approx(25.0)
-    assert PathDelay().ms() == 0.0
+    assert AnswerDelay().ms() == 0.0
 
 
 def test_smoothing_follows_the_loop() -> None:
