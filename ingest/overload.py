@@ -92,13 +92,13 @@ def _share(value: float, tier: str, thresholds: dict[str, tuple[float, float]]) 
 
 
 class Overload:
-    """Both signals; a tier's share to refuse is the larger of the two."""
+    """Both signals; a tier's share to refuse (``share``) is the larger of the two."""
 
     def __init__(self) -> None:
         self.lag = LoopLag()
         self.answer = AnswerDelay()
 
-    def shed_share(
+    def share(
         self,
         tier: str,
         lag_thresholds: dict[str, tuple[float, float]],
@@ -116,5 +116,5 @@ class Overload:
         answer_thresholds: dict[str, tuple[float, float]],
         draw: float | None = None,
     ) -> bool:
-        share = self.shed_share(tier, lag_thresholds, answer_thresholds)
+        share = self.share(tier, lag_thresholds, answer_thresholds)
         return share > 0 and (random.random() if draw is None else draw) < share

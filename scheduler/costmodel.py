@@ -65,16 +65,13 @@ def best_batch_size(profile: dict[int, float], max_batch: int, budget_ms: float)
     if not profile:
         return max_batch
     curve = CostModel()
-    curve.seed(("m", ""), profile)
+    curve.seed(("m", ""), profile)  # its interpolation, for a max between measured sizes
     sizes = sorted({n for n in profile if n <= max_batch} | {max_batch})
-
-    def per_s(n: int) -> float:
-        return n / max(curve.predict_ms(("m", ""), n), 1e-9)
-
-    fits = [n for n in sizes if curve.predict_ms(("m", ""), n) <= budget_ms]
-    if not fits:
+    ms = {n: curve.predict_ms(("m", ""), n) for n in sizes}
+    rate = {n: n / max(t, 1e-9) for n, t in ms.items() if t <= budget_ms}
+    if not rate:
         return sizes[0]
     # Warmup timings are noisy: among sizes within 5% of the best rate take the largest
     # (it drains a backlog in fewer batches), not a small one that won by noise.
-    best = max(per_s(n) for n in fits)
-    return max(n for n in fits if per_s(n) >= NEAR_BEST * best)
+    best = max(rate.values())
+    return max(n for n, r in rate.items() if r >= NEAR_BEST * best)

@@ -470,23 +470,18 @@ class SchedulerService:
             compute_start=result.compute_start,
             compute_end=result.compute_end,
         )
-        waited = [i for i, p in enumerate(batch.items) if p.msg.job_id is None]
-        if not waited or len(waited) == len(batch.items):
+        sync = [(r, p) for r, p in zip(rows, batch.items, strict=True) if p.msg.job_id is None]
+        if not sync or len(sync) == len(rows):
             self._persist(rows, brow, batch.items)
             return
         # A batch of sync requests topped up with job items: the sync rows go in a short
         # transaction of their own (and are announced at once), the job rows follow at
         # background priority. Each request still gets exactly one row, and each
         # offset is marked done only once its row is written (decision 0013).
-        mine = set(waited)
-        self._persist([rows[i] for i in waited], brow, [batch.items[i] for i in waited])
-        rest = [i for i in range(len(rows)) if i not in mine]
+        jobs = [(r, p) for r, p in zip(rows, batch.items, strict=True) if p.msg.job_id]
+        self._persist([r for r, _ in sync], brow, [p for _, p in sync])
         self.persist_pool.submit(
-            BACKGROUND_RANK,
-            self._persist,
-            [rows[i] for i in rest],
-            None,
-            [batch.items[i] for i in rest],
+            BACKGROUND_RANK, self._persist, [r for r, _ in jobs], None, [p for _, p in jobs]
         )
 
     def _on_failure(self, batch: Batch, error: str) -> None:

@@ -1,17 +1,19 @@
 """The worker process: load models, warm up, then run one batch at a time.
 
-It connects to its scheduler's socket, announces the models it serves with
-their measured cost profile, and then answers every WorkBatch with a
-WorkResult, in the order the batches came. When the scheduler goes away the
-worker exits: it never runs work that nobody will persist.
+It connects to its scheduler's socket (or, started by hand, to several
+schedulers' sockets: decision 0014), announces the models it serves with their
+measured cost profile, and then answers every WorkBatch with a WorkResult to the
+scheduler that sent it, in the order the batches came. When its last scheduler
+goes away the worker exits: it never runs work that nobody will persist.
 
 A scheduler may send the next batch before the current one's result is back
-(decision 0012). The main thread reads batches and launches each (``Model.launch``:
-a GPU model packs it and enqueues its work behind the running batch); a second
-thread waits for each launched batch in turn (``Model.finish``) and sends its
-result. So the device computes one batch at a time, in order, while the host
-prepares the next one and ships the last one's result; at most ``MAX_LAUNCHED``
-batches are launched and unfinished, the rest wait unread in the socket. A batch
+(decision 0012). A thread per scheduler reads its batches into one queue; the main
+thread launches them in arrival order (``Model.launch``: a GPU model packs a batch
+and enqueues its work behind the running one); a finisher thread waits for each
+launched batch in turn (``Model.finish``) and sends its result. So the device
+computes one batch at a time, in order, while the host prepares the next ones and
+ships the last one's result; at most ``MAX_LAUNCHED`` batches are launched and
+unfinished, the rest wait in the queue (and go back unrun on a stop). A batch
 that a model computed outright in ``launch`` (CPU models, sim) has its result sent
 before the next batch is launched: if the next one kills the process, the scheduler
 blames that one, not a batch that had already finished.
