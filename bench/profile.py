@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.openloop import LoadSpec, run_load
-from bench.peers.procs import cpu_seconds, tree
+from bench.peers.procs import cpu_seconds, thread_cpu, tree
 from bench.peers.targets import GristmillTarget
 
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
@@ -50,6 +50,33 @@ def role_pids(t: GristmillTarget) -> dict[str, list[tuple[int, bool]]]:
 
 def cpu_by_role(roles: dict[str, list[tuple[int, bool]]]) -> dict[str, float]:
     return {r: sum(cpu_seconds(p, rec) for p, rec in pids) for r, pids in roles.items()}
+
+
+# Roles whose threads are broken down (the workers sleep; PostgreSQL has one per backend).
+THREAD_ROLES = ("api", "scheduler", "kafka")
+
+
+def threads_by_role(roles: dict[str, list[tuple[int, bool]]]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for r in THREAD_ROLES:
+        acc: dict[str, float] = {}
+        for pid, rec in roles[r]:
+            for name, s in thread_cpu(pid, rec).items():
+                acc[name] = acc.get(name, 0.0) + s
+        out[r] = acc
+    return out
+
+
+def thread_table(
+    before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], ok: int, top: int = 6
+) -> dict[str, list[list[Any]]]:
+    """Per role, the threads that used the most CPU: [name, ms per request]."""
+    out = {}
+    for r, names in after.items():
+        used = {n: s - before[r].get(n, 0.0) for n, s in names.items()}
+        best = sorted(used.items(), key=lambda kv: -kv[1])[:top]
+        out[r] = [[n, round(1000 * s / ok, 3)] for n, s in best if s > 0]
+    return out
 
 
 def py_spy() -> str:
@@ -144,10 +171,10 @@ def main(argv: list[str] | None = None) -> int:
                     start_spy(roles[role][0][0], raw, args.duration + 2, role == "api"),
                     raw,
                 )
-        c0 = cpu_by_role(roles)
+        c0, th0 = cpu_by_role(roles), threads_by_role(roles)
         spec = LoadSpec(t.url, t.headers, args.rate, args.duration, tag=f"pr-{uuid.uuid4().hex}")
         res = run_load(spec, processes=args.clients)
-        c1 = cpu_by_role(roles)
+        c1, th1 = cpu_by_role(roles), threads_by_role(roles)
         hot = {}
         for role, (proc, raw) in spies.items():
             _, err = proc.communicate(timeout=60)
@@ -172,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         "load": res.summary(),
         "cpu": cpu,
         "total_cpu_ms_per_request": total_ms,
+        "threads_ms_per_request": thread_table(th0, th1, ok),
         "hot_spots": hot,
     }
     (args.out / "profile.json").write_text(json.dumps(report, indent=1))
@@ -198,6 +226,11 @@ def render(rep: dict[str, Any]) -> str:
             f"| {v.get('idle_cores', '-')} |"
         )
     lines.append(f"| **total** | | **{rep['total_cpu_ms_per_request']}** | | |")
+    threads = rep.get("threads_ms_per_request", {})
+    if threads:
+        lines += ["", "Busiest threads (CPU ms per request; `rdk:*` are librdkafka's own):", ""]
+        for role, rows in threads.items():
+            lines.append(f"- {role}: " + ", ".join(f"`{n}` {ms}" for n, ms in rows))
     for role, h in rep["hot_spots"].items():
         lines += [
             "",

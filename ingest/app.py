@@ -85,6 +85,8 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             for task in background:
                 task.cancel()
+            with contextlib.suppress(Exception):  # the database may be the thing that is gone
+                await state.load.leave()
             await waiter.stop()
             state.producer.close()
             state.jobs.close()

@@ -24,10 +24,30 @@ def error_response(err: GristmillError) -> ORJSONResponse:
     return ORJSONResponse(err.to_body(), status_code=err.status, headers=headers)
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    async def on_gristmill(_: Request, exc: Exception) -> ORJSONResponse:
-        assert isinstance(exc, GristmillError)
+# A database that cannot be reached is the service's trouble, not the client's: 503.
+DATABASE_ERRORS: tuple[type[Exception], ...] = (
+    OperationalError,
+    DBAPIError,
+    psycopg.OperationalError,
+    OSError,
+)
+
+
+def exception_response(exc: Exception) -> ORJSONResponse | None:
+    """The answer for an error a handler raised; None for a bug (a 500 elsewhere)."""
+    if isinstance(exc, GristmillError):
         return error_response(exc)
+    if isinstance(exc, DATABASE_ERRORS):
+        log.warning("database unavailable: %s", exc)
+        return error_response(Unavailable("the database is unavailable", retry_after_s=2))
+    return None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_known(_: Request, exc: Exception) -> ORJSONResponse:
+        response = exception_response(exc)
+        assert response is not None
+        return response
 
     async def on_validation(_: Request, exc: Exception) -> ORJSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -35,14 +55,17 @@ def install_error_handlers(app: FastAPI) -> None:
         loc = ".".join(str(x) for x in err["loc"][1:]) or "body"
         return error_response(SchemaViolation(f"{loc}: {err['msg']}", field=loc))
 
-    async def on_database(_: Request, exc: Exception) -> ORJSONResponse:
-        log.warning("database unavailable: %s", exc)
-        return error_response(Unavailable("the database is unavailable", retry_after_s=2))
-
-    app.add_exception_handler(GristmillError, on_gristmill)
     app.add_exception_handler(RequestValidationError, on_validation)
-    for exc_type in (OperationalError, DBAPIError, psycopg.OperationalError, OSError):
-        app.add_exception_handler(exc_type, on_database)
+    known: tuple[type[Exception], ...] = (GristmillError, *DATABASE_ERRORS)
+    for exc_type in known:
+        app.add_exception_handler(exc_type, on_known)
+
+
+def declared_too_large(scope: Scope, max_bytes: int) -> bool:
+    for name, value in scope.get("headers", []):
+        if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
+            return True
+    return False
 
 
 class BodyLimit:
@@ -58,10 +81,9 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         too_large = PayloadTooLarge(f"request body exceeds {self.max_bytes} bytes")
-        for name, value in scope.get("headers", []):
-            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await error_response(too_large)(scope, receive, send)
-                return
+        if declared_too_large(scope, self.max_bytes):
+            await error_response(too_large)(scope, receive, send)
+            return
         seen = 0
 
         async def limited() -> Message:

@@ -60,7 +60,17 @@ async def infer(
     authorization: str | None = Header(default=None),
     idempotency_key: str | None = Header(default=None),
 ) -> ORJSONResponse:
-    st: AppState = get_state(request)
+    # Documents the route in OpenAPI and serves it when the app runs without the fast path
+    # (ingest/fast_path.py, which calls answer_infer directly in production).
+    return await answer_infer(
+        get_state(request), authorization, idempotency_key, await request.body()
+    )
+
+
+async def answer_infer(
+    st: AppState, authorization: str | None, idempotency_key: str | None, raw_body: bytes
+) -> ORJSONResponse:
+    """The whole of ``POST /v1/infer`` after the HTTP plumbing: errors are raised."""
     received = time.time()
     tenant = await st.auth.authenticate(authorization)
     s = st.settings
@@ -74,15 +84,15 @@ async def infer(
     if not st.inflight.try_acquire(tenant.tier):
         raise Unavailable("this API instance is at capacity; retry shortly", retry_after_s=1)
     try:
-        return await _infer(st, request, tenant, received, idempotency_key)
+        return await _infer(st, raw_body, tenant, received, idempotency_key)
     finally:
         st.inflight.release()
 
 
 async def _infer(
-    st: AppState, request: Request, tenant: Tenant, received: float, idempotency_key: str | None
+    st: AppState, raw_body: bytes, tenant: Tenant, received: float, idempotency_key: str | None
 ) -> ORJSONResponse:
-    body = parse_body(await request.body(), InferBody)
+    body = parse_body(raw_body, InferBody)
     spec = await st.catalog.resolve(body.model)
     spec.validate_input(body.input)
     params = spec.normalize_params(body.params)
@@ -137,7 +147,7 @@ async def _infer(
                 # (same request id, so at most one result row either way).
                 send = c.first_deadline is not None and c.first_deadline < datetime.now(UTC)
         if send:
-            await st.producer.produce(request_topic(st.settings, msg.priority), rid, msg.encode())
+            await st.producer.produce(request_topic(st.settings, msg.priority), msg.encode())
         try:
             row = await asyncio.wait_for(
                 asyncio.shield(fut), timeout=max(0.0, deadline - time.time())

@@ -14,7 +14,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gristmill.config import Settings
 from ingest.admission import LoadReport, LoadView, RecentAdmissions
 from ingest.ratelimit import TenantLimiter
-from results.load import heartbeat_stmt, live_instances_stmt, live_reports_stmt, process_id
+from results.load import (
+    heartbeat_stmt,
+    leave_stmt,
+    live_instances_stmt,
+    live_reports_stmt,
+    process_id,
+)
 
 log = logging.getLogger("gristmill.ingest.load")
 
@@ -44,6 +50,10 @@ class LoadWatch:
         )
         view.as_of = time.monotonic() - max((float(r.age_s) for r in rows), default=0.0)
         self.view = view
+
+    async def leave(self) -> None:
+        async with self.engine.begin() as conn:
+            await conn.execute(leave_stmt(self.instance_id))
 
     async def run(self, interval_s: float = 0.25) -> None:
         while True:

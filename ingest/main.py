@@ -2,5 +2,7 @@
 
 from gristmill.config import load_settings
 from ingest.app import create_app
+from ingest.fast_path import InferFastPath
 
-app = create_app(load_settings())
+_settings = load_settings()
+app = InferFastPath(create_app(_settings), _settings.max_body_bytes)

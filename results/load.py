@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Select, func, select
+from sqlalchemy import Connection, Select, delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 
 from results.schema import api_instances, scheduler_load
@@ -71,6 +71,12 @@ def heartbeat_stmt(instance_id: str) -> Any:
     return stmt.on_conflict_do_update(
         index_elements=["instance_id"], set_={"last_seen_at": func.now()}
     )
+
+
+def leave_stmt(instance_id: str) -> Any:
+    """An instance shutting down stops counting at once, not after the stale window
+    (until then its peers would halve their rate limits and double-count admissions)."""
+    return delete(api_instances).where(api_instances.c.instance_id == instance_id)
 
 
 def live_instances_stmt(stale_s: float, deployment: str) -> Select[Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 
@@ -30,6 +31,25 @@ def cpu_seconds(pid: int, recursive: bool = True) -> float:
             if i == 0:  # reaped children (e.g. PostgreSQL backends that exited)
                 total += t.children_user + t.children_system
     return total
+
+
+def thread_cpu(pid: int, recursive: bool = True) -> dict[str, float]:
+    """CPU seconds per thread name (digits folded: ``rdk:broker1`` -> ``rdk:broker#``)
+    over ``pid`` and its descendants. Shows native threads py-spy cannot see, such as
+    librdkafka's own (``rdk:*``) inside the API processes."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for p in tree(pid) if recursive else tree(pid)[:1]:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{p.pid}/task"):
+                with contextlib.suppress(OSError):
+                    with open(f"/proc/{p.pid}/task/{tid}/comm") as f:
+                        name = re.sub(r"\d+", "#", f.read().strip())
+                    with open(f"/proc/{p.pid}/task/{tid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    # utime and stime are fields 14 and 15 of stat; [0] here is field 3.
+                    out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
 
 
 def listener_pid(port: int) -> int | None:

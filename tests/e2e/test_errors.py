@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
 
@@ -81,6 +83,30 @@ def test_oversized_input_is_400(system: System) -> None:
 def test_body_too_large_is_413(system: System) -> None:
     r = post(system, '{"model": "sim", "input": "' + "x" * 1_100_000 + '"}')
     assert r.status_code == 413
+
+
+def test_streamed_body_too_large_is_413(system: System) -> None:
+    # No Content-Length: the cap is enforced while the chunks arrive.
+    def chunks() -> Iterator[bytes]:
+        yield b'{"model": "sim", "input": "'
+        for _ in range(40):
+            yield b"x" * 30_000
+        yield b'"}'
+
+    r = httpx.post(
+        f"{system.url}/v1/infer",
+        content=chunks(),
+        headers={"Content-Type": "application/json", **system.headers()},
+        timeout=30,
+    )
+    assert r.status_code == 413 and error(r)["code"] == "payload_too_large"
+
+
+def test_infer_is_documented_and_other_methods_are_405(system: System) -> None:
+    # POST /v1/infer is served in front of FastAPI (ingest/fast_path.py); the rest of
+    # the route's HTTP surface is still FastAPI's.
+    assert "/v1/infer" in httpx.get(f"{system.url}/openapi.json").json()["paths"]
+    assert httpx.get(f"{system.url}/v1/infer", headers=system.headers()).status_code == 405
 
 
 def test_missing_key_is_401(system: System) -> None:

@@ -17,7 +17,7 @@ from gristmill.devservices.stack import System
 from gristmill.messages import RequestMessage
 from gristmill.topics import request_topic
 from results.db import make_engine
-from results.load import live_reports_stmt
+from results.load import live_instances_stmt, live_reports_stmt
 from results.schema import requests, scheduler_load
 from results.tenants import create_tenant, issue_key, set_plan
 
@@ -245,3 +245,23 @@ def test_capacity_follows_schedulers_joining_and_dying(system: System) -> None:
     # Let the consumer group drop the dead member (6 s session timeout) before the tests
     # that follow send requests to partitions it held.
     time.sleep(max(0.0, 9 - took))
+
+
+def test_a_stopped_api_instance_stops_counting_at_once(system: System) -> None:
+    """Rate limits are split over the live instances; one shut down cleanly leaves the
+    count when it stops, not a stale window later (its peers would run at half rate)."""
+    s = system.settings
+
+    def live() -> int:
+        with make_engine(s.database_url).connect() as conn:
+            stmt = live_instances_stmt(s.load_report_stale_s, s.topic_prefix)
+            return int(conn.execute(stmt).scalar_one())
+
+    before = live()
+    system.start_api("api-extra")
+    deadline = time.time() + 10
+    while live() == before and time.time() < deadline:
+        time.sleep(0.1)
+    assert live() == before + 1
+    system.stop("api-extra")
+    assert live() == before

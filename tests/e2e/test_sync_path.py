@@ -84,7 +84,8 @@ def test_500_concurrent_requests_share_few_batches_and_each_gets_its_own(system:
             )
 
     responses = asyncio.run(run())
-    assert [r.status_code for r in responses] == [200] * 500
+    refused = [r.text for r in responses if r.status_code != 200]
+    assert not refused, refused[:3]
     bodies = [r.json() for r in responses]
     for x, b in zip(inputs, bodies, strict=True):
         assert b["output"] == sim_output(x)

@@ -1,0 +1,78 @@
+"""``POST /v1/infer`` served straight from uvicorn, in front of FastAPI.
+
+The sync endpoint is the hot path. At 1,000 requests/s FastAPI's layers around it
+(middleware stack, routing, dependency solving for two headers) were a fifth of the
+API's CPU, about as much as the endpoint's own work (docs/bench/profile.md). This
+wrapper serves that one route with the same handler the FastAPI route uses
+(``answer_infer``), the same body cap and the same error mapping (ingest/http.py);
+every other request, and the lifespan, goes to FastAPI, which still documents the
+route in OpenAPI. Decision 16 says why a route bypasses the framework.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
+
+from gristmill.errors import GristmillError, PayloadTooLarge
+from ingest.http import declared_too_large, error_response, exception_response
+from ingest.infer import answer_infer
+from ingest.state import AppState
+
+log = logging.getLogger("gristmill.ingest")
+
+PATH = "/v1/infer"
+
+
+class _Disconnected(Exception):
+    """The client went away before its body arrived: nobody to answer."""
+
+
+class InferFastPath:
+    def __init__(self, app: FastAPI, max_body_bytes: int):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            authorization = idempotency_key = None
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    authorization = value.decode("latin-1")
+                elif name == b"idempotency-key":
+                    idempotency_key = value.decode("latin-1")
+            body = await self._body(scope, receive)
+            state: AppState = self.app.state.gristmill
+            response = await answer_infer(state, authorization, idempotency_key, body)
+        except _Disconnected:
+            return
+        except Exception as exc:
+            known = exception_response(exc)
+            if known is None:  # a bug: say so without leaking internals, keep the trace
+                log.exception("POST %s failed", PATH)
+                known = error_response(GristmillError("internal error"))
+            response = known
+        await response(scope, receive, send)
+
+    async def _body(self, scope: Scope, receive: Receive) -> bytes:
+        too_large = PayloadTooLarge(f"request body exceeds {self.max_body_bytes} bytes")
+        if declared_too_large(scope, self.max_body_bytes):
+            raise too_large
+        chunks: list[bytes] = []
+        seen = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = msg.get("body", b"")
+            seen += len(chunk)
+            if seen > self.max_body_bytes:
+                raise too_large
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
