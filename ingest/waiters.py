@@ -1,13 +1,13 @@
 """Waiting for results: LISTEN/NOTIFY first, polling as the fallback.
 
-One LISTEN connection per API process hears every persisted batch (payload:
-the request ids). Only ids that have a local waiter are fetched. The listener
-only collects them; a resolver task fetches whatever has gathered in one query
-(up to 1,000 ids) and starts the next as soon as that returns, so under load one
-round trip serves many notifications instead of each waiting for the one before
-(at 1,500 requests/s the serial version left results unannounced for 600 ms). A
-slow poll covers anything a notification missed (the listener reconnecting, a
-result persisted before the waiter registered).
+One LISTEN connection per API process hears every persisted batch. A
+notification carries the sync answers themselves (results/announce.py): a waiter
+here gets its row straight from the payload, no query. Requests announced by id
+only (a large answer, a redelivery) are fetched: the listener collects those ids
+and a resolver task fetches whatever has gathered in one query (up to 1,000 ids),
+so under load one round trip serves many notifications instead of each waiting
+for the one before. A slow poll covers anything a notification missed (the
+listener reconnecting, a result persisted before the waiter registered).
 
 While the listener is cut off from PostgreSQL no result can reach a caller, so
 new requests are refused with 503 + Retry-After instead of being accepted into
@@ -29,6 +29,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gristmill.errors import Unavailable
+from results import announce
 from results.db import RESULTS_CHANNEL, libpq_url
 from results.schema import requests
 
@@ -105,14 +106,16 @@ class ResultWaiter:
             rows = await conn.execute(_FETCH, {"ids": ids})
             return [dict(r._mapping) for r in rows]
 
-    async def _resolve(self, ids: list[str]) -> None:
-        ids = [i for i in ids if i in self._waiting]
-        if not ids:
-            return
-        for row in await self.fetch(ids):
+    def _answer(self, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
             entry = self._waiting.pop(str(row["request_id"]), None)
             if entry is not None and not entry[0].done():
                 entry[0].set_result(row)
+
+    async def _resolve(self, ids: list[str]) -> None:
+        ids = [i for i in ids if i in self._waiting]
+        if ids:
+            self._answer(await self.fetch(ids))
 
     async def _listen(self) -> None:
         backoff = 0.1
@@ -125,7 +128,7 @@ class ResultWaiter:
                     # Catch up on anything persisted while we were not listening.
                     await self._resolve(list(self._waiting))
                     async for note in conn.notifies():
-                        self._hear(note.payload.split(","))
+                        self._hear(note.payload)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -134,7 +137,13 @@ class ResultWaiter:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)  # a restarted database is found fast
 
-    def _hear(self, ids: list[str]) -> None:
+    def _hear(self, payload: str) -> None:
+        try:
+            rows, ids = announce.parse(payload)
+        except (ValueError, KeyError, TypeError) as exc:  # not ours: the poll covers it
+            log.warning("unreadable result announcement (%s)", exc)
+            return
+        self._answer(rows)
         mine = [i for i in ids if i in self._waiting]
         if mine:
             self._heard.extend(mine)

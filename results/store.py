@@ -4,24 +4,22 @@ Rows are upserted keyed by request id with ON CONFLICT DO NOTHING, so a request
 redelivered by Kafka (after a crash between persist and offset commit) never
 yields a second row and the first answer stands. The NOTIFY is sent inside
 the same transaction, so PostgreSQL delivers it exactly when the rows become
-visible. See docs/decisions/0003-results-announced-by-notify.md.
+visible; it carries the sync answers themselves (results/announce.py). See
+docs/decisions/0003-results-announced-by-notify.md.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import orjson
 from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.dialects.postgresql import insert
 
+from results import announce
 from results.db import RESULTS_CHANNEL
 from results.jobs import record_job_results
 from results.schema import batches
-
-# PostgreSQL caps a NOTIFY payload at 8000 bytes; stay well below.
-_NOTIFY_CHUNK = 7000
 
 _INSERT_BATCH = insert(batches).on_conflict_do_nothing()
 
@@ -65,8 +63,9 @@ _INSERT_REQUESTS = (
         else f"%s::{'text' if t == 'uuid' else t}[]" + ("::uuid[]" if t == "uuid" else "")
         for _, t in _REQUEST_COLUMNS
     )
-    + ") ON CONFLICT (request_id) DO NOTHING RETURNING request_id, job_id, status"
+    + ") ON CONFLICT (request_id) DO NOTHING RETURNING request_id, job_id, status, persisted_at"
 )
+_OUTPUT = [c for c, _ in _REQUEST_COLUMNS].index("output")
 
 
 def _json(value: Any) -> str:
@@ -87,22 +86,6 @@ def _column_arrays(rows: list[dict[str, Any]]) -> list[list[Any]]:
     return out
 
 
-def notify_payloads(request_ids: Sequence[str]) -> list[str]:
-    """Comma-separated ids, split so each payload fits a NOTIFY."""
-    out: list[str] = []
-    cur: list[str] = []
-    size = 0
-    for rid in request_ids:
-        if cur and size + len(rid) + 1 > _NOTIFY_CHUNK:
-            out.append(",".join(cur))
-            cur, size = [], 0
-        cur.append(rid)
-        size += len(rid) + 1
-    if cur:
-        out.append(",".join(cur))
-    return out
-
-
 def write_results(
     conn: Connection, request_rows: list[dict[str, Any]], batch_row: dict[str, Any] | None
 ) -> list[str]:
@@ -114,18 +97,39 @@ def write_results(
     driver = conn.connection.driver_connection  # the psycopg connection, same transaction
     assert driver is not None
     cur = driver.cursor()
-    cur.execute(_INSERT_REQUESTS, _column_arrays(request_rows))
+    arrays = _column_arrays(request_rows)
+    cur.execute(_INSERT_REQUESTS, arrays)
     rows = cur.fetchall()
-    written = [str(rid) for rid, _, _ in rows]
-    record_job_results(conn, ((None if j is None else str(j), st) for _, j, st in rows))
-    # Announce every sync id, written now or before: a waiter may be waiting on a
-    # redelivered request whose first row landed while it was not yet listening.
-    # Job items have no waiter (job results are read by polling the job's rows), and
-    # announcing thousands a second would only keep every API instance busy.
-    waited = [r["request_id"] for r in request_rows if r.get("job_id") is None]
-    for payload in notify_payloads(waited):
+    written = [str(rid) for rid, _, _, _ in rows]
+    record_job_results(conn, ((None if j is None else str(j), st) for _, j, st, _ in rows))
+    for payload in announcements(request_rows, arrays[_OUTPUT], rows):
         conn.execute(select(func.pg_notify(RESULTS_CHANNEL, payload)))
     return written
+
+
+def announcements(
+    request_rows: list[dict[str, Any]], outputs: list[str | None], returned: list[Any]
+) -> list[str]:
+    """Every sync request is announced, written now or before: a waiter may be waiting
+    on a redelivered request whose first row landed while it was not listening. Those
+    written now carry their answer; the others (and answers too large to inline) are
+    announced by id and fetched. Job items have no waiter (job results are read by
+    polling the job's rows): announcing thousands a second would only keep every API
+    instance busy."""
+    persisted_at = {str(rid): at for rid, _, _, at in returned}
+    inline: list[bytes] = []
+    by_id: list[str] = []
+    for row, output in zip(request_rows, outputs, strict=True):
+        if row.get("job_id") is not None:
+            continue
+        rid = str(row["request_id"])
+        at = persisted_at.get(rid)
+        answer = None if at is None else announce.inline_result(row, at, output)
+        if answer is not None and len(answer) <= announce.INLINE_MAX:
+            inline.append(answer)
+        else:
+            by_id.append(rid)
+    return announce.payloads(inline, by_id)
 
 
 def persist(

@@ -7,7 +7,6 @@ import pytest
 from gristmill.config import Settings
 from gristmill.errors import InvalidInput
 from gristmill.messages import RequestMessage, body_hash, request_id_for
-from results.store import notify_payloads
 from workers.models.registry import build_specs, latest
 from workers.models.sim import SimSpec, sim_output
 
@@ -75,10 +74,3 @@ def test_message_round_trip() -> None:
         received_at=1.0,
     )
     assert RequestMessage.decode(m.encode()) == m
-
-
-def test_notify_payloads_fit_and_keep_every_id() -> None:
-    ids = [f"{i:036d}" for i in range(1000)]
-    payloads = notify_payloads(ids)
-    assert all(len(p) < 8000 for p in payloads)
-    assert [x for p in payloads for x in p.split(",")] == ids

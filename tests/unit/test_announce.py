@@ -1,0 +1,90 @@
+"""Result announcements: answers ride in the NOTIFY payload, under PostgreSQL's cap."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import orjson
+import pytest
+
+from results import announce
+from results.store import announcements
+
+T0 = datetime(2026, 11, 26, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+def row(i: int, **kw: Any) -> dict[str, Any]:
+    return {
+        "request_id": str(uuid.UUID(int=i)),
+        "status": "succeeded",
+        "error": None,
+        "model": "sim",
+        "model_version": "1",
+        "batch_size": 3,
+        "received_at": T0,
+        "consumed_at": T0 + timedelta(milliseconds=5),
+        "batched_at": T0 + timedelta(milliseconds=40),
+        "compute_start_at": T0 + timedelta(milliseconds=41),
+        "compute_end_at": T0 + timedelta(milliseconds=141),
+        "job_id": None,
+        **kw,
+    }
+
+
+def test_an_inline_answer_decodes_to_what_a_fetched_row_holds() -> None:
+    r = row(1)
+    at = T0 + timedelta(milliseconds=143)
+    out = {"label": "positive", "scores": [0.25, 1e-07]}
+    [payload] = announce.payloads([announce.inline_result(r, at, orjson.dumps(out).decode())], [])
+    [got], ids = announce.parse(payload)
+    assert ids == []
+    assert got["output"] == out and got["persisted_at"] == at
+    for k in (*announce.TIMES, *announce.PLAIN):
+        assert got[k] == r[k], k
+
+
+def test_missing_times_and_a_failed_answer_survive() -> None:
+    r = row(2, status="failed", error="boom", batch_size=None, batched_at=None)
+    [payload] = announce.payloads([announce.inline_result(r, T0, None)], [])
+    [got], _ = announce.parse(payload)
+    assert got["status"] == "failed" and got["error"] == "boom"
+    assert got["batched_at"] is None and got["output"] is None and got["batch_size"] is None
+
+
+def test_payloads_stay_under_the_cap_and_keep_every_answer_and_id_in_order() -> None:
+    answers = [
+        announce.inline_result(row(i), T0, orjson.dumps("x" * (i % 500)).decode())
+        for i in range(300)
+    ]
+    ids = [str(uuid.UUID(int=10_000 + i)) for i in range(500)]
+    payloads = announce.payloads(answers, ids)
+    assert len(payloads) > 1
+    assert all(len(p.encode()) < 8000 for p in payloads)
+    parsed = [announce.parse(p) for p in payloads]
+    assert [r["request_id"] for rows, _ in parsed for r in rows] == [
+        str(uuid.UUID(int=i)) for i in range(300)
+    ]
+    assert [i for _, got in parsed for i in got] == ids
+
+
+def test_nothing_to_announce_is_no_payload() -> None:
+    assert announce.payloads([], []) == []
+
+
+def test_an_oversized_answer_is_refused_by_the_packer() -> None:
+    with pytest.raises(ValueError):
+        announce.payloads([b"x" * (announce.INLINE_MAX + 1)], [])
+
+
+def test_the_store_inlines_new_sync_answers_and_names_the_rest() -> None:
+    new, redelivered, big, job = row(1), row(2), row(3), row(4, job_id=str(uuid.uuid4()))
+    outputs = ['"small"', '"again"', orjson.dumps("y" * 5000).decode(), '"job"']
+    # RETURNING gives back only rows written now: the redelivered one's row existed.
+    returned = [(r["request_id"], r["job_id"], "succeeded", T0) for r in (new, big, job)]
+    [payload] = announcements([new, redelivered, big, job], outputs, returned)
+    rows, ids = announce.parse(payload)
+    assert [r["request_id"] for r in rows] == [new["request_id"]]
+    assert rows[0]["output"] == "small"
+    assert ids == [redelivered["request_id"], big["request_id"]]  # no job item announced
