@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=500)
     ap.add_argument("--duration", type=float, default=30)
     ap.add_argument("--clients", type=int, default=2)
-    ap.add_argument("--warmup", type=float, default=15, help="seconds at --rate, not measured")
+    ap.add_argument("--warmup", type=float, default=60, help="seconds at --rate, not measured")
     ap.add_argument("--idle", type=float, default=10, help="seconds of idle CPU measured first")
     ap.add_argument("--no-spy", action="store_true", help="CPU accounting only")
     ap.add_argument("--keep-raw", action="store_true", help="keep py-spy's raw stacks in --out")
