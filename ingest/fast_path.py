@@ -16,8 +16,8 @@ import logging
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
-from gristmill.errors import GristmillError, PayloadTooLarge
-from ingest.http import declared_too_large, error_response, exception_response
+from gristmill.errors import GristmillError
+from ingest.http import capped, declared_too_large, error_response, exception_response, too_large
 from ingest.infer import answer_infer
 from ingest.state import AppState
 
@@ -60,19 +60,14 @@ class InferFastPath:
         await response(scope, receive, send)
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
-        too_large = PayloadTooLarge(f"request body exceeds {self.max_body_bytes} bytes")
         if declared_too_large(scope, self.max_body_bytes):
-            raise too_large
+            raise too_large(self.max_body_bytes)
+        receive = capped(receive, self.max_body_bytes)
         chunks: list[bytes] = []
-        seen = 0
         while True:
             msg = await receive()
             if msg["type"] == "http.disconnect":
                 raise _Disconnected
-            chunk = msg.get("body", b"")
-            seen += len(chunk)
-            if seen > self.max_body_bytes:
-                raise too_large
-            chunks.append(chunk)
+            chunks.append(msg.get("body", b""))
             if not msg.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)

@@ -61,6 +61,26 @@ def install_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(exc_type, on_known)
 
 
+def too_large(max_bytes: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"request body exceeds {max_bytes} bytes")
+
+
+def capped(receive: Receive, max_bytes: int) -> Receive:
+    """``receive`` that raises PayloadTooLarge once the body streamed past ``max_bytes``."""
+    seen = 0
+
+    async def limited() -> Message:
+        nonlocal seen
+        msg = await receive()
+        if msg["type"] == "http.request":
+            seen += len(msg.get("body", b""))
+            if seen > max_bytes:
+                raise too_large(max_bytes)
+        return msg
+
+    return limited
+
+
 def declared_too_large(scope: Scope, max_bytes: int) -> bool:
     for name, value in scope.get("headers", []):
         if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
@@ -80,22 +100,10 @@ class BodyLimit:
         if scope["type"] != "http" or scope.get("path", "").startswith("/v1/jobs"):
             await self.app(scope, receive, send)
             return
-        too_large = PayloadTooLarge(f"request body exceeds {self.max_bytes} bytes")
         if declared_too_large(scope, self.max_bytes):
-            await error_response(too_large)(scope, receive, send)
+            await error_response(too_large(self.max_bytes))(scope, receive, send)
             return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.max_bytes:
-                    raise too_large
-            return msg
-
         try:
-            await self.app(scope, limited, send)
+            await self.app(scope, capped(receive, self.max_bytes), send)
         except PayloadTooLarge as exc:
             await error_response(exc)(scope, receive, send)
