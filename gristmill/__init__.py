@@ -1,8 +1,10 @@
 """Gristmill: a durable, batching inference front end.
 
-The stages live in their own top-level packages (ingest, scheduler, workers,
-results); this package holds only what they share: settings, the message
-schema that crosses Kafka, the error tree, topic names and the CLI.
+The shared core lives in ``core``, the stages in their own top-level packages
+(ingest, scheduler, workers, results); this package is the top layer above them:
+the CLI, local services, the chaos suite, the capacity planner and migrations.
 """
 
-__version__ = "0.1.0"
+from core import __version__
+
+__all__ = ["__version__"]

@@ -7,7 +7,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-from gristmill.config import Settings
+from core.config import Settings
 from results.db import sqlalchemy_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"

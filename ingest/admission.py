@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gristmill.topics import PRIORITY_CLASSES
+from core.topics import PRIORITY_CLASSES
 from results.load import REST
 
 # ref -> class -> tenant -> [queued, weight]; the tenant "*" stands for the rest:

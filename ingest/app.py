@@ -11,9 +11,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import ORJSONResponse
 from sqlalchemy import text
 
-from gristmill import __version__
-from gristmill.config import Settings
-from gristmill.topics import ensure_topics
+from core import __version__
+from core.config import Settings
+from core.topics import ensure_topics
 from ingest import infer, jobs
 from ingest.auth import Authenticator
 from ingest.catalog import ModelCatalog

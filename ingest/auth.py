@@ -12,7 +12,7 @@ import time
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gristmill.errors import Unauthorized, Unavailable
+from core.errors import Unauthorized, Unavailable
 from results.tenants import Tenant, lookup_stmt
 
 _NEGATIVE_TTL_S = 1.0

@@ -12,7 +12,7 @@ import time
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gristmill.errors import NotFound, Unavailable
+from core.errors import NotFound, Unavailable
 from results.modelregistry import live_stmt
 from workers.models.base import ModelSpec
 from workers.models.registry import latest

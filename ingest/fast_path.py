@@ -16,7 +16,7 @@ import logging
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
-from gristmill.errors import GristmillError
+from core.errors import GristmillError
 from ingest.http import capped, declared_too_large, error_response, exception_response, too_large
 from ingest.infer import answer_infer
 from ingest.state import AppState

@@ -12,7 +12,7 @@ from fastapi.responses import ORJSONResponse
 from sqlalchemy.exc import DBAPIError, OperationalError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gristmill.errors import GristmillError, PayloadTooLarge, SchemaViolation, Unavailable
+from core.errors import GristmillError, PayloadTooLarge, SchemaViolation, Unavailable
 
 log = logging.getLogger("gristmill.ingest")
 

@@ -15,7 +15,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gristmill.errors import IdempotencyConflict
+from core.errors import IdempotencyConflict
 from results.db import ts
 from results.schema import idempotency_keys
 

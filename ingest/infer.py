@@ -12,9 +12,9 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import ORJSONResponse
 from sqlalchemy import select
 
-from gristmill.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound, Unavailable
-from gristmill.messages import RequestMessage, body_hash, request_id_for
-from gristmill.topics import TIER_TO_CLASS, request_topic
+from core.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound, Unavailable
+from core.messages import RequestMessage, body_hash, request_id_for
+from core.topics import TIER_TO_CLASS, request_topic
 from ingest.idempotency import MAX_KEY_LENGTH, claim
 from ingest.policy import check_admission, check_rate
 from ingest.schemas import InferBody, parse_body

@@ -32,10 +32,10 @@ import psycopg
 from confluent_kafka import KafkaError, Message, Producer
 from psycopg.types.json import Jsonb
 
-from gristmill.config import Settings
-from gristmill.errors import IdempotencyConflict, InvalidInput, PayloadTooLarge, Unavailable
-from gristmill.messages import RequestMessage, job_item_request_id
-from gristmill.topics import request_topic
+from core.config import Settings
+from core.errors import IdempotencyConflict, InvalidInput, PayloadTooLarge, Unavailable
+from core.messages import RequestMessage, job_item_request_id
+from core.topics import request_topic
 from results.db import libpq_url
 from workers.models.base import ModelSpec
 

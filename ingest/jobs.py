@@ -14,8 +14,8 @@ from fastapi.responses import ORJSONResponse, StreamingResponse
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gristmill.errors import InvalidInput, NotFound, PayloadTooLarge, SchemaViolation
-from gristmill.messages import job_item_request_id
+from core.errors import InvalidInput, NotFound, PayloadTooLarge, SchemaViolation
+from core.messages import job_item_request_id
 from ingest.idempotency import MAX_KEY_LENGTH
 from ingest.job_submit import JobRequest, body_hasher, jsonl_items, parse_item, record_job
 from ingest.policy import charge_job_items, check_job_items

@@ -11,7 +11,7 @@ import time
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gristmill.config import Settings
+from core.config import Settings
 from ingest.admission import LoadReport, LoadView, RecentAdmissions
 from ingest.ratelimit import TenantLimiter
 from results.load import (

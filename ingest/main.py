@@ -1,6 +1,6 @@
 """ASGI entry point for uvicorn: ``uvicorn ingest.main:app``."""
 
-from gristmill.config import load_settings
+from core.config import load_settings
 from ingest.app import create_app
 from ingest.fast_path import InferFastPath
 

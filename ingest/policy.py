@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import time
 
-from gristmill.config import Settings
-from gristmill.errors import RateLimited, Unavailable
-from gristmill.topics import PRIORITY_CLASSES, TIER_TO_CLASS
+from core.config import Settings
+from core.errors import RateLimited, Unavailable
+from core.topics import PRIORITY_CLASSES, TIER_TO_CLASS
 from ingest.admission import decide
 from ingest.load_watch import LoadWatch
 from ingest.ratelimit import TenantLimiter, Verdict

@@ -23,7 +23,7 @@ from collections import deque
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from gristmill.errors import Unavailable
+from core.errors import Unavailable
 
 log = logging.getLogger("gristmill.ingest.producer")
 

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gristmill.errors import InvalidInput, SchemaViolation
+from core.errors import InvalidInput, SchemaViolation
 
 
 class InferBody(BaseModel):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from fastapi import Request
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gristmill.config import Settings
+from core.config import Settings
 from ingest.auth import Authenticator
 from ingest.catalog import ModelCatalog
 from ingest.job_submit import JobPublisher

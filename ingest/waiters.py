@@ -28,7 +28,7 @@ from sqlalchemy import any_, bindparam, select
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gristmill.errors import Unavailable
+from core.errors import Unavailable
 from results import announce
 from results.db import RESULTS_CHANNEL, libpq_url
 from results.schema import requests

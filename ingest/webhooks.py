@@ -22,7 +22,7 @@ import orjson
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gristmill.config import Settings
+from core.config import Settings
 
 log = logging.getLogger("gristmill.ingest.webhooks")
 

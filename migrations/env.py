@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from gristmill.config import load_settings
+from core.config import load_settings
 from results.db import sqlalchemy_url
 from results.schema import metadata
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Select, select, update
 from sqlalchemy.sql import func
 
-from gristmill.errors import InvalidInput, NotFound
+from core.errors import InvalidInput, NotFound
 from results.schema import TIERS, api_keys, tenants
 
 KEY_PREFIX = "gm_"

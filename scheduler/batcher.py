@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gristmill.messages import RequestMessage
+from core.messages import RequestMessage
 from scheduler.costmodel import CostModel, ModelRef
 from scheduler.fairness import FairQueue
 from scheduler.offsets import TopicPartition

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from gristmill.config import Settings
-from gristmill.topics import PRIORITY_CLASSES, request_topic
+from core.config import Settings
+from core.topics import PRIORITY_CLASSES, request_topic
 
 log = logging.getLogger("gristmill.scheduler")
 

@@ -9,7 +9,7 @@ summed into one entry (``*``: requests, number of tenants) to keep it small.
 
 from __future__ import annotations
 
-from gristmill.topics import PRIORITY_CLASSES
+from core.topics import PRIORITY_CLASSES
 from results.load import REST
 from scheduler.costmodel import ModelRef
 

@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from core.models.token_ids import input_text
 from results.db import ts
 from scheduler.batcher import Batch, Pending
-from workers.models.token_ids import input_text
 
 if TYPE_CHECKING:
     import numpy as np

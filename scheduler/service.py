@@ -33,9 +33,11 @@ from typing import Any
 from confluent_kafka import Message, Producer
 from tenacity import Retrying, retry_if_exception_type, stop_never, wait_exponential_jitter
 
-from gristmill.config import Settings
-from gristmill.messages import RequestMessage
-from gristmill.topics import PRIORITY_CLASSES, dead_letter_topic, ensure_topics
+from core.config import Settings
+from core.messages import RequestMessage
+from core.models.token_ids import is_tokenized
+from core.protocol import WorkBatch, WorkResult
+from core.topics import PRIORITY_CLASSES, dead_letter_topic, ensure_topics
 from results import modelregistry
 from results.db import make_engine
 from results.jobs import cancelled_unfinished_stmt
@@ -54,8 +56,6 @@ from scheduler.rows import batch_row, request_row, succeeded_rows
 from scheduler.stagger import Running, background_hold_until
 from scheduler.workerpool import WorkerHandle, WorkerLost, WorkerPool
 from workers.models.registry import build_specs
-from workers.models.token_ids import is_tokenized
-from workers.protocol import WorkBatch, WorkResult
 
 log = logging.getLogger("gristmill.scheduler")
 

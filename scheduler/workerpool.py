@@ -24,7 +24,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
-from workers.protocol import Hello, WorkBatch, WorkResult
+from core.protocol import Hello, WorkBatch, WorkResult
 
 log = logging.getLogger("gristmill.scheduler.workers")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from gristmill.config import load_settings
+from core.config import load_settings
 from workers.process import authkey_for, serve
 
 

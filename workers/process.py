@@ -43,10 +43,10 @@ from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from types import FrameType
 
-from gristmill.config import Settings
+from core.config import Settings
+from core.protocol import Hello, ModelInfo, WorkBatch, WorkResult
 from workers.models.base import Launched, Model
 from workers.models.registry import build_specs, latest
-from workers.protocol import Hello, ModelInfo, WorkBatch, WorkResult
 
 log = logging.getLogger("gristmill.worker")
 

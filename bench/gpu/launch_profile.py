@@ -28,8 +28,8 @@ def main() -> None:
     args = ap.parse_args()
     sys.argv = sys.argv[:1]
     from bench.gpu.worker_path import make_workload
+    from core.models.token_ids import is_tokenized
     from workers.models.embedding import EmbedSpec
-    from workers.models.token_ids import is_tokenized
 
     w = make_workload(args.model_dir, 4096, 8, 128, 256)
     ids = [x["ids"] for x in w["inputs"] if is_tokenized(x)]

@@ -6,7 +6,7 @@ Issue 7 item 3. One run, one JSON, on one GPU:
    already on the GPU, every row at the workload's mean length, batch ``--max-batch``,
    the better of eager and a CUDA graph (CUDA events, median of 5 groups).
 2. Requests as the API tier makes them: each text validated and turned into its
-   message input by ``spec.message_input`` (token ids, workers/models/token_ids.py).
+   message input by ``spec.message_input`` (token ids, core/models/token_ids.py).
    Kafka and PostgreSQL cannot run on the GPU machine, so an in-process source stands
    in for the consumer: it keeps the scheduler's real ``Batcher`` (scheduler/batcher.py)
    at least ``--depth`` batches deep, and nothing is persisted.
@@ -151,10 +151,10 @@ class NvmlBusy:
 
 def make_workload(model_dir: str, n: int, lo: int, hi: int, max_tokens: int) -> dict[str, Any]:
     """Texts ``lo``..``hi`` tokens, validated and turned into message inputs as the API does."""
+    from core.models.text_tokenizer import shared_tokenizer
+    from core.models.token_ids import is_tokenized
     from workers.models.embedding import EmbedSpec
     from workers.models.embedding_runtime import synthetic_texts
-    from workers.models.text_tokenizer import shared_tokenizer
-    from workers.models.token_ids import is_tokenized
 
     spec = EmbedSpec(
         name=MODEL, version="1", max_batch_size=1, model_dir=model_dir, max_tokens=max_tokens
@@ -197,13 +197,13 @@ def run_workers(
     ``shared_socket``, joined by the one worker per GPU that serves several schedulers
     (decision 0014; the caller starts that worker)."""
     import scheduler.service as service_mod
-    from gristmill.config import Settings
-    from gristmill.messages import RequestMessage
-    from gristmill.topics import PRIORITY_CLASSES
+    from core.config import Settings
+    from core.messages import RequestMessage
+    from core.protocol import WorkResult
+    from core.topics import PRIORITY_CLASSES
     from scheduler.batcher import Batch, BatchKey, Pending
     from scheduler.service import SchedulerService
     from scheduler.workerpool import WorkerHandle, WorkerPool
-    from workers.protocol import WorkResult
 
     service_mod.MAX_IN_FLIGHT = depth
     records: list[dict[str, Any]] = []
@@ -544,7 +544,7 @@ def main() -> None:
         plot(json.loads(Path(args.plot).read_text()), Path(args.plot_out))
         return
     if not args.model_dir:
-        from workers.models.text_tokenizer import default_model_dir
+        from core.models.text_tokenizer import default_model_dir
 
         args.model_dir = str(default_model_dir())
     res: dict[str, Any] = {"env": gpu_env(), "args": vars(args)}

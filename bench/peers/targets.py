@@ -23,7 +23,7 @@ import httpx
 from bench.peers.procs import cpu_seconds, listener_pid, stop_tree
 from bench.peers.setup import REPO, peers_python
 from bench.peers.stats import STATS_DIR_ENV, BatchTotals, read_totals
-from gristmill.config import Settings
+from core.config import Settings
 from gristmill.devservices.ports import free_port
 
 WORKERS = 2

@@ -15,10 +15,10 @@ from pathlib import Path
 import httpx
 import psycopg
 
+from core.topics import request_topic
 from gristmill.devservices import free_port
 from gristmill.devservices.procs import alive, children
 from gristmill.devservices.stack import Services, System, build_system, local_services
-from gristmill.topics import request_topic
 from results.db import libpq_url
 
 # A killed broker must be fenced, and its partitions (the consumer group's coordinator

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from gristmill.config import settings_from_env
+from core.config import settings_from_env
 from gristmill.devservices import KafkaCluster, PostgresServer, free_port
 from gristmill.devservices.stack import api_command, scheduler_command
 
@@ -60,8 +60,8 @@ def _wait_ready(
 
 
 def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
+    from core.topics import ensure_topics
     from gristmill.migrate import migrate_database
-    from gristmill.topics import ensure_topics
     from results.db import make_engine
     from results.tenants import Tenant, create_tenant, get_tenant, issue_key
 

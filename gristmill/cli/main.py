@@ -8,8 +8,8 @@ from pathlib import Path
 
 import typer
 
+from core.config import load_settings
 from gristmill.cli.jobs import app as jobs_app
-from gristmill.config import load_settings
 
 app = typer.Typer(
     help="Gristmill: a durable, batching inference front end.",
@@ -33,8 +33,8 @@ def _fail(message: str) -> None:
 @app.command()
 def migrate(topics: bool = typer.Option(True, help="also create the Kafka topics")) -> None:
     """Apply database migrations (Alembic) and create missing Kafka topics."""
+    from core.topics import ensure_topics
     from gristmill.migrate import migrate_database
-    from gristmill.topics import ensure_topics
 
     settings = load_settings()
     migrate_database(settings)
@@ -111,7 +111,7 @@ def tenants_add(
     name: str, tier: str = typer.Option("free", help="free, paid or enterprise")
 ) -> None:
     """Create a tenant and print its first API key (shown only once)."""
-    from gristmill.errors import GristmillError
+    from core.errors import GristmillError
     from results.db import make_engine
     from results.tenants import create_tenant, issue_key
 
@@ -135,7 +135,7 @@ def tenants_set(
     job_items_per_s: float | None = typer.Option(None, help="job items/s (default: the tier's)"),
 ) -> None:
     """Change a tenant's tier or plan."""
-    from gristmill.errors import GristmillError
+    from core.errors import GristmillError
     from results.db import make_engine
     from results.tenants import set_plan
 
@@ -161,7 +161,7 @@ def tenants_set(
 @tenants_app.command("add-key")
 def tenants_add_key(name: str) -> None:
     """Issue another API key for an existing tenant."""
-    from gristmill.errors import GristmillError
+    from core.errors import GristmillError
     from results.db import make_engine
     from results.tenants import get_tenant, issue_key
 
@@ -192,7 +192,7 @@ def tenants_list() -> None:
 @tenants_app.command("revoke")
 def tenants_revoke(key_id: str) -> None:
     """Revoke an API key by its id (see `gristmill tenants list`)."""
-    from gristmill.errors import GristmillError
+    from core.errors import GristmillError
     from results.db import make_engine
     from results.tenants import revoke_key
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import httpx
 
-from gristmill.config import Settings, settings_from_env
+from core.config import Settings, settings_from_env
+from core.topics import ensure_topics
 from gristmill.devservices import KafkaCluster, PostgresServer, free_port
 from gristmill.migrate import migrate_database
-from gristmill.topics import ensure_topics
 from results.db import make_engine
 from results.tenants import create_tenant, issue_key, set_plan
 

@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, Text, cast, func, select
 
+from core.topics import dead_letter_topic
 from gristmill.chaos.audit import AuditResult, audit, fetch_rows, unsettled
 from gristmill.chaos.faults import Fault
 from gristmill.chaos.ledger import Ledger
@@ -28,7 +29,6 @@ from gristmill.chaos.load import LoadGenerator
 from gristmill.chaos.recovery import measure
 from gristmill.chaos.rig import Rig, own_services, running_rig
 from gristmill.devservices.procs import sigkill, wait_gone
-from gristmill.topics import dead_letter_topic
 from results.db import make_engine
 from results.schema import batches, requests
 from scheduler.lane import lane_specs

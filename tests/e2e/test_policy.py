@@ -13,9 +13,9 @@ import httpx
 from confluent_kafka import Producer
 from sqlalchemy import func, select
 
+from core.messages import RequestMessage
+from core.topics import request_topic
 from gristmill.devservices.stack import System
-from gristmill.messages import RequestMessage
-from gristmill.topics import request_topic
 from results.db import make_engine
 from results.load import live_instances_stmt, live_reports_stmt
 from results.schema import requests, scheduler_load

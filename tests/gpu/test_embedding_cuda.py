@@ -129,7 +129,7 @@ def test_launched_back_to_back_batches_match_one_at_a_time(
 ) -> None:
     """The worker launches a batch while the one before it still computes (token ids
     in, as the scheduler sends them): each result equals that batch run alone."""
-    from workers.models.token_ids import encode_ids
+    from core.models.token_ids import encode_ids
 
     gpu, _ = models
     ids = [encode_ids(e.ids) for e in gpu._encode(texts)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from gristmill.messages import RequestMessage
+from core.messages import RequestMessage
 from scheduler.batcher import BatchKey, Pending
 
 _ids = itertools.count()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gristmill.config import settings_from_env
+from core.config import settings_from_env
 
 
 def test_plain_and_json_fields_are_read_like_the_process_reads_them() -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gristmill.config import Settings
+from core.config import Settings
 from scheduler.costmodel import CostModel, best_batch_size
 from scheduler.retry import RetryPolicy, plan_failure
 from tests.unit.helpers import pending

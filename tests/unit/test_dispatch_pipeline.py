@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from gristmill.config import Settings
-from gristmill.messages import RequestMessage
-from gristmill.topics import PRIORITY_CLASSES
+from core.config import Settings
+from core.messages import RequestMessage
+from core.topics import PRIORITY_CLASSES
 from scheduler.batcher import Batch, BatchKey, Pending
 from scheduler.service import PIPELINE_MAX_MS, SchedulerService
 from scheduler.workerpool import WorkerHandle, WorkerPool

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gristmill.errors import InvalidInput
+from core.errors import InvalidInput
 from workers.models.embedding import EmbedSpec
 
 torch = pytest.importorskip("torch")
@@ -195,8 +195,8 @@ def test_tokenized_inputs_give_the_text_answer(model: Any) -> None:
 
 
 def test_pack_rows_pads_and_truncates_like_the_tokenizer() -> None:
+    from core.models.token_ids import decode_batch, encode_ids
     from workers.models.embedding_runtime import pack_rows
-    from workers.models.token_ids import decode_batch, encode_ids
 
     seqs = [[101, 5, 6, 102], [101, 102], [101, 7, 8, 9, 10, 102]]
     flat, lens, starts = decode_batch([encode_ids(s) for s in seqs])

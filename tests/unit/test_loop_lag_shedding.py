@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gristmill.config import Settings
+from core.config import Settings
 from ingest.overload import AnswerDelay, LoopLag, Overload, shed_share
 
 TIERS = Settings().loop_lag_shed_ms

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gristmill.config import Settings
-from gristmill.errors import InvalidInput
-from gristmill.messages import RequestMessage, body_hash, request_id_for
+from core.config import Settings
+from core.errors import InvalidInput
+from core.messages import RequestMessage, body_hash, request_id_for
 from workers.models.registry import build_specs, latest
 from workers.models.sim import SimSpec, sim_output
 

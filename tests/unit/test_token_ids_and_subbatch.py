@@ -8,10 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
-from results.store import _json
-from workers.models.base import memory_batch_limit
-from workers.models.subbatch import fit_ms, plan
-from workers.models.token_ids import (
+from core.models.token_ids import (
     decode_batch,
     decode_ids,
     encode_ids,
@@ -19,6 +16,9 @@ from workers.models.token_ids import (
     is_tokenized,
     tokenized_input,
 )
+from results.store import _json
+from workers.models.base import memory_batch_limit
+from workers.models.subbatch import fit_ms, plan
 
 
 def test_ids_round_trip_through_json() -> None:

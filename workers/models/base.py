@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from gristmill.errors import InvalidInput
+from core.errors import InvalidInput
 
 if TYPE_CHECKING:
     import numpy as np
@@ -122,7 +122,7 @@ class Model(ABC):
         a model on an accelerator can enqueue its work behind the running batch (the
         device still runs them one at a time, in order) and the host-side preparation
         overlaps the device. This default computes the whole batch here and now.
-        ``token_ids``: every input is a token-id string (workers/models/token_ids.py).
+        ``token_ids``: every input is a token-id string (core/models/token_ids.py).
         """
         if token_ids:
             inputs = [{"ids": s} for s in inputs]

@@ -32,8 +32,8 @@ class EmbedSpec(ModelSpec):
     def message_input(self, value: Any) -> Any:
         if not self.tokenize_in_api:
             return value
-        from workers.models.text_tokenizer import shared_tokenizer
-        from workers.models.token_ids import tokenized_input
+        from core.models.text_tokenizer import shared_tokenizer
+        from core.models.token_ids import tokenized_input
 
         tok = shared_tokenizer(self.model_dir, self.max_tokens)
         return value if tok is None else tokenized_input(value, tok.encode(value).ids)

@@ -39,16 +39,16 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 
-from workers.models import subbatch
-from workers.models.base import Launched, Model, memory_batch_limit
-from workers.models.text_tokenizer import default_model_dir, load_tokenizer
-from workers.models.token_ids import (
+from core.models.text_tokenizer import default_model_dir, load_tokenizer
+from core.models.token_ids import (
     decode_batch,
     decode_ids,
     encode_ids,
     is_tokenized,
     tokenized_input,
 )
+from workers.models import subbatch
+from workers.models.base import Launched, Model, memory_batch_limit
 
 if TYPE_CHECKING:
     from workers.models.embedding import EmbedSpec
@@ -310,7 +310,7 @@ class EmbeddingModel(Model):
         """One float32 row of 384 per input, in input order, as one array: the scheduler
         stores each row as JSON (results/store.py) exactly as it would a list of floats.
 
-        Inputs tokenized by the API tier (``{"text", "ids"}``, workers/models/token_ids.py)
+        Inputs tokenized by the API tier (``{"text", "ids"}``, core/models/token_ids.py)
         take the packed path: no tokenizer, all of the batch planned and launched at once.
         Plain texts are tokenized here, overlapped with the GPU.
         """

@@ -6,7 +6,7 @@ Importing this module must stay cheap: ingest uses it to validate requests.
 
 from __future__ import annotations
 
-from gristmill.config import Settings
+from core.config import Settings
 from workers.models.base import ModelSpec
 from workers.models.embedding import EmbedSpec
 from workers.models.sim import SimSpec

@@ -37,7 +37,7 @@ class WorkBatch:
     version: str
     params: dict[str, Any]
     inputs: list[Any]
-    # True: every input is a token-id string (workers/models/token_ids.py) that the
+    # True: every input is a token-id string (core/models/token_ids.py) that the
     # API tier made; the text stays with the scheduler, which stores it.
     token_ids: bool = False
 

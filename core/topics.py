@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from gristmill.config import Settings
+from core.config import Settings
 
 # Highest priority first; the index is the class's rank (lower is more urgent).
 PRIORITY_CLASSES: tuple[str, ...] = ("enterprise", "paid", "free", "jobs")
