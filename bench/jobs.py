@@ -26,10 +26,10 @@ from tqdm import tqdm
 from bench.openloop import RunResult, run_open_loop
 from bench.stages import stage_percentiles
 from bench.system import sim_system
+from core.models.sim import sim_output
 from gristmill.client import Client
 from gristmill.devservices.stack import System
 from results.db import make_engine
-from workers.models.sim import sim_output
 
 CAPACITY = 2 * 100 / 0.100  # 2 workers x 100 items per 100 ms batch
 

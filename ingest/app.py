@@ -13,6 +13,7 @@ from sqlalchemy import text
 
 from core import __version__
 from core.config import Settings
+from core.models.catalog import build_specs
 from core.topics import ensure_topics
 from ingest import infer, jobs
 from ingest.auth import Authenticator
@@ -27,7 +28,6 @@ from ingest.state import AppState, get_state
 from ingest.waiters import ResultWaiter
 from ingest.webhooks import webhook_loop
 from results.db import make_async_engine
-from workers.models.registry import build_specs
 
 log = logging.getLogger("gristmill.ingest")
 
@@ -60,9 +60,7 @@ def create_app(settings: Settings) -> FastAPI:
         state = AppState(
             settings=settings,
             engine=engine,
-            producer=AsyncProducer(
-                settings.kafka_bootstrap, timeout_ms=settings.produce_timeout_ms
-            ),
+            producer=AsyncProducer(settings, timeout_ms=settings.produce_timeout_ms),
             auth=Authenticator(engine, ttl_s=settings.auth_cache_s),
             catalog=ModelCatalog(build_specs(settings), engine),
             waiter=waiter,

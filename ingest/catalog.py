@@ -13,9 +13,9 @@ import time
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import NotFound, Unavailable
+from core.models.catalog import latest
+from core.models.spec import ModelSpec
 from results.modelregistry import live_stmt
-from workers.models.base import ModelSpec
-from workers.models.registry import latest
 
 log = logging.getLogger("gristmill.ingest.catalog")
 

@@ -14,7 +14,8 @@ from sqlalchemy import select
 
 from core.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound, Unavailable
 from core.messages import RequestMessage, body_hash, request_id_for
-from core.topics import TIER_TO_CLASS, request_topic
+from core.topics import request_topic
+from core.vocab import TIER_TO_CLASS
 from ingest.idempotency import MAX_KEY_LENGTH, claim
 from ingest.policy import check_admission, check_rate
 from ingest.schemas import InferBody, parse_body

@@ -34,10 +34,11 @@ from psycopg.types.json import Jsonb
 
 from core.config import Settings
 from core.errors import IdempotencyConflict, InvalidInput, PayloadTooLarge, Unavailable
+from core.kafka import producer_config
 from core.messages import RequestMessage, job_item_request_id
+from core.models.spec import ModelSpec
 from core.topics import request_topic
 from results.db import libpq_url
-from workers.models.base import ModelSpec
 
 log = logging.getLogger("gristmill.ingest.jobs")
 
@@ -207,16 +208,16 @@ class JobPublisher:
         self.settings = settings
         self.dsn = libpq_url(settings.database_url)
         self._producer = Producer(
-            {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 20,  # throughput over latency: these are bulk items
-                "batch.size": 1_000_000,
-                "compression.type": "lz4",
-                "queue.buffering.max.messages": 500_000,
-                "message.timeout.ms": 60_000,
-            }
+            producer_config(
+                settings,
+                **{
+                    "linger.ms": 20,  # throughput over latency: these are bulk items
+                    "batch.size": 1_000_000,
+                    "compression.type": "lz4",
+                    "queue.buffering.max.messages": 500_000,
+                    "message.timeout.ms": 60_000,
+                },
+            )
         )
         self._lock = threading.Lock()  # one publish at a time shares the producer cleanly
 

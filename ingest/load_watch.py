@@ -12,7 +12,7 @@ import time
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.config import Settings
-from ingest.admission import LoadReport, LoadView, RecentAdmissions
+from ingest.admission import LoadView, RecentAdmissions
 from ingest.ratelimit import TenantLimiter
 from results.load import (
     heartbeat_stmt,
@@ -20,6 +20,7 @@ from results.load import (
     live_instances_stmt,
     live_reports_stmt,
     process_id,
+    report_of,
 )
 
 log = logging.getLogger("gristmill.ingest.load")
@@ -45,9 +46,7 @@ class LoadWatch:
             ).scalar_one()
             rows = (await conn.execute(live_reports_stmt(stale, self.settings.topic_prefix))).all()
         self.limiter.instances = max(1, int(n))
-        view = LoadView.combine(
-            LoadReport(r.capacity, r.backlog, r.lag, r.tenant_backlog) for r in rows
-        )
+        view = LoadView.combine(report_of(r) for r in rows)
         view.as_of = time.monotonic() - max((float(r.age_s) for r in rows), default=0.0)
         self.view = view
 

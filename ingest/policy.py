@@ -12,7 +12,7 @@ import time
 
 from core.config import Settings
 from core.errors import RateLimited, Unavailable
-from core.topics import PRIORITY_CLASSES, TIER_TO_CLASS
+from core.vocab import PRIORITY_CLASSES, TIER_TO_CLASS
 from ingest.admission import decide
 from ingest.load_watch import LoadWatch
 from ingest.ratelimit import TenantLimiter, Verdict

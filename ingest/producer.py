@@ -23,22 +23,24 @@ from collections import deque
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from core.config import KafkaSettings
 from core.errors import Unavailable
+from core.kafka import producer_config
 
 log = logging.getLogger("gristmill.ingest.producer")
 
 
 class AsyncProducer:
-    def __init__(self, bootstrap: str, *, timeout_ms: int):
-        self._config = {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,  # no duplicates or reordering from producer retries
-            "acks": "all",
-            "linger.ms": 5,  # a few ms of batching halves the broker work per request
-            "message.timeout.ms": timeout_ms,
-            "compression.type": "lz4",
-            "error_cb": self._on_error,
-        }
+    def __init__(self, kafka: KafkaSettings, *, timeout_ms: int):
+        self._config = producer_config(
+            kafka,
+            **{
+                "linger.ms": 5,  # a few ms of batching halves the broker work per request
+                "message.timeout.ms": timeout_ms,
+                "compression.type": "lz4",
+                "error_cb": self._on_error,
+            },
+        )
         self._fatal = threading.Event()
         # Outcomes served by the current poll, handed to their loops after it returns.
         self._delivered: deque[_Outcome] = deque()  # appended by callbacks, any thread

@@ -5,29 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Select, delete, func, select
+from sqlalchemy import Connection, Row, Select, delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 
+from core.load_report import LoadReport
 from results.schema import api_instances, scheduler_load
 
-# In a tenant backlog, the entry that sums the tenants too small to name.
-REST = "*"
 
-
-def report_scheduler(
-    conn: Connection,
-    scheduler_id: str,
-    capacity: dict[str, float],
-    backlog: dict[str, dict[str, int]],
-    lag: dict[str, int],
-    tenant_backlog: dict[str, dict[str, dict[str, list[float]]]] | None = None,
-) -> None:
+def report_scheduler(conn: Connection, scheduler_id: str, report: LoadReport) -> None:
     stmt = insert(scheduler_load).values(
         scheduler_id=scheduler_id,
-        capacity=capacity,
-        backlog=backlog,
-        lag=lag,
-        tenant_backlog=tenant_backlog or {},
+        capacity=report.capacity,
+        backlog=report.backlog,
+        lag=report.lag,
+        tenant_backlog=report.tenants,
     )
     conn.execute(
         stmt.on_conflict_do_update(
@@ -64,6 +55,11 @@ def live_reports_stmt(stale_s: float, deployment: str) -> Select[Any]:
         scheduler_load.c.updated_at > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_s),
         scheduler_load.c.scheduler_id.startswith(process_id(deployment, ""), autoescape=True),
     )
+
+
+def report_of(row: Row[Any]) -> LoadReport:
+    """A row of ``live_reports_stmt`` as the report its scheduler wrote."""
+    return LoadReport(row.capacity, row.backlog, row.lag, row.tenant_backlog)
 
 
 def heartbeat_stmt(instance_id: str) -> Any:

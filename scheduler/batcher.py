@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.messages import RequestMessage
-from scheduler.costmodel import CostModel, ModelRef
+from core.vocab import ModelRef
+from scheduler.costmodel import CostModel
 from scheduler.fairness import FairQueue
 from scheduler.offsets import TopicPartition
 
@@ -41,7 +42,7 @@ class BatchKey:
 
     @property
     def ref(self) -> ModelRef:
-        return (self.model, self.version)
+        return ModelRef(self.model, self.version)
 
     def label(self) -> str:
         ps = ",".join(f"{k}={v}" for k, v in self.params)

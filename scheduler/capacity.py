@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from scheduler.costmodel import CostModel, ModelRef
+from core.vocab import ModelRef
+from scheduler.costmodel import CostModel
 
 
 def best_throughput(cost: CostModel, ref: ModelRef, max_batch: int) -> float:

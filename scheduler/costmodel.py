@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 
-ModelRef = tuple[str, str]  # (model, version)
+from core.vocab import ModelRef
 
 
 class CostModel:
@@ -65,9 +65,9 @@ def best_batch_size(profile: dict[int, float], max_batch: int, budget_ms: float)
     if not profile:
         return max_batch
     curve = CostModel()
-    curve.seed(("m", ""), profile)  # its interpolation, for a max between measured sizes
+    curve.seed(ModelRef("m", ""), profile)  # its interpolation, for a max between measured sizes
     sizes = sorted({n for n in profile if n <= max_batch} | {max_batch})
-    ms = {n: curve.predict_ms(("m", ""), n) for n in sizes}
+    ms = {n: curve.predict_ms(ModelRef("m", ""), n) for n in sizes}
     rate = {n: n / max(t, 1e-9) for n, t in ms.items() if t <= budget_ms}
     if not rate:
         return sizes[0]

@@ -23,7 +23,9 @@ from typing import Any, Protocol
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from core.config import Settings
-from core.topics import PRIORITY_CLASSES, request_topic
+from core.kafka import consumer_config
+from core.topics import request_topic
+from core.vocab import PRIORITY_CLASSES
 
 log = logging.getLogger("gristmill.scheduler")
 
@@ -96,23 +98,26 @@ class ConsumerLane:
         self.lag: dict[str, int] = {}
         self.closing = threading.Event()  # set once the host has persisted all it will
         self.consumer = Consumer(
-            {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "group.id": spec.group_id,
-                "client.id": f"gristmill-scheduler-{spec.name}",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "partition.assignment.strategy": "cooperative-sticky",
-                # A dead member is noticed within the session timeout; see
-                # docs/decisions/0006-session-timeout-and-rebalances.md.
-                "session.timeout.ms": 6000,
-                "heartbeat.interval.ms": 1000,
-                # The broker answers a fetch as soon as any message lands (fetch.min.bytes=1),
-                # so a long wait costs no latency; a short one only spins the broker.
-                "fetch.wait.max.ms": 100,
-                "enable.partition.eof": False,
-                **spec.fetch,
-            }
+            consumer_config(
+                settings,
+                spec.group_id,
+                **{
+                    "client.id": f"gristmill-scheduler-{spec.name}",
+                    "enable.auto.commit": False,
+                    "auto.offset.reset": "earliest",
+                    "partition.assignment.strategy": "cooperative-sticky",
+                    # A dead member is noticed within the session timeout; see
+                    # docs/decisions/0006-session-timeout-and-rebalances.md.
+                    "session.timeout.ms": 6000,
+                    "heartbeat.interval.ms": 1000,
+                    # The broker answers a fetch as soon as any message lands
+                    # (fetch.min.bytes=1), so a long wait costs no latency; a short one
+                    # only spins the broker.
+                    "fetch.wait.max.ms": 100,
+                    "enable.partition.eof": False,
+                    **spec.fetch,
+                },
+            )
         )
         self.thread = threading.Thread(target=self._run, daemon=True, name=f"lane-{spec.name}")
 

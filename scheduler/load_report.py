@@ -9,18 +9,17 @@ summed into one entry (``*``: requests, number of tenants) to keep it small.
 
 from __future__ import annotations
 
-from core.topics import PRIORITY_CLASSES
-from results.load import REST
-from scheduler.costmodel import ModelRef
+from core.load_report import REST, TenantBacklog
+from core.vocab import PRIORITY_CLASSES, ModelRef
 
 TOP_TENANTS = 20
 
 
 def tenant_backlog(
     depths: dict[ModelRef, list[dict[str, tuple[int, float]]]], top: int = TOP_TENANTS
-) -> dict[str, dict[str, dict[str, list[float]]]]:
+) -> TenantBacklog:
     """``{"model@version": {class: {tenant: [queued, weight], "*": [queued, tenants]}}}``."""
-    out: dict[str, dict[str, dict[str, list[float]]]] = {}
+    out: TenantBacklog = {}
     for (name, version), by_rank in depths.items():
         for rank, by_tenant in enumerate(by_rank):
             if not by_tenant:

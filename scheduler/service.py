@@ -34,10 +34,14 @@ from confluent_kafka import Message, Producer
 from tenacity import Retrying, retry_if_exception_type, stop_never, wait_exponential_jitter
 
 from core.config import Settings
+from core.kafka import producer_config
+from core.load_report import LoadReport
 from core.messages import RequestMessage
+from core.models.catalog import build_specs
 from core.models.token_ids import is_tokenized
 from core.protocol import WorkBatch, WorkResult
-from core.topics import PRIORITY_CLASSES, dead_letter_topic, ensure_topics
+from core.topics import dead_letter_topic, ensure_topics
+from core.vocab import PRIORITY_CLASSES, ModelRef
 from results import modelregistry
 from results.db import make_engine
 from results.jobs import cancelled_unfinished_stmt
@@ -46,7 +50,7 @@ from results.store import persist
 from scheduler.backpressure import BufferBudget, paused_classes
 from scheduler.batcher import Batch, Batcher, BatchKey, FlushPolicy, Pending
 from scheduler.capacity import capacity_by_model
-from scheduler.costmodel import CostModel, ModelRef, best_batch_size
+from scheduler.costmodel import CostModel, best_batch_size
 from scheduler.lane import ConsumerLane, held_lag, lane_specs
 from scheduler.load_report import tenant_backlog
 from scheduler.offsets import OffsetTracker
@@ -55,7 +59,6 @@ from scheduler.retry import RetryPolicy, plan_failure
 from scheduler.rows import batch_row, request_row, succeeded_rows
 from scheduler.stagger import Running, background_hold_until
 from scheduler.workerpool import WorkerHandle, WorkerLost, WorkerPool
-from workers.models.registry import build_specs
 
 log = logging.getLogger("gristmill.scheduler")
 
@@ -117,13 +120,7 @@ class SchedulerService:
             models=models or [m for m in settings.worker_models.split(",") if m],
             on_ready=self._on_worker_ready,
         )
-        self.producer = Producer(
-            {
-                "bootstrap.servers": settings.kafka_bootstrap,
-                "enable.idempotence": True,
-                "acks": "all",
-            }
-        )
+        self.producer = Producer(producer_config(settings))
         # Sync traffic and job items are read by separate consumers (decision 0011).
         self.lanes = [ConsumerLane(settings, spec, self) for spec in lane_specs(settings)]
 
@@ -166,7 +163,7 @@ class SchedulerService:
     def _on_worker_ready(self, h: WorkerHandle) -> None:
         with self.cond:
             for m in h.hello.models:
-                ref = (m.name, m.version)
+                ref = ModelRef(m.name, m.version)
                 profile = {int(k): v for k, v in m.profile_ms.items()}
                 # The worker's warmup curve picks the batch size (most items/s within
                 # the compute budget the SLOs leave); memory already bounded its max.
@@ -192,7 +189,7 @@ class SchedulerService:
             with self.engine.begin() as conn:
                 for (name, version), m in infos.items():
                     modelregistry.announce(
-                        conn, name, version, self.max_batch[(name, version)], m.profile_ms
+                        conn, name, version, self.max_batch[ModelRef(name, version)], m.profile_ms
                     )
         except Exception as exc:  # PostgreSQL down: the next heartbeat retries
             log.warning("model announce failed: %s", exc)
@@ -215,15 +212,16 @@ class SchedulerService:
             capacity = capacity_by_model(
                 self.cost, [h.refs for h in self.handles if h.alive], self.max_batch
             )
-            backlog = {
-                f"{ref[0]}@{ref[1]}": dict(zip(PRIORITY_CLASSES, depths, strict=True))
+            backlog: dict[str, dict[str, int]] = {
+                ref.label(): dict(zip(PRIORITY_CLASSES, depths, strict=True))
                 for ref, depths in self.batcher.depth_by_model().items()
             }
             lag = held_lag(self.lanes)
             tenants = tenant_backlog(self.batcher.depth_by_tenant())
         try:
             with self.engine.begin() as conn:
-                report_scheduler(conn, self.scheduler_id, capacity, backlog, lag, tenants)
+                report = LoadReport(capacity, backlog, lag, tenants)
+                report_scheduler(conn, self.scheduler_id, report)
         except Exception as exc:
             log.warning("load report failed: %s", _short(exc))
 

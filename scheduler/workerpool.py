@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
 from core.protocol import Hello, WorkBatch, WorkResult
+from core.vocab import ModelRef
 
 log = logging.getLogger("gristmill.scheduler.workers")
 
@@ -54,7 +55,7 @@ class WorkerHandle:
         self.conn = conn
         self.hello = hello
         self.proc = proc
-        self.refs = {(m.name, m.version) for m in hello.models}
+        self.refs = {ModelRef(m.name, m.version) for m in hello.models}
         self.alive = True
         self._sent: deque[tuple[str, float]] = deque()  # (batch id, sent at), in order
         self._last_result_at = 0.0  # monotonic

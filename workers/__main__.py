@@ -21,9 +21,10 @@ def main() -> None:
     parser.add_argument("--worker-id", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+    settings = load_settings()
     serve(
-        load_settings(),
-        [(path, authkey_for(path)) for path in args.socket],
+        settings,
+        [(path, authkey_for(settings, path)) for path in args.socket],
         [m for m in args.models.split(",") if m],
         args.worker_id,
     )

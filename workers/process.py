@@ -43,37 +43,19 @@ from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from types import FrameType
 
-from core.config import Settings
+from core.config import Settings, WorkerSettings
 from core.protocol import Hello, ModelInfo, WorkBatch, WorkResult
+from core.vocab import ModelRef
 from workers.models.base import Launched, Model
-from workers.models.registry import build_specs, latest
+from workers.models.loader import load_models
 
 log = logging.getLogger("gristmill.worker")
 
-# Benchmarks ask for the model's per-batch measurements (CUDA events on) in every result.
-_REPORT_STATS = os.environ.get("GRISTMILL_WORKER_STATS") == "1"
 # Batches launched and not yet finished: the running one and up to two queued behind
 # it. One scheduler sends at most two at a time (decision 0012); a worker serving
 # several (decision 0014) keeps one more on the device so that a late launch (its
 # threads share one GIL) does not leave the GPU idle.
 MAX_LAUNCHED = 3
-
-
-def load_models(settings: Settings, names: list[str]) -> dict[tuple[str, str], Model]:
-    """Load every requested ``name`` or ``name@version`` (all versions for a bare name)."""
-    specs = build_specs(settings)
-    models: dict[tuple[str, str], Model] = {}
-    for ref in names:
-        name, _, version = ref.partition("@")
-        if name not in specs:
-            raise SystemExit(f"unknown model {name!r}; known: {', '.join(sorted(specs))}")
-        versions = specs[name]
-        chosen = [versions[version]] if version else list(versions.values())
-        if version and version not in versions:
-            raise SystemExit(f"unknown version {ref!r}")
-        for spec in chosen or [latest(versions)]:
-            models[(spec.name, spec.version)] = spec.load()
-    return models
 
 
 @dataclass
@@ -90,11 +72,11 @@ def _describe(exc: BaseException) -> str:
 
 
 def launch_batch(
-    models: dict[tuple[str, str], Model], batch: WorkBatch, to: Connection
+    models: dict[ModelRef, Model], batch: WorkBatch, to: Connection
 ) -> _Started:
     launched_at = time.time()
     try:
-        model = models[(batch.model, batch.version)]
+        model = models[ModelRef(batch.model, batch.version)]
         job = model.launch(batch.inputs, batch.params, token_ids=batch.token_ids)
         return _Started(batch, job, None, launched_at, to)
     except Exception as exc:  # the scheduler decides about retries; we only report
@@ -103,18 +85,19 @@ def launch_batch(
 
 
 def finish_batch(
-    models: dict[tuple[str, str], Model], started: _Started, start: float
+    models: dict[ModelRef, Model], started: _Started, start: float, report_stats: bool = False
 ) -> WorkResult:
-    """Wait for a launched batch; ``start`` is when the device began it (epoch s)."""
+    """Wait for a launched batch; ``start`` is when the device began it (epoch s).
+    ``report_stats``: the model's own measurements go into the result (benchmarks)."""
     batch = started.batch
     if started.job is None:
         return WorkResult(batch.batch_id, None, started.error, start, time.time())
     try:
-        model = models[(batch.model, batch.version)]
+        model = models[ModelRef(batch.model, batch.version)]
         outputs = model.finish(started.job)
         if len(outputs) != len(batch.inputs):
             raise RuntimeError(f"model returned {len(outputs)} outputs for {len(batch.inputs)}")
-        stats = started.job.stats if _REPORT_STATS else None
+        stats = started.job.stats if report_stats else None
         return WorkResult(batch.batch_id, outputs, None, start, time.time(), stats)
     except Exception as exc:
         log.warning("batch %s failed: %s", batch.batch_id, exc)
@@ -138,8 +121,8 @@ class _Shutdown:
             raise SystemExit(0)
 
 
-def _spawned_by_scheduler() -> bool:
-    return os.environ.get("GRISTMILL_WORKER_PARENT_PID") == str(os.getppid())
+def _spawned_by_scheduler(settings: WorkerSettings) -> bool:
+    return settings.worker_parent_pid == os.getppid()
 
 
 def _die_with_parent() -> None:
@@ -156,10 +139,11 @@ def _die_with_parent() -> None:
         raise SystemExit(0)
 
 
-def authkey_for(socket_path: str) -> bytes:
-    """The key a worker proves itself with: ``GRISTMILL_WORKER_AUTHKEY`` (hex) when set,
-    else the one the scheduler left beside its socket (a worker started by hand)."""
-    key_hex = os.environ.get("GRISTMILL_WORKER_AUTHKEY")
+def authkey_for(settings: WorkerSettings, socket_path: str) -> bytes:
+    """The key a worker proves itself with: ``worker_authkey`` (hex, set by the scheduler
+    that spawns it) when set, else the one the scheduler left beside its socket (a worker
+    started by hand)."""
+    key_hex = settings.worker_authkey
     return (
         bytes.fromhex(key_hex)
         if key_hex
@@ -177,7 +161,7 @@ def serve(
     path, key). One worker per GPU may serve several scheduler processes of the host
     (decision 0014): their batches run on the one device in the order they arrive."""
     shutdown = _Shutdown()
-    if _spawned_by_scheduler():
+    if _spawned_by_scheduler(settings):
         _die_with_parent()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -186,7 +170,7 @@ def serve(
     models = load_models(settings, model_names)
     infos = []
     for (name, version), model in models.items():
-        if _REPORT_STATS and hasattr(model, "timing"):
+        if settings.worker_stats and hasattr(model, "timing"):
             model.timing = True
         profile = model.warmup()
         # Warmup may bound the batch below the spec's (GPU memory per batch size).
@@ -197,17 +181,21 @@ def serve(
             "model %s@%s ready, max batch %d, warmup profile %s", name, version, limit, profile
         )
     wid = worker_id or f"{socket.gethostname()}-{os.getpid()}"
-    device = os.environ.get("CUDA_VISIBLE_DEVICES", "cpu")
+    device = settings.cuda_visible_devices
     conns = []
     for path, authkey in schedulers:
         conn = Client(path, family="AF_UNIX", authkey=authkey)
         conn.send(Hello(worker_id=wid, pid=os.getpid(), device=device, models=infos))
         conns.append(conn)
-    _serve_batches(conns, models, shutdown, wid)
+    _serve_batches(conns, models, shutdown, wid, settings.worker_stats)
 
 
 def _serve_batches(
-    conns: list[Connection], models: dict[tuple[str, str], Model], shutdown: _Shutdown, wid: str
+    conns: list[Connection],
+    models: dict[ModelRef, Model],
+    shutdown: _Shutdown,
+    wid: str,
+    report_stats: bool,
 ) -> None:
     """Read batches in a thread per scheduler, launch them here in arrival order, finish
     them and send each result to its scheduler in a second thread."""
@@ -237,7 +225,9 @@ def _serve_batches(
         prev_end = 0.0
         while (started := launched.get()) is not None:
             # It began on the device when the batch before it ended, if that was later.
-            result = finish_batch(models, started, max(started.launched_at, prev_end))
+            result = finish_batch(
+                models, started, max(started.launched_at, prev_end), report_stats
+            )
             prev_end = result.compute_end
             slots.release()
             try:

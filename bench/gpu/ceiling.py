@@ -36,13 +36,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from workers.models.embedding import EmbedSpec
-from workers.models.embedding_runtime import (
-    EmbeddingModel,
-    Encoder,
-    load_tokenizer,
-    synthetic_texts,
-)
+from core.config import Settings
+from core.models.embedding import EmbedSpec
+from core.models.text_tokenizer import load_tokenizer
+from workers.models.embedding.encoder import Encoder
+from workers.models.embedding.runtime import EmbeddingModel, EmbedRuntime
+from workers.models.embedding.warmup import synthetic_texts
 
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 SEQS = [16, 32, 64, 128, 256]
@@ -113,11 +112,9 @@ class Bench:
 
     # -- correctness ----------------------------------------------------------------------
     def check(self) -> None:
-        spec = EmbedSpec(name="e", version="1", max_batch_size=1024, device="cuda")
-        gpu = EmbeddingModel(spec, self.model_dir)
-        cpu = EmbeddingModel(
-            EmbedSpec(name="e", version="1", max_batch_size=1024, device="cpu"), self.model_dir
-        )
+        spec = EmbedSpec(name="e", version="1", max_batch_size=1024)
+        gpu = EmbeddingModel(spec, EmbedRuntime(device="cuda", model_dir=str(self.model_dir)))
+        cpu = EmbeddingModel(spec, EmbedRuntime(device="cpu", model_dir=str(self.model_dir)))
         texts = [
             *synthetic_texts(gpu.tokenizer, 48, 8, 256, seed=3),
             "A man is eating food.",
@@ -298,8 +295,8 @@ class Bench:
 
     # -- predict --------------------------------------------------------------------------
     def predict(self, texts: list[str]) -> None:
-        spec = EmbedSpec(name="all-minilm-l6-v2", version="1", max_batch_size=1024, device="cuda")
-        m = EmbeddingModel(spec, self.model_dir)
+        spec = EmbedSpec(name="all-minilm-l6-v2", version="1", max_batch_size=1024)
+        m = EmbeddingModel(spec, EmbedRuntime(device="cuda", model_dir=str(self.model_dir)))
         t0 = time.perf_counter()
         m.capture_graphs()
         capture_s = time.perf_counter() - t0
@@ -309,7 +306,7 @@ class Bench:
             "profile_ms": profile,
             "peak_memory_mib": {n: b / 2**20 for n, b in m.peak_memory_bytes.items()},
             "graph_memory_mib": m.graph_memory_bytes / 2**20,
-            "graphs": len(m._graphs),
+            "graphs": m.capture_graphs(),
             "capture_seconds": capture_s,
             "memory_allocated_mib": torch.cuda.memory_allocated() / 2**20,
         }
@@ -444,14 +441,14 @@ class Bench:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model-dir", default=os.environ.get("GRISTMILL_EMBED_MODEL_DIR", ""))
+    ap.add_argument("--model-dir", default=Settings().embed_model_dir)
     ap.add_argument("--out", default="gpu_bench.json")
     ap.add_argument("--sections", default="check,cpu,ceiling,predict")
     ns = ap.parse_args()
     if not ns.model_dir:
-        from workers.models.embedding_runtime import default_model_dir
+        from core.models.text_tokenizer import model_files_dir
 
-        ns.model_dir = str(default_model_dir())
+        ns.model_dir = str(model_files_dir())
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA device")
     Bench(ns).main()

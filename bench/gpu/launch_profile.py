@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import os
 import pstats
 import sys
 import time
@@ -21,26 +20,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main() -> None:
+    from core.config import Settings
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model-dir", default=os.environ.get("GRISTMILL_EMBED_MODEL_DIR", ""))
+    ap.add_argument("--model-dir", default=Settings().embed_model_dir)
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--out", default="launch_profile.txt")
     args = ap.parse_args()
     sys.argv = sys.argv[:1]
     from bench.gpu.worker_path import make_workload
+    from core.models.embedding import EmbedSpec
     from core.models.token_ids import is_tokenized
-    from workers.models.embedding import EmbedSpec
+    from workers.models.embedding.runtime import EmbeddingModel, EmbedRuntime
 
     w = make_workload(args.model_dir, 4096, 8, 128, 256)
     ids = [x["ids"] for x in w["inputs"] if is_tokenized(x)]
-    spec = EmbedSpec(
-        name="all-minilm-l6-v2",
-        version="1",
-        max_batch_size=1024,
-        model_dir=args.model_dir,
-        max_tokens=256,
-    )
-    model = spec.load()
+    spec = EmbedSpec(name="all-minilm-l6-v2", version="1", max_batch_size=1024, max_tokens=256)
+    model = EmbeddingModel(spec, EmbedRuntime(model_dir=args.model_dir))
     model.warmup()
     batches = [ids[(i * 1024) % 3072 : (i * 1024) % 3072 + 1024] for i in range(args.batches)]
     params = {"normalize": True}

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from workers.models.embedding_runtime import default_model_dir
+from core.models.text_tokenizer import model_files_dir
 
 FILES = [
     "config.json",
@@ -35,7 +35,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".modelcache/all-minilm-l6-v2")
     out = Path(ap.parse_args().out)
-    src = default_model_dir()
+    src = model_files_dir()
     out.mkdir(parents=True, exist_ok=True)
     for name in FILES:
         if (src / name).exists():

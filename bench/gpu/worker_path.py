@@ -68,7 +68,7 @@ def ceiling(model_dir: str, batch: int, seq: int) -> dict[str, Any]:
     """Encoder alone, ``batch`` rows of ``seq`` tokens on the GPU: eager and graph."""
     import torch
 
-    from workers.models.embedding_runtime import Encoder
+    from workers.models.embedding.encoder import Encoder
 
     dev = torch.device("cuda")
     with torch.inference_mode():
@@ -151,13 +151,13 @@ class NvmlBusy:
 
 def make_workload(model_dir: str, n: int, lo: int, hi: int, max_tokens: int) -> dict[str, Any]:
     """Texts ``lo``..``hi`` tokens, validated and turned into message inputs as the API does."""
+    from core.models.embedding import EmbedSpec
     from core.models.text_tokenizer import shared_tokenizer
     from core.models.token_ids import is_tokenized
-    from workers.models.embedding import EmbedSpec
-    from workers.models.embedding_runtime import synthetic_texts
+    from workers.models.embedding.warmup import synthetic_texts
 
     spec = EmbedSpec(
-        name=MODEL, version="1", max_batch_size=1, model_dir=model_dir, max_tokens=max_tokens
+        name=MODEL, version="1", max_batch_size=1, tokenizer_dir=model_dir, max_tokens=max_tokens
     )
     tok = shared_tokenizer(model_dir, max_tokens)
     texts = synthetic_texts(tok, n, lo, hi, seed=11)
@@ -200,7 +200,7 @@ def run_workers(
     from core.config import Settings
     from core.messages import RequestMessage
     from core.protocol import WorkResult
-    from core.topics import PRIORITY_CLASSES
+    from core.vocab import PRIORITY_CLASSES
     from scheduler.batcher import Batch, BatchKey, Pending
     from scheduler.service import SchedulerService
     from scheduler.workerpool import WorkerHandle, WorkerPool
@@ -518,8 +518,10 @@ def run_config(
 
 
 def main() -> None:
+    from core.config import Settings
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model-dir", default=os.environ.get("GRISTMILL_EMBED_MODEL_DIR", ""))
+    ap.add_argument("--model-dir", default=Settings().embed_model_dir)
     ap.add_argument("--out", default="worker_path.json")
     ap.add_argument("--max-batch", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=256)
@@ -544,9 +546,9 @@ def main() -> None:
         plot(json.loads(Path(args.plot).read_text()), Path(args.plot_out))
         return
     if not args.model_dir:
-        from core.models.text_tokenizer import default_model_dir
+        from core.models.text_tokenizer import model_files_dir
 
-        args.model_dir = str(default_model_dir())
+        args.model_dir = str(model_files_dir())
     res: dict[str, Any] = {"env": gpu_env(), "args": vars(args)}
     out = Path(args.out)
 

@@ -18,7 +18,8 @@ from fastapi.responses import ORJSONResponse
 from pydantic import BaseModel
 
 from bench.peers.stats import STATS_DIR_ENV, BusyMeter
-from workers.models.sim import SimSpec
+from core.models.sim import SimSpec
+from workers.models.sim import SimModel
 
 SPEC = SimSpec(
     name="sim",
@@ -27,7 +28,7 @@ SPEC = SimSpec(
     batch_ms=float(os.environ.get("GRISTMILL_SIM_BATCH_MS", "100")),
 )
 app = FastAPI()
-_model = SPEC.load()
+_model = SimModel(SPEC)
 _meter = BusyMeter(os.environ.get(STATS_DIR_ENV))
 _slot: asyncio.Semaphore | None = None  # created in the serving loop
 

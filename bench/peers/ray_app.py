@@ -25,7 +25,8 @@ from ray import serve
 from starlette.requests import Request
 
 from bench.peers.stats import BusyMeter
-from workers.models.sim import SimSpec
+from core.models.sim import SimSpec
+from workers.models.sim import SimModel
 
 MAX_ONGOING = 1000  # per replica: lets a queue build beyond one batch, as in the others
 
@@ -35,7 +36,9 @@ MAX_ONGOING = 1000  # per replica: lets a queue build beyond one batch, as in th
 )
 class SimBatcher:
     def __init__(self, stats_dir: str, batch_ms: float) -> None:
-        self.model = SimSpec(name="sim", version="1", max_batch_size=100, batch_ms=batch_ms).load()
+        self.model = SimModel(
+            SimSpec(name="sim", version="1", max_batch_size=100, batch_ms=batch_ms)
+        )
         self.meter = BusyMeter(stats_dir)
 
     def reconfigure(self, cfg: dict[str, Any]) -> None:

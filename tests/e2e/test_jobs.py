@@ -12,9 +12,9 @@ import httpx
 import orjson
 import pytest
 
+from core.models.sim import sim_output
 from gristmill.devservices.stack import System
 from ingest.webhooks import SIGNATURE_HEADER, verify
-from workers.models.sim import sim_output
 
 
 def submit(

@@ -13,6 +13,7 @@ import httpx
 from confluent_kafka import Producer
 from sqlalchemy import func, select
 
+from core.kafka import producer_config
 from core.messages import RequestMessage
 from core.topics import request_topic
 from gristmill.devservices.stack import System
@@ -98,7 +99,7 @@ def burst_into_kafka(system: System, tenant_id: str, n: int) -> None:
     after accepting them (nobody waits on them; they run and are persisted)."""
     settings = system.settings  # (rebuilt on each access: read it once)
     topic = request_topic(settings, "paid")
-    producer = Producer({"bootstrap.servers": settings.kafka_bootstrap, "linger.ms": 20})
+    producer = Producer(producer_config(settings, **{"linger.ms": 20}))
     now = time.time()
     for i in range(n):
         msg = RequestMessage(

@@ -9,10 +9,10 @@ import uuid
 import httpx
 from sqlalchemy import select
 
+from core.models.sim import sim_output
 from gristmill.devservices.stack import System
 from results.db import make_engine
 from results.schema import batches, requests
-from workers.models.sim import sim_output
 
 
 def infer(

@@ -15,15 +15,14 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-from workers.models.embedding import EmbedSpec  # noqa: E402
+from core.models.embedding import EmbedSpec  # noqa: E402
 
 
 def _model(device: str, **kw: Any) -> Any:
-    from workers.models.embedding_runtime import EmbeddingModel
+    from workers.models.embedding.runtime import EmbeddingModel, EmbedRuntime
 
-    return EmbeddingModel(
-        EmbedSpec(name="all-minilm-l6-v2", version="1", max_batch_size=512, device=device, **kw)
-    )
+    spec = EmbedSpec(name="all-minilm-l6-v2", version="1", max_batch_size=512)
+    return EmbeddingModel(spec, EmbedRuntime(device=device, **kw))
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +32,7 @@ def models() -> tuple[Any, Any]:
 
 @pytest.fixture(scope="module")
 def texts(models: tuple[Any, Any]) -> list[str]:
-    from workers.models.embedding_runtime import synthetic_texts
+    from workers.models.embedding.warmup import synthetic_texts
 
     gpu, _ = models
     return [
@@ -100,7 +99,7 @@ def test_warmup_profile_and_memory() -> None:
     assert set(m.peak_memory_bytes) == set(profile)
     assert m.max_batch_for_memory(2**40) == 512
     assert m.max_batch_for_memory(0) == 0
-    assert m._graphs  # small shapes are captured up front
+    assert m.graphs is not None and m.graphs.captured  # small shapes are captured up front
     m.close()
 
 

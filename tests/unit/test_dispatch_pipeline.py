@@ -15,11 +15,11 @@ import pytest
 
 from core.config import Settings
 from core.messages import RequestMessage
-from core.topics import PRIORITY_CLASSES
+from core.models.sim import sim_output
+from core.vocab import PRIORITY_CLASSES
 from scheduler.batcher import Batch, BatchKey, Pending
 from scheduler.service import PIPELINE_MAX_MS, SchedulerService
 from scheduler.workerpool import WorkerHandle, WorkerPool
-from workers.models.sim import sim_output
 
 POISON = "@@poison@@"
 

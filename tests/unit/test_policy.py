@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from ingest.admission import LoadReport, LoadView, decide, predicted_delay_s
+from core.load_report import LoadReport
+from ingest.admission import LoadView, decide, predicted_delay_s
 from ingest.ratelimit import TenantLimiter, TokenBucket
 from scheduler.capacity import best_throughput, capacity_by_model
 from scheduler.costmodel import CostModel

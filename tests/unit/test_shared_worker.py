@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from core.models.sim import sim_output
 from tests.unit.test_dispatch_pipeline import _Svc
-from workers.models.sim import sim_output
 
 
 @pytest.fixture

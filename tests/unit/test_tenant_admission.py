@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core.load_report import REST, LoadReport
 from ingest.admission import (
-    LoadReport,
     LoadView,
     RecentAdmissions,
     decide,
@@ -15,7 +15,6 @@ from ingest.admission import (
     predicted_delay_s,
     share_ahead,
 )
-from results.load import REST
 from scheduler.batcher import Batcher, BatchKey, FlushPolicy
 from scheduler.costmodel import CostModel
 from scheduler.load_report import tenant_backlog

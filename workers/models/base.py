@@ -1,93 +1,21 @@
-"""The fixed batch API every model implements.
+"""The fixed batch API every model implements in a worker.
 
-A ``ModelSpec`` is light: ingest imports it to validate requests without loading
-weights. ``spec.load()`` returns a ``Model``, which owns the weights and turns a
-list of inputs into a list of outputs of the same length, in the same order.
+A ``Model`` owns the weights and turns a list of inputs into a list of outputs of
+the same length, in the same order; its ``spec`` (core/models/spec.py) says what
+it accepts. workers/models/loader.py makes one from a spec.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from core.errors import InvalidInput
+from core.models.spec import ModelSpec
 
 if TYPE_CHECKING:
     import numpy as np
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """A request parameter. ``batching`` params change the computation, so requests
-    that differ in one never share a batch (they are part of the batch key)."""
-
-    name: str
-    type: type
-    default: Any
-    batching: bool = True
-
-
-@dataclass
-class ModelSpec(ABC):
-    name: str
-    version: str
-    max_batch_size: int
-    max_input_chars: int = 20_000
-    params: tuple[ParamSpec, ...] = field(default_factory=tuple)
-
-    @property
-    def ref(self) -> str:
-        return f"{self.name}@{self.version}"
-
-    def validate_input(self, value: Any) -> None:
-        """Text models take one non-empty string per request."""
-        if not isinstance(value, str):
-            raise InvalidInput(f"input must be a string, got {type(value).__name__}", field="input")
-        if not value.strip():
-            raise InvalidInput("input must not be empty", field="input")
-        if len(value) > self.max_input_chars:
-            raise InvalidInput(
-                f"input is {len(value)} characters; at most {self.max_input_chars} allowed",
-                field="input",
-            )
-
-    def normalize_params(self, params: dict[str, Any] | None) -> dict[str, Any]:
-        """Fill defaults and reject unknown or mistyped parameters."""
-        params = dict(params or {})
-        known = {p.name: p for p in self.params}
-        unknown = sorted(set(params) - set(known))
-        if unknown:
-            allowed = ", ".join(sorted(known)) or "none"
-            raise InvalidInput(
-                f"unknown parameter {unknown[0]!r} for model {self.name} (allowed: {allowed})",
-                field=f"params.{unknown[0]}",
-            )
-        out: dict[str, Any] = {}
-        for p in self.params:
-            value = params.get(p.name, p.default)
-            # bool is an int subclass; do not let True pass as a number or vice versa.
-            if not isinstance(value, p.type) or (p.type is not bool and isinstance(value, bool)):
-                raise InvalidInput(
-                    f"parameter {p.name} must be {p.type.__name__}", field=f"params.{p.name}"
-                )
-            out[p.name] = value
-        return out
-
-    def batch_params(self, params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-        """The part of the (normalized) params that goes into the batch key."""
-        return tuple(sorted((p.name, params[p.name]) for p in self.params if p.batching))
-
-    def message_input(self, value: Any) -> Any:
-        """What the request message carries for a validated ``value``. Text models that
-        can tokenize in the API tier return ``{"text", "ids"}`` (token_ids.py); the
-        default carries the input as it came."""
-        return value
-
-    @abstractmethod
-    def load(self) -> Model:
-        """Load weights and return a ready model (called in the worker process only)."""
 
 
 @dataclass

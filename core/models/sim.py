@@ -1,0 +1,29 @@
+"""``sim``: a simulated accelerator with the classic batch-function contract.
+
+1 to ``max_batch_size`` inputs, a fixed cost per batch whatever its size, one
+batch at a time. Each output is derived from its own input (a digest), so tests
+can check that every caller received its own answer. The model itself runs in a
+worker (workers/models/sim.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.models.spec import ModelSpec, ParamSpec
+
+
+def sim_output(input_: str, salt: str = "") -> dict[str, Any]:
+    """The answer ``sim`` gives for one input; tests and the chaos audit recompute it."""
+    digest = hashlib.sha256(f"{salt}\x00{input_}".encode()).hexdigest()[:16]
+    return {"digest": digest, "chars": len(input_)}
+
+
+@dataclass
+class SimSpec(ModelSpec):
+    batch_ms: float = 100.0  # the cost of one batch, whatever its size
+    params: tuple[ParamSpec, ...] = field(
+        default_factory=lambda: (ParamSpec("salt", str, "", batching=True),)
+    )
