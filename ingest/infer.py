@@ -15,7 +15,7 @@ from sqlalchemy import select
 from core.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound, Unavailable
 from core.messages import RequestMessage, body_hash, request_id_for
 from core.topics import request_topic
-from core.vocab import TIER_TO_CLASS
+from core.vocab import TIER_TO_CLASS, RequestStatus
 from ingest.idempotency import MAX_KEY_LENGTH, claim
 from ingest.policy import check_admission, check_rate
 from ingest.schemas import InferBody, parse_body
@@ -33,9 +33,9 @@ def _ms(a: datetime | None, b: datetime | None) -> float | None:
 
 def result_body(row: dict[str, Any], total_ms: float | None = None) -> dict[str, Any]:
     """The answer for a finished request; raises the error for a failed or expired one."""
-    if row["status"] == "expired":
+    if row["status"] == RequestStatus.EXPIRED:
         raise DeadlineExceeded("the deadline passed before a worker could run the request")
-    if row["status"] == "failed":
+    if row["status"] == RequestStatus.FAILED:
         raise ModelError(f"the model failed on this input: {row['error']}", field="input")
     if total_ms is None:
         total_ms = _ms(row["received_at"], row["persisted_at"])
@@ -192,6 +192,6 @@ async def get_request(
         {
             "status": data["status"],
             "error": data["error"],
-            **(result_body(data) if data["status"] == "succeeded" else {}),
+            **(result_body(data) if data["status"] == RequestStatus.SUCCEEDED else {}),
         }
     )

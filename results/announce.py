@@ -12,7 +12,7 @@ See docs/decisions/0003-results-announced-by-notify.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,7 +32,7 @@ def _epoch(d: datetime | None) -> float | None:
     return None if d is None else d.timestamp()
 
 
-def inline_result(row: dict[str, Any], persisted_at: datetime, output_json: str | None) -> bytes:
+def inline_result(row: Mapping[str, Any], persisted_at: datetime, output_json: str | None) -> bytes:
     """One answer as JSON; ``output_json`` is the output as already written to the
     request log (so the answer decodes to what a fetch of the row would)."""
     out: dict[str, Any] = {k: row[k] for k in PLAIN}

@@ -4,6 +4,9 @@ queries are written against typed columns."""
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any, TypedDict
+
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
@@ -20,9 +23,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
-metadata = MetaData()
+from core.vocab import TIERS, RequestStatus
 
-TIERS = ("free", "paid", "enterprise")
+metadata = MetaData()
 
 tenants = Table(
     "tenants",
@@ -36,7 +39,9 @@ tenants = Table(
     Column("rate_rps", Float),
     Column("burst", Float),
     Column("job_items_per_s", Float),
-    CheckConstraint("tier in ('free', 'paid', 'enterprise')", name="tenants_tier_check"),
+    CheckConstraint(
+        f"tier in ({', '.join(repr(str(t)) for t in TIERS)})", name="tenants_tier_check"
+    ),
 )
 
 api_keys = Table(
@@ -73,7 +78,7 @@ requests = Table(
     Column("model_version", Text, nullable=False),
     Column("params", JSONB, nullable=False, server_default="{}"),
     Column("input", JSONB(none_as_null=True)),  # NULL for job items (kept in job_items)
-    Column("status", Text, nullable=False),  # succeeded | failed | expired | cancelled
+    Column("status", Text, nullable=False),  # a RequestStatus
     Column("output", JSONB(none_as_null=True)),
     Column("error", Text),
     Column("attempts", Integer, nullable=False, server_default="1"),
@@ -93,11 +98,50 @@ requests = Table(
     Column("kafka_partition", Integer),
     Column("kafka_offset", BigInteger),
     CheckConstraint(
-        "status in ('succeeded', 'failed', 'expired', 'cancelled')", name="requests_status_check"
+        f"status in ({', '.join(repr(str(s)) for s in RequestStatus)})",
+        name="requests_status_check",
     ),
     Index("requests_tenant_received", "tenant_id", "received_at"),
     Index("requests_job_item", "job_id", "item_index"),
 )
+
+
+
+class RequestRow(TypedDict):
+    """One row of ``requests`` as the scheduler writes it: every column but
+    ``persisted_at``, which the database stamps. Checked against the table below."""
+
+    request_id: str
+    tenant_id: str
+    priority: str
+    model: str
+    model_version: str
+    params: dict[str, Any]
+    input: Any
+    status: RequestStatus
+    output: Any
+    error: str | None
+    attempts: int
+    batch_id: str | None
+    batch_size: int | None
+    job_id: str | None
+    item_index: int | None
+    received_at: datetime
+    produced_at: datetime | None
+    consumed_at: datetime | None
+    batched_at: datetime | None
+    compute_start_at: datetime | None
+    compute_end_at: datetime | None
+    deadline_at: datetime | None
+    kafka_topic: str | None
+    kafka_partition: int | None
+    kafka_offset: int | None
+
+
+REQUEST_ROW_COLUMNS = tuple(RequestRow.__annotations__)
+_DB_STAMPED = {"persisted_at"}
+if set(REQUEST_ROW_COLUMNS) != {c.name for c in requests.columns} - _DB_STAMPED:
+    raise RuntimeError("RequestRow and the requests table disagree on their columns")
 
 batches = Table(
     "batches",

@@ -10,16 +10,17 @@ docs/decisions/0003-results-announced-by-notify.md.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Engine, func, select
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import BigInteger, Connection, DateTime, Engine, Integer, Text, func, select
+from sqlalchemy.dialects.postgresql import JSONB, UUID, insert
 
 from results import announce
 from results.db import RESULTS_CHANNEL
 from results.jobs import record_job_results
-from results.schema import batches
+from results.schema import REQUEST_ROW_COLUMNS, RequestRow, batches, requests
 
 _INSERT_BATCH = insert(batches).on_conflict_do_nothing()
 
@@ -27,32 +28,17 @@ _INSERT_BATCH = insert(batches).on_conflict_do_nothing()
 # cached statement whatever the batch size, instead of a multi-row VALUES list
 # that the driver would re-parse for every batch (it showed up as the scheduler's
 # top hot spot under job load).
-_REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("request_id", "uuid"),
-    ("tenant_id", "uuid"),
-    ("priority", "text"),
-    ("model", "text"),
-    ("model_version", "text"),
-    ("params", "jsonb"),
-    ("input", "jsonb"),
-    ("status", "text"),
-    ("output", "jsonb"),
-    ("error", "text"),
-    ("attempts", "int4"),
-    ("batch_id", "uuid"),
-    ("batch_size", "int4"),
-    ("job_id", "uuid"),
-    ("item_index", "int4"),
-    ("received_at", "timestamptz"),
-    ("produced_at", "timestamptz"),
-    ("consumed_at", "timestamptz"),
-    ("batched_at", "timestamptz"),
-    ("compute_start_at", "timestamptz"),
-    ("compute_end_at", "timestamptz"),
-    ("deadline_at", "timestamptz"),
-    ("kafka_topic", "text"),
-    ("kafka_partition", "int4"),
-    ("kafka_offset", "int8"),
+_PG_TYPES: dict[type, str] = {
+    UUID: "uuid",
+    Text: "text",
+    JSONB: "jsonb",
+    Integer: "int4",
+    BigInteger: "int8",
+    DateTime: "timestamptz",
+}
+# (column, PostgreSQL type) in RequestRow's order, from the table's own column types.
+_REQUEST_COLUMNS: tuple[tuple[str, str], ...] = tuple(
+    (name, _PG_TYPES[type(requests.c[name].type)]) for name in REQUEST_ROW_COLUMNS
 )
 _INSERT_REQUESTS = (
     f"INSERT INTO requests ({', '.join(c for c, _ in _REQUEST_COLUMNS)}) "
@@ -76,7 +62,7 @@ def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
 
 
-def _column_arrays(rows: list[dict[str, Any]]) -> list[list[Any]]:
+def _column_arrays(rows: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
     out = []
     for name, pgtype in _REQUEST_COLUMNS:
         if pgtype == "jsonb":
@@ -87,7 +73,7 @@ def _column_arrays(rows: list[dict[str, Any]]) -> list[list[Any]]:
 
 
 def write_results(
-    conn: Connection, request_rows: list[dict[str, Any]], batch_row: dict[str, Any] | None
+    conn: Connection, request_rows: list[RequestRow], batch_row: dict[str, Any] | None
 ) -> list[str]:
     """Upsert rows and announce them; returns the ids that were newly written."""
     if batch_row is not None:
@@ -108,7 +94,7 @@ def write_results(
 
 
 def announcements(
-    request_rows: list[dict[str, Any]], outputs: list[str | None], returned: list[Any]
+    request_rows: list[RequestRow], outputs: list[str | None], returned: list[Any]
 ) -> list[str]:
     """Every sync request is announced, written now or before: a waiter may be waiting
     on a redelivered request whose first row landed while it was not listening. Those
@@ -133,7 +119,7 @@ def announcements(
 
 
 def persist(
-    engine: Engine, request_rows: list[dict[str, Any]], batch_row: dict[str, Any] | None
+    engine: Engine, request_rows: list[RequestRow], batch_row: dict[str, Any] | None
 ) -> list[str]:
     with engine.begin() as conn:
         return write_results(conn, request_rows, batch_row)

@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from core.config import Settings
 from core.kafka import consumer_config
 from core.topics import request_topic
-from core.vocab import PRIORITY_CLASSES
+from core.vocab import PRIORITY_CLASSES, PriorityClass
 
 log = logging.getLogger("gristmill.scheduler")
 
@@ -56,7 +56,7 @@ class LaneSpec:
 
 def lane_specs(settings: Settings) -> list[LaneSpec]:
     """Sync classes in one lane, job items in the other."""
-    jobs = PRIORITY_CLASSES.index("jobs")
+    jobs = PriorityClass.JOBS.rank
     return [
         LaneSpec(
             "sync",

@@ -1,4 +1,4 @@
-"""Turning finished requests into request-log rows. Pure."""
+"""Turning finished requests into request-log rows (results/schema.py ``RequestRow``). Pure."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from core.models.token_ids import input_text
+from core.vocab import RequestStatus
 from results.db import ts
+from results.schema import RequestRow
 from scheduler.batcher import Batch, Pending
 
 if TYPE_CHECKING:
@@ -24,13 +26,13 @@ def _batch_ts(epoch_s: float | None) -> datetime | None:
 def request_row(
     p: Pending,
     *,
-    status: str,
+    status: RequestStatus,
     output: Any = None,
     error: str | None = None,
     batch: Batch | None = None,
     compute_start: float | None = None,
     compute_end: float | None = None,
-) -> dict[str, Any]:
+) -> RequestRow:
     m = p.msg
     return {
         "request_id": m.request_id,
@@ -49,7 +51,7 @@ def request_row(
         "batch_size": len(batch.items) if batch else None,
         "job_id": m.job_id,
         "item_index": m.item_index,
-        "received_at": ts(m.received_at),
+        "received_at": datetime.fromtimestamp(m.received_at, UTC),
         "produced_at": ts(m.extra.get("produced_at")),
         "consumed_at": ts(p.consumed_at),
         "batched_at": _batch_ts(batch.formed_at) if batch else None,
@@ -64,8 +66,8 @@ def request_row(
 
 def succeeded_rows(
     batch: Batch, outputs: Sequence[Any] | np.ndarray, compute_start: float, compute_end: float
-) -> list[dict[str, Any]]:
-    """``request_row(p, status="succeeded", ...)`` for every item of a computed batch,
+) -> list[RequestRow]:
+    """``request_row(p, status=RequestStatus.SUCCEEDED, ...)`` for every item of a computed batch,
     in one pass: what a batch shares is worked out once, and times its requests share
     (consumed in one fetch, produced in the same millisecond) are converted once."""
     if len(outputs) != len(batch.items):
@@ -83,7 +85,7 @@ def succeeded_rows(
 
     batch_id, size = batch.batch_id, len(batch.items)
     batched, start, end = ts(batch.formed_at), ts(compute_start), ts(compute_end)
-    rows = []
+    rows: list[RequestRow] = []
     for p, out in zip(batch.items, outputs, strict=True):
         m = p.msg
         rows.append(
@@ -95,7 +97,7 @@ def succeeded_rows(
                 "model_version": m.version,
                 "params": m.params,
                 "input": None if m.job_id else input_text(m.input),
-                "status": "succeeded",
+                "status": RequestStatus.SUCCEEDED,
                 "output": out,
                 "error": None,
                 "attempts": m.attempt + 1,

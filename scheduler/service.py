@@ -41,11 +41,12 @@ from core.models.catalog import build_specs
 from core.models.token_ids import is_tokenized
 from core.protocol import WorkBatch, WorkResult
 from core.topics import dead_letter_topic, ensure_topics
-from core.vocab import PRIORITY_CLASSES, ModelRef
+from core.vocab import PRIORITY_CLASSES, ModelRef, PriorityClass, RequestStatus
 from results import modelregistry
 from results.db import make_engine
 from results.jobs import cancelled_unfinished_stmt
 from results.load import forget_scheduler, process_id, report_scheduler
+from results.schema import RequestRow
 from results.store import persist
 from scheduler.backpressure import BufferBudget, paused_classes
 from scheduler.batcher import Batch, Batcher, BatchKey, FlushPolicy, Pending
@@ -66,7 +67,7 @@ log = logging.getLogger("gristmill.scheduler")
 SHUTDOWN_DRAIN_S = 10.0
 LOAD_REPORT_S = 0.25
 # Job items: background work, started staggered across workers (scheduler/stagger.py).
-BACKGROUND_RANK = PRIORITY_CLASSES.index("jobs")
+BACKGROUND_RANK = PriorityClass.JOBS.rank
 # A second batch is queued on a busy worker only when every model it serves computes a
 # full batch within this (predicted): a sync request that arrives meanwhile waits for
 # the queued batch too, so this bounds what pipelining can add to its latency
@@ -254,7 +255,7 @@ class SchedulerService:
                     rows = [
                         request_row(
                             p,
-                            status="expired",
+                            status=RequestStatus.EXPIRED,
                             error="deadline passed before a worker could run it",
                         )
                         for p in expired
@@ -327,7 +328,10 @@ class SchedulerService:
         gone = [p for p in batch.items if cancelled(p)]
         if not gone:
             return batch
-        rows = [request_row(p, status="cancelled", error="the job was cancelled") for p in gone]
+        rows = [
+            request_row(p, status=RequestStatus.CANCELLED, error="the job was cancelled")
+            for p in gone
+        ]
         self._persist_async(rows, None, gone)
         batch.items = [p for p in batch.items if not cancelled(p)]
         return batch if batch.items else None
@@ -499,7 +503,7 @@ class SchedulerService:
             rows = [
                 request_row(
                     p,
-                    status="failed",
+                    status=RequestStatus.FAILED,
                     error=f"{error} (gave up after {p.msg.attempt} attempts)",
                     batch=batch,
                 )
@@ -519,13 +523,13 @@ class SchedulerService:
 
     # ---- persistence ---------------------------------------------------------------
     def _persist_async(
-        self, rows: list[dict[str, Any]], brow: dict[str, Any] | None, items: list[Pending]
+        self, rows: list[RequestRow], brow: dict[str, Any] | None, items: list[Pending]
     ) -> None:
         # Sync results first: a backlog of job batches must not delay a waiting caller.
         self.persist_pool.submit(min(p.rank for p in items), self._persist, rows, brow, items)
 
     def _persist(
-        self, rows: list[dict[str, Any]], brow: dict[str, Any] | None, items: list[Pending]
+        self, rows: list[RequestRow], brow: dict[str, Any] | None, items: list[Pending]
     ) -> None:
         try:
             for attempt in Retrying(

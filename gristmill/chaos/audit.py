@@ -26,6 +26,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 
 from core.models.sim import sim_output
+from core.vocab import RequestStatus
 from gristmill.chaos.ledger import CONN_ERROR, JobOutcome, Outcome
 from results.schema import job_items, jobs, requests
 
@@ -117,7 +118,7 @@ def fetch_job_ids(engine: Engine, tenant_ids: list[str]) -> dict[str, str]:
 
 def _right(row: Row, input_: str | None = None) -> bool:
     x = str(row.input) if input_ is None else input_
-    return row.status != "succeeded" or row.output == sim_output(x, row.salt)
+    return row.status != RequestStatus.SUCCEEDED or row.output == sim_output(x, row.salt)
 
 
 def audit(
@@ -223,7 +224,7 @@ def _check_ok(o: Outcome, found: list[Row], t: Tally, res: AuditResult) -> None:
     row = found[0]
     if (
         row.request_id != o.request_id
-        or row.status != "succeeded"
+        or row.status != RequestStatus.SUCCEEDED
         or row.output != expected
         or o.output != expected
     ):

@@ -15,9 +15,9 @@ from typing import Any
 
 import orjson
 
+from core.vocab import TIERS
 from gristmill.chaos.ledger import CONN_ERROR, JobOutcome, Ledger, Outcome
 
-TIERS = ("free", "paid", "enterprise")
 SALTS = ("", "s1", "s2")  # different batch keys, so batches never mix salts
 
 

@@ -15,6 +15,7 @@ import httpx
 import psycopg
 
 from core.topics import request_topic
+from core.vocab import TIERS
 from gristmill.devservices import free_port
 from gristmill.devservices.procs import alive, children
 from gristmill.devservices.stack import Services, System, build_system, local_services
@@ -30,7 +31,7 @@ BROKER_CONFIG: dict[str, object] = {
     "controller.quorum.fetch.timeout.ms": 1500,
     "controller.quorum.election.timeout.ms": 750,
 }
-LOADED_TIERS = ("free", "paid", "enterprise")
+LOADED_TIERS = TIERS
 
 
 @dataclass
