@@ -2,17 +2,17 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
-STAMP   = $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml client/pyproject.toml | sha1sum | cut -c1-12)
 JARS    = docker/kafka/libs/.fetched
 
 .PHONY: install dev test test-unit test-e2e lint fmt bench bench-peers bench-sweep bench-profile bench-policy chaos clean
 
 install: $(STAMP) $(JARS)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml client/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[embed,dev]'
+	$(PY) -m pip install --quiet -e client -e '.[embed,dev]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 # Apache Kafka (broker jar and runtime dependencies) from Maven Central.
@@ -27,7 +27,7 @@ test: install
 	$(PY) -m pytest -q
 
 test-unit: install
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q tests/unit client/tests
 
 test-e2e: install
 	$(PY) -m pytest -q tests/e2e
@@ -35,6 +35,7 @@ test-e2e: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 fmt: install
 	$(VENV)/bin/ruff check --fix .

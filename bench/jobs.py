@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from gristmill_client import Client
 from sqlalchemy import text
 from tqdm import tqdm
 
@@ -27,7 +28,6 @@ from bench.openloop import RunResult, run_open_loop
 from bench.stages import stage_percentiles
 from bench.system import sim_system
 from core.models.sim import sim_output
-from gristmill.client import Client
 from gristmill.devservices.stack import System
 from results.db import make_engine
 

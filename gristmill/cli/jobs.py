@@ -7,9 +7,8 @@ from pathlib import Path
 
 import orjson
 import typer
+from gristmill_client import Client, GristmillHTTPError
 from tqdm import tqdm
-
-from gristmill.client import Client, GristmillHTTPError
 
 app = typer.Typer(
     help="Async batch jobs (uses GRISTMILL_URL / GRISTMILL_API_KEY).", no_args_is_help=True

@@ -17,10 +17,10 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from gristmill_client import AsyncClient, Client, GristmillHTTPError
 from sqlalchemy import select
 
 from core.models.sim import sim_output
-from gristmill.client import AsyncClient, Client, GristmillHTTPError
 from gristmill.devservices.stack import System
 from results.db import make_engine
 from results.schema import job_items, jobs

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import httpx
-
-from gristmill.client import _backoff, retry_delay_s
+from gristmill_client.client import _backoff, retry_delay_s
 
 
 def resp(status: int, retry_after: str | None = None) -> httpx.Response:

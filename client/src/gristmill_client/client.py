@@ -1,6 +1,6 @@
 """Python client for Gristmill: sync ``Client`` and ``AsyncClient``.
 
-    from gristmill.client import Client
+    from gristmill_client import Client
     gm = Client("http://127.0.0.1:8000", "gm_...")
     gm.infer("sim", "hello")["output"]
     job = gm.submit_job("sim", [{"input": "a"}, {"input": "b"}])
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import os
 import random
 import time
@@ -27,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 
 RETRY_STATUSES = (429, 503)
 FINISHED = ("completed", "failed", "cancelled", "expired")
@@ -66,6 +66,11 @@ def _backoff(response: httpx.Response | None, attempt: int, max_retries: int) ->
     return None
 
 
+def _dumps(value: Any) -> bytes:
+    """Compact UTF-8 JSON (the standard library: the client depends on httpx alone)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def _checked(response: httpx.Response) -> httpx.Response:
     if response.status_code >= 400:
         raise GristmillHTTPError(response)
@@ -90,7 +95,7 @@ def _jsonl_chunks(items: Iterable[dict[str, Any] | str]) -> Iterator[bytes]:
     buf: list[bytes] = []
     size = 0
     for item in items:
-        line = orjson.dumps({"input": item} if isinstance(item, str) else item) + b"\n"
+        line = _dumps({"input": item} if isinstance(item, str) else item) + b"\n"
         buf.append(line)
         size += len(line)
         if size >= _CHUNK:
@@ -116,7 +121,7 @@ def _job_query(
 ) -> dict[str, str]:
     q = {"model": model}
     if params:
-        q["params"] = orjson.dumps(params).decode()
+        q["params"] = _dumps(params).decode()
     if completion_window_s:
         q["completion_window_s"] = str(completion_window_s)
     if webhook_url:
@@ -141,7 +146,7 @@ def _infer_request(
         "Idempotency-Key": idempotency_key or str(uuid.uuid4()),
         "Content-Type": "application/json",
     }
-    return orjson.dumps(payload), headers
+    return _dumps(payload), headers
 
 
 class Client:
@@ -273,7 +278,7 @@ class Client:
                 raise GristmillHTTPError(r)
             for line in r.iter_lines():
                 if line:
-                    yield orjson.loads(line)
+                    yield json.loads(line)
 
 
 class AsyncClient:
@@ -383,4 +388,4 @@ class AsyncClient:
                 raise GristmillHTTPError(r)
             async for line in r.aiter_lines():
                 if line:
-                    yield orjson.loads(line)
+                    yield json.loads(line)
