@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml client/pyproject.toml | sha1sum | cut -c1-12)
 JARS    = docker/kafka/libs/.fetched
 
-.PHONY: install dev test test-unit test-e2e lint fmt bench bench-peers bench-sweep bench-profile bench-policy chaos clean
+.PHONY: install dev test test-unit test-integration test-e2e lint fmt bench bench-peers bench-sweep bench-profile bench-policy chaos clean
 
 install: $(STAMP) $(JARS)
 
@@ -28,6 +28,9 @@ test: install
 
 test-unit: install
 	$(PY) -m pytest -q tests/unit client/tests
+
+test-integration: install
+	$(PY) -m pytest -q tests/integration
 
 test-e2e: install
 	$(PY) -m pytest -q tests/e2e

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from core.models.sim import sim_output
-from tests.unit.test_dispatch_pipeline import _Svc
+from tests.integration.test_dispatch_pipeline import _Svc
 
 
 @pytest.fixture
