@@ -1,7 +1,7 @@
 """The model's own tokenizer, without torch: what the API tier runs on accepted input.
 
 Loaded lazily, once per (model directory, max_tokens), by the first request that needs
-it; ``tokenizers`` is imported then and not before (importing the model registry must
+it; ``tokenizers`` is imported then and not before (importing the model catalog must
 stay cheap). Truncation matches the worker's (``max_tokens``, [CLS]/[SEP] included),
 so ids made here are exactly the ids the worker would make from the text.
 """
