@@ -52,9 +52,15 @@ def test_sync_classes_keep_flowing_while_jobs_are_paused() -> None:
 
 
 def test_reserved_thread_runs_urgent_work_while_background_holds_the_others() -> None:
-    gate, ran = threading.Event(), threading.Event()
+    gate, ran, taken = threading.Event(), threading.Event(), threading.Event()
     pool = PriorityPool(2, name="t", reserved=1, background_from=3)
-    pool.submit(3, gate.wait)  # a long job write takes the only general thread
+
+    def long_write() -> None:
+        taken.set()
+        gate.wait()
+
+    pool.submit(3, long_write)  # a long job write takes the only general thread
+    assert taken.wait(2)  # (counting before it is taken would count it as pending)
     for _ in range(5):
         pool.submit(3, lambda: None)
     pool.submit(0, ran.set)
