@@ -5,8 +5,8 @@ lets its offset be committed: that holds only if Kafka keeps an acknowledged mes
 through the loss of a broker and PostgreSQL keeps a committed row through a crash.
 Outside development the API and the scheduler call ``results.durability.
 check_durability`` before serving and refuse to start while it names a problem,
-unless ``allow_weak_durability`` is set (docs/decisions/0019-durability-checked-at-
-start-up.md). The rules are pure functions over facts read from the services.
+unless ``allow_weak_durability`` is set (decision 0020). The rules are pure functions
+over facts read from the services.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 
 Reads the topics' replication and configuration from Kafka and PostgreSQL's commit
 settings, and names each setting that falls short (core/durability.py holds the rules;
-docs/decisions/0019-durability-checked-at-start-up.md says why). A process refuses to
+docs/decisions/0020-durability-checked-at-start-up.md says why). A process refuses to
 start on any problem unless ``settings.allow_weak_durability`` is set: use
 ``refusal(settings)``, which is None when it may start.
 """

@@ -1,6 +1,6 @@
 """Why a write failed, and a copy of a value PostgreSQL can hold. Pure.
 
-A failed write is one of three things (docs/decisions/0018-bad-rows-and-bad-messages.md):
+A failed write is one of three things (docs/decisions/0019-bad-rows-and-bad-messages.md):
 
 * ``TRANSIENT``: the database or the path to it is briefly unable (connection lost,
   server restarting, serialization failure, deadlock, lock or statement timeout, out

@@ -10,7 +10,7 @@ write, a revocation); each answer is plain data for the service to carry out, ab
 No threads, locks, sockets, Kafka or SQL here, and the clock is an argument (``now``,
 epoch seconds), so every rule is tested by feeding it hand-built events
 (tests/unit/scheduler/test_dispatch_core.py). Not thread-safe: the service holds one
-lock around every call (docs/decisions/0017-a-pure-dispatch-core.md).
+lock around every call (docs/decisions/0018-a-pure-dispatch-core.md).
 """
 
 from __future__ import annotations

@@ -9,12 +9,13 @@ copied to the dead-letter topic, recorded as a failed row when the message names
 request and tenant (so a waiting caller gets an answer), and skipped. Fields this
 version does not know are ignored, so a newer API can add one without a lockstep
 upgrade. Content that only PostgreSQL refuses (a NUL in a string) is queued and run:
-the persister isolates such a row (docs/decisions/0018-bad-rows-and-bad-messages.md).
+the persister isolates such a row (docs/decisions/0019-bad-rows-and-bad-messages.md).
 """
 
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import fields
@@ -38,25 +39,29 @@ INT4_MAX = 2**31 - 1
 MAX_EPOCH_S = 1e11
 
 _NUMBER = (int, float)
-_REQUIRED: dict[str, type | tuple[type, ...]] = {
-    "request_id": str,
-    "tenant_id": str,
-    "priority": str,
-    "model": str,
-    "version": str,
-    "params": dict,
-    "deadline": _NUMBER,
-    "received_at": _NUMBER,
-}
-_OPTIONAL: dict[str, type | tuple[type, ...]] = {
-    "body_hash": str,
-    "item_index": int,
-    "attempt": int,
-    "job_attempt": int,
-    "weight": _NUMBER,
-    "extra": dict,
-}
+_STR = (str,)
+_MISSING = object()
+# (field, the types it may have, required). Exact types: true is not a number here.
+_FIELDS: tuple[tuple[str, tuple[type, ...], bool], ...] = (
+    ("request_id", _STR, True),
+    ("tenant_id", _STR, True),
+    ("priority", _STR, True),
+    ("model", _STR, True),
+    ("version", _STR, True),
+    ("params", (dict,), True),
+    ("deadline", _NUMBER, True),
+    ("received_at", _NUMBER, True),
+    ("body_hash", _STR, False),
+    ("job_id", _STR, False),
+    ("item_index", (int,), False),
+    ("attempt", (int,), False),
+    ("job_attempt", (int,), False),
+    ("weight", _NUMBER, False),
+    ("extra", (dict,), False),
+)
 _KNOWN = frozenset(f.name for f in fields(RequestMessage))
+# The form the API writes ids in (str(uuid4())); anything else is parsed the slow way.
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 class Malformed(ValueError):
@@ -99,14 +104,18 @@ def decode(
 
 
 def _message(data: dict[str, Any]) -> RequestMessage:
-    for name, kind in _REQUIRED.items():
-        _check(data, name, kind, required=True)
+    for name, kinds, required in _FIELDS:
+        v = data.get(name, _MISSING)
+        if v is _MISSING or (v is None and not required):
+            if required:
+                raise Malformed(f"missing field {name}")
+            continue
+        if type(v) not in kinds:
+            raise Malformed(f"field {name} has type {type(v).__name__}")
     if "input" not in data:
         raise Malformed("missing field input")
-    for name, kind in _OPTIONAL.items():
-        _check(data, name, kind, required=False)
-    for name in ("request_id", "tenant_id"):
-        _check_uuid(name, data[name])
+    _check_uuid("request_id", data["request_id"])
+    _check_uuid("tenant_id", data["tenant_id"])
     if data.get("job_id") is not None:
         _check_uuid("job_id", data["job_id"])
     for name in ("deadline", "received_at"):
@@ -119,29 +128,18 @@ def _message(data: dict[str, Any]) -> RequestMessage:
     weight = data.get("weight", 1.0)
     if not (math.isfinite(weight) and weight > 0):
         raise Malformed(f"field weight must be a positive number, not {weight!r}")
-    return RequestMessage(**{k: v for k, v in data.items() if k in _KNOWN})
-
-
-def _check(
-    data: dict[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool
-) -> None:
-    if name not in data or (data[name] is None and not required):
-        if required:
-            raise Malformed(f"missing field {name}")
-        return
-    v = data[name]
-    # bool is an int subclass: true is not a number here.
-    if not isinstance(v, kind) or isinstance(v, bool):
-        raise Malformed(f"field {name} has type {type(v).__name__}")
-
-
-def _check_uuid(name: str, v: Any) -> None:
-    if not isinstance(v, str):
-        raise Malformed(f"field {name} has type {type(v).__name__}")
     try:
-        uuid.UUID(v)
-    except ValueError:
-        raise Malformed(f"field {name} is not a UUID") from None
+        return RequestMessage(**data)
+    except TypeError:  # a field this version does not know
+        return RequestMessage(**{k: v for k, v in data.items() if k in _KNOWN})
+
+
+def _check_uuid(name: str, v: str) -> None:
+    if _CANONICAL_UUID.fullmatch(v) is None:
+        try:
+            uuid.UUID(v)
+        except ValueError:
+            raise Malformed(f"field {name} is not a UUID") from None
 
 
 def _failed_row(

@@ -10,7 +10,7 @@ A failed write is classified (results/faults.py): a transient fault is retried w
 backoff; rows PostgreSQL refuses are isolated by splitting the write in halves until
 each offending row is alone, and that row is copied to the dead-letter topic and
 stored as a failed row it can hold, so one bad row never pins a thread or its
-partition's offsets (docs/decisions/0018-bad-rows-and-bad-messages.md).
+partition's offsets (docs/decisions/0019-bad-rows-and-bad-messages.md).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Threads, each with one job:
   * the persister's pool (scheduler/persister.py) stores the core's planned writes and
     reports their offsets done;
   * a heartbeat reports load and refreshes the cancelled jobs and the model registry.
-They share the core under one condition variable (decision 0017).
+They share the core under one condition variable (decision 0018).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ it releases; a receiver takes results back in send order and hands the core's pl
 for them to the persister. A worker computes one batch at a time; while it runs one, a
 second may wait queued on it when batches are short (decision 0012), so sending, batch
 forming and result handling overlap the computation. Both threads call the core under
-the one lock they share with the rest of the scheduler (decision 0017).
+the one lock they share with the rest of the scheduler (decision 0018).
 """
 
 from __future__ import annotations

@@ -30,7 +30,9 @@ def _driver_error(value: object) -> psycopg.Error:
 
 def _wrapped(orig: BaseException) -> sa_exc.DBAPIError:
     """As SQLAlchemy re-raises a driver error from ``conn.execute``."""
-    return sa_exc.DBAPIError.instance("INSERT INTO requests ...", {}, orig, psycopg.Error)  # type: ignore[arg-type]
+    exc = sa_exc.DBAPIError.instance("INSERT INTO requests ...", {}, orig, psycopg.Error)
+    assert isinstance(exc, sa_exc.DBAPIError)
+    return exc
 
 
 TRANSIENT = [

@@ -18,7 +18,7 @@ import random
 import pytest
 
 from core.protocol import ModelInfo, WorkResult
-from core.vocab import PRIORITY_CLASSES
+from core.vocab import PRIORITY_CLASSES, RequestStatus
 from scheduler.backpressure import BufferBudget
 from scheduler.batcher import Batch, BatchKey, FlushPolicy, Pending
 from scheduler.dispatch import (
@@ -419,5 +419,5 @@ def test_load_view_reports_capacity_of_live_workers_and_backlog_by_class() -> No
 
 
 def test_writes_are_plain_data() -> None:
-    w = Write(priority=1, status="expired", items=[])
+    w = Write(priority=1, status=RequestStatus.EXPIRED, items=[])
     assert w.then is None and not w.dead_letter

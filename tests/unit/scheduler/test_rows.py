@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orjson
 
+from core.vocab import RequestStatus
 from results.faults import NUL_ESCAPE
 from scheduler.batcher import Batch, BatchKey
 from scheduler.dispatch import Write
@@ -18,7 +19,7 @@ def test_a_succeeded_write_builds_its_items_rows_and_the_batch_row() -> None:
     batch = Batch(KEY, items, 1.0, "full")
     w = Write(
         priority=1,
-        status="succeeded",
+        status=RequestStatus.SUCCEEDED,
         items=items[1:],
         batch=batch,
         outputs=["o1", "o2"],
@@ -35,7 +36,9 @@ def test_a_succeeded_write_builds_its_items_rows_and_the_batch_row() -> None:
 
 def test_a_recorded_write_has_no_batch_row() -> None:
     p = pending()
-    rows, brow = write_rows(Write(priority=0, status="expired", items=[p], error="late"))
+    rows, brow = write_rows(
+        Write(priority=0, status=RequestStatus.EXPIRED, items=[p], error="late")
+    )
     assert brow is None and rows[0]["status"] == "expired" and rows[0]["error"] == "late"
 
 
@@ -44,7 +47,7 @@ def test_a_refused_row_becomes_a_readable_failed_row() -> None:
     (row,), _ = write_rows(
         Write(
             1,
-            "succeeded",
+            RequestStatus.SUCCEEDED,
             [p],
             batch=Batch(KEY, [p], 1.0, "full"),
             outputs=[{"x": "\x00"}],
@@ -64,7 +67,15 @@ def test_a_refused_row_becomes_a_readable_failed_row() -> None:
 
 def test_a_refused_batch_row_keeps_its_status() -> None:
     batch = Batch(KEY, [pending(key=KEY)], 1.0, "full")
-    w = Write(1, "succeeded", batch.items, batch=batch, outputs=[1], compute=(1, 2), batch_row=True)
+    w = Write(
+        1,
+        RequestStatus.SUCCEEDED,
+        batch.items,
+        batch=batch,
+        outputs=[1],
+        compute=(1, 2),
+        batch_row=True,
+    )
     _, brow = write_rows(w)
     assert brow is not None and "\x00" in brow["batch_key"]
     out = unstorable(brow, "NUL")
