@@ -107,6 +107,7 @@ class Reject:
     value: bytes
     reason: str
     row: RequestRow | None = None
+    priority: int = BACKGROUND_RANK  # its topic's class: it holds that partition's commits
 
 
 @dataclass(frozen=True, slots=True)

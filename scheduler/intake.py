@@ -79,12 +79,16 @@ def decode(
 ) -> Pending | Reject:
     """The request in ``value`` (read from ``tp`` at ``offset`` at time ``now``)."""
     raw = value or b""
+    # A reject is recorded at its topic's priority: it holds that partition's commits.
+    klass = tp[0].rsplit(".", 1)[-1]
+    urgency = PRIORITY_CLASSES.index(klass) if klass in PRIORITY_CLASSES else DEFAULT_RANK
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        return Reject(tp, offset, raw, f"not JSON: {exc}")
+        return Reject(tp, offset, raw, f"not JSON: {exc}", priority=urgency)
     if not isinstance(data, dict):
-        return Reject(tp, offset, raw, f"not a JSON object but {type(data).__name__}")
+        why = f"not a JSON object but {type(data).__name__}"
+        return Reject(tp, offset, raw, why, priority=urgency)
     try:
         req = _message(data)
         spec = specs.get(req.model, {}).get(req.version)
@@ -93,9 +97,8 @@ def decode(
         hash(key)  # a list or object in a batching parameter cannot key a queue
     except (Malformed, KeyError, TypeError) as exc:
         reason = f"{type(exc).__name__}: {exc}" if not isinstance(exc, Malformed) else str(exc)
-        return Reject(
-            tp, offset, raw, reason, _failed_row(data, tp, offset, produced_at, now, reason)
-        )
+        row = _failed_row(data, tp, offset, produced_at, now, reason)
+        return Reject(tp, offset, raw, reason, row, priority=urgency)
     req.extra["produced_at"] = produced_at
     rank = (
         PRIORITY_CLASSES.index(req.priority) if req.priority in PRIORITY_CLASSES else DEFAULT_RANK

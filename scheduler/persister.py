@@ -74,7 +74,7 @@ class Persister:
             if isinstance(plan, Write):
                 self.pool.submit(plan.priority, self.write, plan)
             else:
-                self.pool.submit(BACKGROUND_RANK, self.reject, plan)
+                self.pool.submit(plan.priority, self.reject, plan)
 
     def pending(self) -> int:
         return self.pool.pending()

@@ -65,6 +65,7 @@ def test_what_is_not_a_json_object_is_rejected_without_a_row(raw: bytes | None) 
     got = run(raw)
     assert isinstance(got, Reject) and got.row is None
     assert got.tp == TP and got.offset == 7 and got.value == (raw or b"")
+    assert got.priority == PRIORITY_CLASSES.index("paid")  # its topic's class
 
 
 @pytest.mark.parametrize(
