@@ -422,44 +422,26 @@ def result_writes(batch: Batch, result: WorkResult, worker_id: str) -> list[Writ
     assert result.outputs is not None
     items, outputs = batch.items, result.outputs
     compute = (result.compute_start, result.compute_end)
-    kinds = {p.msg.job_id is None for p in items}
-    if len(kinds) == 1:
-        return [
-            Write(
-                priority=min(p.rank for p in items),
-                status=RequestStatus.SUCCEEDED,
-                items=items,
-                batch=batch,
-                outputs=outputs,
-                compute=compute,
-                worker_id=worker_id,
-                batch_row=True,
-            )
-        ]
-    sync = [i for i, p in enumerate(items) if p.msg.job_id is None]
-    jobs = [i for i, p in enumerate(items) if p.msg.job_id is not None]
-    then = Write(
-        priority=BACKGROUND_RANK,
-        status=RequestStatus.SUCCEEDED,
-        items=[items[i] for i in jobs],
-        batch=batch,
-        outputs=[outputs[i] for i in jobs],
-        compute=compute,
-        worker_id=worker_id,
-    )
-    return [
-        Write(
-            priority=min(items[i].rank for i in sync),
-            status=RequestStatus.SUCCEEDED,
-            items=[items[i] for i in sync],
+
+    def write(part: list[int] | None, priority: int, batch_row: bool, then: Write | None) -> Write:
+        return Write(
+            priority,
+            RequestStatus.SUCCEEDED,
+            items if part is None else [items[i] for i in part],
             batch=batch,
-            outputs=[outputs[i] for i in sync],
+            outputs=outputs if part is None else [outputs[i] for i in part],
             compute=compute,
             worker_id=worker_id,
-            batch_row=True,
+            batch_row=batch_row,
             then=then,
         )
-    ]
+
+    sync = [i for i, p in enumerate(items) if p.msg.job_id is None]
+    if not sync or len(sync) == len(items):
+        return [write(None, min(p.rank for p in items), True, None)]
+    jobs = [i for i, p in enumerate(items) if p.msg.job_id is not None]
+    then = write(jobs, BACKGROUND_RANK, False, None)
+    return [write(sync, min(items[i].rank for i in sync), True, then)]
 
 
 def _record(items: list[Pending], status: RequestStatus, error: str) -> Write:
