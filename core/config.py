@@ -45,6 +45,16 @@ class KafkaSettings(_Concern):
     topic_replication: int = Field(1, ge=1)
 
 
+class DurabilitySettings(_Concern):
+    """What Kafka and PostgreSQL must promise before a process serves."""
+
+    # Outside development the API and the scheduler refuse to start unless the request
+    # topics keep 3 replicas with 2 in sync and PostgreSQL commits synchronously
+    # (core/durability.py, decision 0020). True runs on weaker settings: one local
+    # broker, a throwaway database (`gristmill dev`, tests, docker/compose.yaml).
+    allow_weak_durability: bool = False
+
+
 class DatabaseSettings(_Concern):
     database_url: str = Field(
         "postgresql+psycopg://gristmill@127.0.0.1:5432/gristmill",
@@ -267,6 +277,7 @@ class ModelSettings(_Concern):
 class Settings(
     KafkaSettings,
     DatabaseSettings,
+    DurabilitySettings,
     ApiSettings,
     TierSettings,
     JobSettings,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING, Any
 from core.models.token_ids import input_text
 from core.vocab import RequestStatus
 from results.db import ts
+from results.faults import storable
 from results.schema import RequestRow
 from scheduler.batcher import Batch, Pending
+from scheduler.dispatch import Write
 
 if TYPE_CHECKING:
     import numpy as np
@@ -64,14 +66,53 @@ def request_row(
     }
 
 
+def write_rows(w: Write) -> tuple[list[RequestRow], dict[str, Any] | None]:
+    """The request rows of a planned write, and its batch row if it carries one."""
+    batch = w.batch
+    if w.status == RequestStatus.SUCCEEDED:
+        assert batch is not None and w.outputs is not None and w.compute is not None
+        rows = succeeded_rows(batch, w.outputs, *w.compute, items=w.items)
+    else:
+        rows = [request_row(p, status=w.status, error=w.error, batch=batch) for p in w.items]
+    if not w.batch_row or batch is None:
+        return rows, None
+    start, end = w.compute or (None, None)
+    brow = batch_row(
+        batch,
+        worker_id=w.worker_id or "",
+        status="succeeded",
+        error=None,
+        compute_start=start,
+        compute_end=end,
+    )
+    return rows, brow
+
+
+def unstorable(row: Mapping[str, Any], error: str) -> dict[str, Any]:
+    """A row PostgreSQL refused, as a failed row it can hold: every text and JSON value
+    made storable (scheduler's copy only: the message itself goes to the dead-letter
+    topic unchanged) and the refusal as its error."""
+    out = {k: storable(v) if isinstance(v, str | dict | list) else v for k, v in row.items()}
+    if "request_id" in out:  # a request row (a batch row keeps its own status)
+        out["status"] = RequestStatus.FAILED
+        out["error"] = storable(f"the result could not be stored: {error}")
+    return out
+
+
 def succeeded_rows(
-    batch: Batch, outputs: Sequence[Any] | np.ndarray, compute_start: float, compute_end: float
+    batch: Batch,
+    outputs: Sequence[Any] | np.ndarray,
+    compute_start: float,
+    compute_end: float,
+    items: Sequence[Pending] | None = None,
 ) -> list[RequestRow]:
-    """``request_row(p, status=RequestStatus.SUCCEEDED, ...)`` for every item of a computed batch,
-    in one pass: what a batch shares is worked out once, and times its requests share
-    (consumed in one fetch, produced in the same millisecond) are converted once."""
-    if len(outputs) != len(batch.items):
-        raise ValueError(f"{len(outputs)} outputs for {len(batch.items)} requests")
+    """``request_row(p, status=RequestStatus.SUCCEEDED, ...)`` for ``items`` of a computed
+    batch (all of them by default), in one pass: what a batch shares is worked out once,
+    and times its requests share (consumed in one fetch, produced in the same
+    millisecond) are converted once."""
+    items = batch.items if items is None else items
+    if len(outputs) != len(items):
+        raise ValueError(f"{len(outputs)} outputs for {len(items)} requests")
     fromts = datetime.fromtimestamp
     seen: dict[float, datetime] = {}
 
@@ -86,7 +127,7 @@ def succeeded_rows(
     batch_id, size = batch.batch_id, len(batch.items)
     batched, start, end = ts(batch.formed_at), ts(compute_start), ts(compute_end)
     rows: list[RequestRow] = []
-    for p, out in zip(batch.items, outputs, strict=True):
+    for p, out in zip(items, outputs, strict=True):
         m = p.msg
         rows.append(
             {

@@ -10,13 +10,15 @@ Issue 7 item 3. One run, one JSON, on one GPU:
    Kafka and PostgreSQL cannot run on the GPU machine, so an in-process source stands
    in for the consumer: it keeps the scheduler's real ``Batcher`` (scheduler/batcher.py)
    at least ``--depth`` batches deep, and nothing is persisted.
-3. The scheduler's own dispatch code (scheduler/service.py, ``SchedulerService`` with
-   its Kafka consumer, producer and database left out): per worker a dispatcher thread
-   (``_next_batch``: ``Batcher.take`` under the flush rule, then ``WorkerHandle.send``
-   over the real socket protocol to real worker processes spawned by
-   ``scheduler/workerpool.py``) and a receiver thread (results in order, cost model
-   update), and the persist pool building the result rows (``succeeded_rows``) and
-   marking offsets done; only the database write is skipped. Up to two batches are in
+3. The scheduler's own dispatch path, wired as scheduler/service.py wires it with its
+   Kafka lanes, producer and database left out: the dispatch core
+   (scheduler/dispatch.py, ``DispatchCore``) under one lock; per worker a dispatcher
+   thread (``DispatchCore.schedule``: ``Batcher.take`` under the flush rule, then
+   ``WorkerHandle.send`` over the real socket protocol to real worker processes spawned
+   by ``scheduler/workerpool.py``) and a receiver thread (``DispatchCore.on_result``:
+   results in order, cost model update), scheduler/worker_threads.py; and the
+   persister's pool building the result rows (``succeeded_rows``) and marking offsets
+   done (scheduler/persister.py); only the database write is skipped. Up to two batches are in
    flight per worker when batches are short (decision 0012); ``SxW:1`` runs a
    configuration with one at a time, as before.
 
@@ -160,6 +162,8 @@ def make_workload(model_dir: str, n: int, lo: int, hi: int, max_tokens: int) -> 
         name=MODEL, version="1", max_batch_size=1, tokenizer_dir=model_dir, max_tokens=max_tokens
     )
     tok = shared_tokenizer(model_dir, max_tokens)
+    if tok is None:
+        raise SystemExit(f"no tokenizer in {model_dir}: the workload needs the API's token ids")
     texts = synthetic_texts(tok, n, lo, hi, seed=11)
     t0 = time.perf_counter()
     inputs = []
@@ -196,95 +200,101 @@ def run_workers(
     """One scheduler's dispatch path with ``n_workers`` workers of its own, or, with
     ``shared_socket``, joined by the one worker per GPU that serves several schedulers
     (decision 0014; the caller starts that worker)."""
-    import scheduler.service as service_mod
     from core.config import Settings
     from core.messages import RequestMessage
     from core.protocol import WorkResult
-    from core.vocab import PRIORITY_CLASSES
+    from core.vocab import PRIORITY_CLASSES, ModelRef
     from scheduler.batcher import Batch, BatchKey, Pending
-    from scheduler.service import SchedulerService
+    from scheduler.dispatch import DispatchCore, InFlight, Worker, Write
+    from scheduler.persister import Persister
+    from scheduler.worker_threads import WorkerThreads
     from scheduler.workerpool import WorkerHandle, WorkerPool
 
-    service_mod.MAX_IN_FLIGHT = depth
     records: list[dict[str, Any]] = []
     takes: list[float] = []
     rows_ms: list[float] = []
     ready = threading.Event()
 
-    class BenchService(SchedulerService):
-        """The real dispatch path; no Kafka lanes, producer or database."""
+    # The scheduler's own dispatch path (scheduler/service.py wires the same parts):
+    # the core under one lock, a dispatcher and a receiver thread per worker, the
+    # persister's pool building every batch's rows; only the database write is left out.
+    settings = Settings(
+        max_linger_ms=int(args.linger_ms), deadline_margin_ms=20, batch_timeout_s=120
+    )
+    core = DispatchCore.from_settings(settings, max_in_flight=depth)
+    cond = threading.Condition()
+    stopping = threading.Event()
 
-        def __init__(self) -> None:
-            self._init_dispatch(
-                Settings(
-                    max_linger_ms=int(args.linger_ms), deadline_margin_ms=20, batch_timeout_s=120
-                )
-            )
-            self.pool = WorkerPool(
-                socket_path=Path(shared_socket)
-                if shared_socket
-                else Path(tempfile.mkdtemp(prefix="gm-bench-")) / "workers.sock",
-                n_local=0 if shared_socket else n_workers,
-                models=[MODEL],
-                on_ready=self._on_ready,
-                env=worker_env(args),
-            )
-            take = self.batcher.take
+    def done(offsets: list[tuple[tuple[str, int], int]], n: int) -> None:
+        with cond:
+            core.done(offsets, n)
 
-            def timed_take(now: float, serves: Any) -> Batch | None:
-                t0 = time.perf_counter()
-                b = take(now, serves)
-                if b is not None:
-                    takes.append((time.perf_counter() - t0) * 1e3)
-                return b
+    class NoLetters:
+        def send(self, letters: list[Any]) -> bool:
+            return True
 
-            self.batcher.take = timed_take  # type: ignore[method-assign]
+    persister = Persister(lambda rows, brow: None, NoLetters(), done, stopping)
+    write = persister.write
 
-        def _on_ready(self, h: WorkerHandle) -> None:
-            self._on_worker_ready(h)
-            if len(self.handles) >= n_workers:
-                ready.set()
+    def timed_write(w: Write) -> None:
+        t0 = time.perf_counter()
+        write(w)
+        rows_ms.append((time.perf_counter() - t0) * 1e3)
 
-        def _announce(self) -> None:
-            pass
+    persister.write = timed_write  # type: ignore[method-assign]
+    threads = WorkerThreads(core, cond, persister.submit, batch_timeout_s=120)
+    take = core.batcher.take
 
-        def _persist_result(self, h: WorkerHandle, batch: Batch, result: WorkResult) -> None:
-            n_inflight = len(self.inflight.get(h, ()))
-            records.append(
-                {
-                    "worker": h.worker_id,
-                    "n": len(batch.items),
-                    "compute_ms": (result.compute_end - result.compute_start) * 1e3,
-                    "queue_ms": (result.compute_start - batch.formed_at) * 1e3,
-                    "in_flight_after": n_inflight,
-                    "done": time.perf_counter(),
-                    **dict(result.stats or {}),
-                }
-            )
-            super()._persist_result(h, batch, result)
+    def timed_take(now: float, serves: Any) -> Batch | None:
+        t0 = time.perf_counter()
+        b = take(now, serves)
+        if b is not None:
+            takes.append((time.perf_counter() - t0) * 1e3)
+        return b
 
-        def _persist_batch(self, worker_id: str, batch: Batch, result: WorkResult) -> None:
-            t0 = time.perf_counter()
-            super()._persist_batch(worker_id, batch, result)
-            rows_ms.append((time.perf_counter() - t0) * 1e3)
+    core.batcher.take = timed_take  # type: ignore[method-assign]
+    on_result = core.on_result
 
-        def _persist(self, rows: Any, brow: Any, items: list[Pending]) -> None:
-            # The rows are built (succeeded_rows, batch_row); writing them is left out.
-            with self.cond:
-                self.stats["persisted"] += len(rows)
-                for p in items:
-                    self.tracker.done(p.tp, p.offset)
+    def recorded(w: Worker, entry: InFlight, result: WorkResult, now: float) -> list[Write]:
+        writes = on_result(w, entry, result, now)
+        batch = entry.batch
+        records.append(
+            {
+                "worker": w.worker_id,
+                "n": len(batch.items),
+                "compute_ms": (result.compute_end - result.compute_start) * 1e3,
+                "queue_ms": (result.compute_start - batch.formed_at) * 1e3,
+                "in_flight_after": len(w.queue),
+                "done": time.perf_counter(),
+                **dict(result.stats or {}),
+            }
+        )
+        return writes
 
-    svc = BenchService()
+    core.on_result = recorded  # type: ignore[method-assign]
+
+    def on_ready(h: WorkerHandle) -> None:
+        threads.add(h)
+        if len(threads.handles) >= n_workers:
+            ready.set()
+
+    pool = WorkerPool(
+        socket_path=Path(shared_socket)
+        if shared_socket
+        else Path(tempfile.mkdtemp(prefix="gm-bench-")) / "workers.sock",
+        n_local=0 if shared_socket else n_workers,
+        models=[MODEL],
+        on_ready=on_ready,
+        env=worker_env(args),
+    )
     t_spawn = time.perf_counter()
-    svc.pool.start()
+    pool.start()
     if not ready.wait(timeout=300):
-        raise SystemExit(f"only {len(svc.handles)} of {n_workers} workers became ready")
+        raise SystemExit(f"only {len(threads.handles)} of {n_workers} workers became ready")
     startup_s = time.perf_counter() - t_spawn
-    handles = list(svc.handles)
+    handles = list(threads.handles)
     info = handles[0].hello.models[0]
-    ref = (info.name, info.version)
-    max_batch = svc.max_batch[ref]
+    max_batch = core.max_batch[ModelRef(info.name, info.version)]
     key = BatchKey(MODEL, "1", (("normalize", True),))
     rank = PRIORITY_CLASSES.index("paid")
     stop = threading.Event()
@@ -292,11 +302,12 @@ def run_workers(
 
     def feed() -> None:
         """The consumer lane's stand-in: keep the queue deep with requests as ingest sends
-        them; queued as ``SchedulerService.accept`` does (tracked, added, notified)."""
+        them; queued through ``DispatchCore.accept`` as the service does."""
         i = 0
+        owned = {("bench", 0)}
         while not stop.is_set():
-            with svc.cond:
-                need = depth_items - len(svc.batcher)
+            with cond:
+                need = depth_items - len(core.batcher)
             now = time.time()
             fresh = []
             for _ in range(max(0, need)):
@@ -314,11 +325,9 @@ def run_workers(
                 fresh.append(Pending(msg, key, rank, ("bench", 0), i, now))
                 i += 1
             if fresh:
-                with svc.cond:
-                    for p in fresh:
-                        svc.tracker.track(p.tp, p.offset)
-                        svc.batcher.add(p)
-                    svc.cond.notify_all()
+                with cond:
+                    core.accept(fresh, [], owned)
+                    cond.notify_all()
             time.sleep(0.001)
 
     if barrier is not None:  # schedulers in other processes start their windows with us
@@ -335,18 +344,17 @@ def run_workers(
     window = [r for r in records[n_before:] if r["done"] <= t_end]
     take_window = takes[takes_before:]
     rows_window = rows_ms[rows_before:]
-    persist_backlog = svc.persist_pool.pending()
+    persist_backlog = persister.pending()
     stop.set()
     busy_nvml = nvml.mean(t_start, t_end)
-    svc.drained.set()
-    with svc.cond:
-        svc.cond.notify_all()
-    for t in svc.dispatchers:
-        t.join(timeout=30)
+    with cond:
+        core.stop_dispatching()
+        cond.notify_all()
+    threads.join(deadline=time.time() + 30)
     for h in handles:
         h.stop()
-    svc.persist_pool.shutdown(wait=True)
-    svc.pool.stop(timeout_s=30)
+    persister.shutdown()
+    pool.stop(timeout_s=30)
 
     wall_s = (window[-1]["done"] - t_start) if window else args.seconds
     items = sum(r["n"] for r in window)
@@ -365,7 +373,7 @@ def run_workers(
         "startup_s": startup_s,
         "hello_max_batch": max_batch,
         "hello_profile_ms": {str(k): v for k, v in info.profile_ms.items()},
-        "pipelined": svc._may_queue(handles[0]),
+        "pipelined": core.may_queue(core.workers[0]),
         "window_s": wall_s,
         "batches": len(window),
         "items": items,

@@ -71,6 +71,8 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
     shutil.rmtree(services, ignore_errors=True)
     logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
+    # A local broker and a throwaway database: allowed below production durability.
+    env.setdefault("GRISTMILL_ALLOW_WEAK_DURABILITY", "true")
     kafka: KafkaCluster | None = None
     pg: PostgresServer | None = None
     procs: list[subprocess.Popen[bytes]] = []

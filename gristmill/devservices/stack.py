@@ -239,6 +239,8 @@ def build_system(
         "GRISTMILL_TOPIC_PARTITIONS": "3",
         "GRISTMILL_SIM_BATCH_MS": str(sim_batch_ms),
         "PYTHONUNBUFFERED": "1",
+        # One broker and a throwaway database: below the durability a deployment needs.
+        "GRISTMILL_ALLOW_WEAK_DURABILITY": "true",
         **(extra_env or {}),
     }
     system = System(services=services, env=env, workdir=workdir)

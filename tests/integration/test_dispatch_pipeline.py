@@ -18,25 +18,27 @@ from core.messages import RequestMessage
 from core.models.sim import sim_output
 from core.vocab import PRIORITY_CLASSES
 from scheduler.batcher import Batch, BatchKey, Pending
-from scheduler.service import PIPELINE_MAX_MS, SchedulerService
+from scheduler.deadletter import Letter
+from scheduler.dispatch import PIPELINE_MAX_MS, DispatchCore, Step, Worker
+from scheduler.persister import Persister
+from scheduler.worker_threads import WorkerThreads
 from scheduler.workerpool import WorkerHandle, WorkerPool
 
 POISON = "@@poison@@"
 
 
-class _Producer:
+class _Letters:
     def __init__(self) -> None:
-        self.sent: list[str] = []
+        self.sent: list[Letter] = []
 
-    def produce(self, topic: str, key: str, value: bytes, headers: Any) -> None:
-        self.sent.append(key)
-
-    def flush(self, timeout: float) -> int:
-        return 0
+    def send(self, letters: list[Letter]) -> bool:
+        self.sent.extend(letters)
+        return True
 
 
-class _Svc(SchedulerService):
-    """The real dispatch, receive and persist code; rows are kept instead of written."""
+class _Svc:
+    """The scheduler's dispatch path as the service wires it (core, worker threads,
+    persister) with real sim workers; rows are kept instead of written."""
 
     def __init__(
         self,
@@ -46,21 +48,29 @@ class _Svc(SchedulerService):
         timeout_s: float = 5,
         spawn: bool = True,  # False: the workers are started by hand and join
     ):
-        self._init_dispatch(
-            Settings(
-                max_linger_ms=5,
-                batch_timeout_s=timeout_s,
-                sim_batch_ms=batch_ms,
-                sim_max_batch=max_batch,
-            )
-        )
-        self.producer = _Producer()  # type: ignore[assignment]
+        self.core = DispatchCore.from_settings(Settings(max_linger_ms=5))
+        self.cond = threading.Condition()
+        self.letters = _Letters()
         self.rows: list[dict[str, Any]] = []
-        self.writes: list[list[dict[str, Any]]] = []  # each _persist call's rows
+        self.writes: list[list[dict[str, Any]]] = []  # each transaction's rows
         self.batches: list[dict[str, Any]] = []
+        self.rows_done = 0  # rows whose offsets are done
         self.max_seen_in_flight = 0
         self.ready = threading.Event()
         self.n_workers = n_workers
+        self.stopping = threading.Event()
+        self.persister = Persister(self._store, self.letters, self._done, self.stopping)
+        self.threads = WorkerThreads(
+            self.core, self.cond, self.persister.submit, batch_timeout_s=timeout_s
+        )
+        schedule = self.core.schedule
+
+        def watched(w: Worker, now: float) -> Step:
+            step = schedule(w, now)
+            self.max_seen_in_flight = max(self.max_seen_in_flight, len(w.queue))
+            return step
+
+        self.core.schedule = watched  # type: ignore[method-assign]
         self.pool = WorkerPool(
             socket_path=Path(tempfile.mkdtemp(prefix="gm-test-")) / "w.sock",
             n_local=n_workers if spawn else 0,
@@ -73,67 +83,63 @@ class _Svc(SchedulerService):
             },
         )
 
+    @property
+    def handles(self) -> list[WorkerHandle]:
+        return self.threads.handles
+
     def _ready(self, h: WorkerHandle) -> None:
-        self._on_worker_ready(h)
+        self.threads.add(h)
         if len(self.handles) >= self.n_workers:
             self.ready.set()
 
-    def _announce(self) -> None:
-        pass
-
-    def _next_batch(self, h: WorkerHandle) -> Any:
-        entry = super()._next_batch(h)
-        with self.cond:
-            self.max_seen_in_flight = max(self.max_seen_in_flight, len(self.inflight.get(h, ())))
-        return entry
-
-    def _persist(self, rows: Any, brow: Any, items: list[Pending]) -> None:
+    def _store(self, rows: list[dict[str, Any]], brow: dict[str, Any] | None) -> None:
         with self.cond:
             self.rows.extend(rows)
             self.writes.append(list(rows))
             if brow is not None:
                 self.batches.append(brow)
-            for p in items:
-                self.tracker.done(p.tp, p.offset)
+
+    def _done(self, offsets: list[tuple[tuple[str, int], int]], n: int) -> None:
+        with self.cond:
+            self.core.done(offsets, n)
+            self.rows_done += n
             self.cond.notify_all()
 
     def add(self, texts: list[str], start: int = 0, job_id: str | None = None) -> None:
         now = time.time()
         klass = "paid" if job_id is None else "jobs"
         key = BatchKey("sim", "1", (("salt", ""),))
+        items = []
+        for i, t in enumerate(texts, start):
+            msg = RequestMessage(
+                request_id=f"r{i}",
+                tenant_id="t",
+                priority="paid",
+                model="sim",
+                version="1",
+                input=t,
+                params={"salt": ""},
+                deadline=now + 60,
+                received_at=now,
+                job_id=job_id,
+                item_index=None if job_id is None else i,
+            )
+            items.append(Pending(msg, key, PRIORITY_CLASSES.index(klass), ("t", 0), i, now))
         with self.cond:
-            for i, t in enumerate(texts, start):
-                msg = RequestMessage(
-                    request_id=f"r{i}",
-                    tenant_id="t",
-                    priority="paid",
-                    model="sim",
-                    version="1",
-                    input=t,
-                    params={"salt": ""},
-                    deadline=now + 60,
-                    received_at=now,
-                    job_id=job_id,
-                    item_index=None if job_id is None else i,
-                )
-                p = Pending(msg, key, PRIORITY_CLASSES.index(klass), ("t", 0), i, now)
-                self.tracker.track(p.tp, p.offset)
-                self.batcher.add(p)
+            self.core.accept(items, [], {("t", 0)})
             self.cond.notify_all()
 
     def wait_rows(self, n: int, timeout: float = 30) -> None:
         with self.cond:
-            assert self.cond.wait_for(lambda: len(self.rows) >= n, timeout), len(self.rows)
+            assert self.cond.wait_for(lambda: self.rows_done >= n, timeout), self.rows_done
 
     def close(self) -> None:
-        self.drained.set()
         with self.cond:
+            self.core.stop_dispatching()
             self.cond.notify_all()
-        for t in self.dispatchers:
-            t.join(timeout=10)
-        for h in list(self.handles):
-            h.stop()
-        self.persist_pool.shutdown(wait=True)
+        self.threads.join(deadline=time.time() + 10)
+        self.threads.stop_workers()
+        self.persister.shutdown()
         self.pool.stop(timeout_s=10)
 
 
@@ -150,9 +156,8 @@ def svc(request: pytest.FixtureRequest) -> Iterator[_Svc]:
 
 @pytest.mark.parametrize("svc", [(5.0,)], indirect=True)
 def test_short_batches_queue_a_second_batch_and_results_stay_in_order(svc: _Svc) -> None:
-    h = svc.handles[0]
     with svc.cond:
-        assert svc._may_queue(h)
+        assert svc.core.may_queue(svc.core.workers[0])
     texts = [f"text {i}" for i in range(400)]
     svc.add(texts)
     svc.wait_rows(len(texts))
@@ -164,7 +169,7 @@ def test_short_batches_queue_a_second_batch_and_results_stay_in_order(svc: _Svc)
         assert row["status"] == "succeeded" and row["output"] == sim_output(t)
         assert row["input"] == t
     # Offsets are done only once persisted: everything is committable now.
-    assert svc.tracker.committable() == {("t", 0): len(texts)}
+    assert svc.core.tracker.committable() == {("t", 0): len(texts)}
     # Compute times are the worker's one batch at a time, not time spent queued.
     assert all(b["compute_ms"] < 5 + 40 for b in svc.batches)
 
@@ -183,7 +188,7 @@ def test_a_mixed_batch_writes_its_sync_rows_first_in_their_own_transaction(svc: 
     assert all(r["job_id"] == job for w in svc.writes[1:] for r in w)
     assert sorted(r["request_id"] for r in svc.rows) == sorted(f"r{i}" for i in range(8))
     assert len({r["batch_id"] for r in svc.rows}) == 1 and len(svc.batches) == 1
-    assert svc.tracker.committable() == {("t", 0): 8}
+    assert svc.core.tracker.committable() == {("t", 0): 8}
 
 
 @pytest.mark.parametrize("svc", [(100.0,)], indirect=True)
@@ -191,8 +196,8 @@ def test_long_batches_run_one_at_a_time(svc: _Svc) -> None:
     """sim's 100 ms batches: a queued batch would hold back a sync arrival by a whole
     batch, so nothing is queued behind the running one."""
     with svc.cond:
-        assert svc.cost.predict_ms(("sim", "1"), 8) > PIPELINE_MAX_MS
-        assert not svc._may_queue(svc.handles[0])
+        assert svc.core.cost.predict_ms(("sim", "1"), 8) > PIPELINE_MAX_MS
+        assert not svc.core.may_queue(svc.core.workers[0])
     texts = [f"x{i}" for i in range(40)]
     svc.add(texts)
     svc.wait_rows(len(texts))

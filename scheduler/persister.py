@@ -1,0 +1,211 @@
+"""The persist path: the core's planned writes into PostgreSQL, then their offsets.
+
+A small priority pool runs the writes, sync results first (one thread only ever
+writes sync results, so a sync row never waits behind a job batch's write). Each
+write builds its rows in the pool thread (the receiver is free for the next result),
+stores them in one transaction, and only then reports the offsets done, so a commit
+never passes unsaved work.
+
+A failed write is classified (results/faults.py): a transient fault is retried with
+backoff; rows PostgreSQL refuses are isolated by splitting the write in halves until
+each offending row is alone, and that row is copied to the dead-letter topic and
+stored as a failed row it can hold, so one bad row never pins a thread or its
+partition's offsets (docs/decisions/0019-bad-rows-and-bad-messages.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, cast
+
+from core.vocab import RequestStatus
+from results.faults import Fault, classify, first_line
+from results.schema import RequestRow
+from scheduler.batcher import Pending
+from scheduler.deadletter import DeadLetterSink, Letter, letter_for, source_headers
+from scheduler.dispatch import BACKGROUND_RANK, Reject, Write
+from scheduler.offsets import TopicPartition
+from scheduler.priority_pool import PriorityPool
+from scheduler.rows import unstorable, write_rows
+
+log = logging.getLogger("gristmill.scheduler")
+
+Row = dict[str, Any]  # a batch row
+Store = Callable[[list[RequestRow], Row | None], object]
+OnDone = Callable[[list[tuple[TopicPartition, int]], int], None]
+
+# Retries of a transient fault: exponential from 50 ms, at most 1 s apart, so a write
+# resumes within a second of PostgreSQL coming back.
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 1.0
+# Once stopping, a write gives up after this many tries: its offsets stay uncommitted
+# and the partition's next owner reads the work again.
+STOPPING_TRIES = 3
+# Threads writing results, and of those the ones kept for sync results.
+THREADS, SYNC_ONLY = 3, 1
+
+
+class _Refused(Exception):
+    """PostgreSQL (or the driver) refuses these rows' values (``Fault.DATA``)."""
+
+
+class Persister:
+    def __init__(
+        self,
+        store: Store,
+        dead_letters: DeadLetterSink,
+        on_done: OnDone,
+        stopping: threading.Event,
+    ):
+        self.store = store
+        self.dead_letters = dead_letters
+        self.on_done = on_done
+        self.stopping = stopping
+        self.pool = PriorityPool(
+            THREADS, name="persist", reserved=SYNC_ONLY, background_from=BACKGROUND_RANK
+        )
+
+    def submit(self, plans: Iterable[Write | Reject]) -> None:
+        for plan in plans:
+            if isinstance(plan, Write):
+                self.pool.submit(plan.priority, self.write, plan)
+            else:
+                self.pool.submit(plan.priority, self.reject, plan)
+
+    def pending(self) -> int:
+        return self.pool.pending()
+
+    def shutdown(self) -> None:
+        """Run what is queued, then stop."""
+        self.pool.shutdown(wait=True)
+
+    # ---- in the pool's threads ---------------------------------------------------------
+    def write(self, w: Write) -> None:
+        if w.dead_letter and not self._letters([letter_for(p, w.error or "") for p in w.items]):
+            return
+        try:
+            rows, brow = write_rows(w)
+        except Exception as exc:  # a worker's answer that cannot become rows
+            log.exception("results of batch %s cannot be recorded", w.batch and w.batch.batch_id)
+            error = f"the result could not be recorded: {first_line(exc)}"
+            failed = Write(
+                w.priority, RequestStatus.FAILED, w.items, error, w.batch, dead_letter=True
+            )
+            self.write(failed)
+            return
+        if not self._store_isolating(rows, w.items, brow, lettered=w.dead_letter):
+            return  # stopping: offsets stay uncommitted
+        self.on_done([(p.tp, p.offset) for p in w.items], len(rows))
+        if w.then is not None:
+            self.pool.submit(w.then.priority, self.write, w.then)
+
+    def reject(self, r: Reject) -> None:
+        log.error("unreadable message at %s[%d]@%d: %s", r.tp[0], r.tp[1], r.offset, r.reason)
+        letter = Letter(None, r.value, source_headers(r.reason, r.tp, r.offset))
+        if not self._letters([letter]):
+            return
+        rows = [r.row] if r.row is not None else []
+        if rows and not self._store_isolating(rows, [None], None, lettered=True):
+            return
+        self.on_done([(r.tp, r.offset)], len(rows))
+
+    # ---- storing -------------------------------------------------------------------------
+    def _store_isolating(
+        self,
+        rows: list[RequestRow],
+        items: Sequence[Pending | None],
+        brow: Row | None,
+        *,
+        lettered: bool,
+    ) -> bool:
+        """Store ``rows`` (and the batch row); rows refused for their values are stored as
+        failed rows alone. False if stopping first."""
+        parts = [(rows, items, brow)]
+        while parts:
+            rows, items, brow = parts.pop()
+            try:
+                if not self._store(rows, brow):
+                    return False
+                continue
+            except _Refused as exc:
+                refused = exc.__cause__ or exc
+            if len(rows) + (brow is not None) > 1:
+                parts.extend(reversed(_halves(rows, items, brow)))  # first half first
+            elif brow is not None:
+                self._store_batch_row(brow, refused)
+            elif not self._store_unstorable(rows[0], items[0], refused, lettered=lettered):
+                return False
+        return True
+
+    def _store_unstorable(
+        self, row: RequestRow, item: Pending | None, refused: BaseException, *, lettered: bool
+    ) -> bool:
+        error = first_line(refused)
+        log.error("request %s: its row cannot be stored: %s", row.get("request_id"), error)
+        letter = f"the result could not be stored: {error}"
+        if item is not None and not lettered and not self._letters([letter_for(item, letter)]):
+            return False
+        try:
+            return self._store([cast(RequestRow, unstorable(row, error))], None)
+        except _Refused as again:  # its message is in the dead-letter topic: move on
+            log.error("request %s: no row at all: %s", row.get("request_id"), first_line(again))
+            return True
+
+    def _store_batch_row(self, brow: Row, refused: BaseException) -> None:
+        try:
+            self._store([], unstorable(brow, first_line(refused)))
+        except _Refused as again:  # the batch's requests have their rows: only logged
+            log.error("batch %s: no row: %s", brow.get("batch_id"), first_line(again))
+
+    def _store(self, rows: list[RequestRow], brow: Row | None) -> bool:
+        """One transaction, retried while the fault is not the rows'; ``_Refused`` if it is,
+        False if stopping first."""
+        tries = 0
+        while True:
+            try:
+                self.store(rows, brow)
+                return True
+            except Exception as exc:
+                fault = classify(exc)
+                if fault is Fault.DATA:
+                    raise _Refused(first_line(exc)) from exc
+                tries += 1
+                if self.stopping.is_set() and tries >= STOPPING_TRIES:
+                    return False  # Kafka redelivers this work to the next owner
+                log.log(
+                    logging.WARNING if fault is Fault.TRANSIENT else logging.ERROR,
+                    "persist failed (%s, attempt %d): %s",
+                    fault,
+                    tries,
+                    first_line(exc),
+                )
+                time.sleep(_backoff(tries))
+
+    def _letters(self, letters: list[Letter]) -> bool:
+        """Dead-letter copies, retried until confirmed; False if stopping first."""
+        tries = 0
+        while not self.dead_letters.send(letters):
+            tries += 1
+            if self.stopping.is_set() and tries >= STOPPING_TRIES:
+                return False
+            time.sleep(_backoff(tries))
+        return True
+
+
+def _halves(
+    rows: list[RequestRow], items: Sequence[Pending | None], brow: Row | None
+) -> list[tuple[list[RequestRow], Sequence[Pending | None], Row | None]]:
+    """Split a refused write in two; the batch row goes with the first part, or alone."""
+    if len(rows) <= 1:
+        return [(rows, items, None), ([], [], brow)]
+    mid = len(rows) // 2
+    return [(rows[:mid], items[:mid], brow), (rows[mid:], items[mid:], None)]
+
+
+def _backoff(tries: int) -> float:
+    """Full-jitter exponential backoff before the ``tries``-th retry."""
+    return random.uniform(0, min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** min(tries, 16)))

@@ -1,0 +1,82 @@
+"""Rows of a planned write, and the failed row a refused row becomes (scheduler/rows.py)."""
+
+from __future__ import annotations
+
+import orjson
+
+from core.vocab import RequestStatus
+from results.faults import NUL_ESCAPE
+from scheduler.batcher import Batch, BatchKey
+from scheduler.dispatch import Write
+from scheduler.rows import unstorable, write_rows
+from tests.unit.helpers import pending
+
+KEY = BatchKey("sim", "1", (("salt", "a\x00b"),))
+
+
+def test_a_succeeded_write_builds_its_items_rows_and_the_batch_row() -> None:
+    items = [pending(key=KEY) for _ in range(3)]
+    batch = Batch(KEY, items, 1.0, "full")
+    w = Write(
+        priority=1,
+        status=RequestStatus.SUCCEEDED,
+        items=items[1:],
+        batch=batch,
+        outputs=["o1", "o2"],
+        compute=(2.0, 2.5),
+        worker_id="w0",
+        batch_row=True,
+    )
+    rows, brow = write_rows(w)
+    assert [r["request_id"] for r in rows] == [p.msg.request_id for p in items[1:]]
+    assert [r["output"] for r in rows] == ["o1", "o2"]
+    assert all(r["batch_size"] == 3 and r["batch_id"] == batch.batch_id for r in rows)
+    assert brow is not None and brow["size"] == 3 and brow["compute_ms"] == 500.0
+
+
+def test_a_recorded_write_has_no_batch_row() -> None:
+    p = pending()
+    rows, brow = write_rows(
+        Write(priority=0, status=RequestStatus.EXPIRED, items=[p], error="late")
+    )
+    assert brow is None and rows[0]["status"] == "expired" and rows[0]["error"] == "late"
+
+
+def test_a_refused_row_becomes_a_readable_failed_row() -> None:
+    p = pending(key=KEY, input_="in\x00put")
+    (row,), _ = write_rows(
+        Write(
+            1,
+            RequestStatus.SUCCEEDED,
+            [p],
+            batch=Batch(KEY, [p], 1.0, "full"),
+            outputs=[{"x": "\x00"}],
+            compute=(1.0, 1.1),
+        )
+    )
+    out = unstorable(row, "PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    assert out["status"] == "failed"
+    assert out["error"] == (
+        "the result could not be stored: PostgreSQL text fields cannot contain NUL (0x00) bytes"
+    )
+    assert out["input"] == f"in{NUL_ESCAPE}put" and out["params"] == {"salt": f"a{NUL_ESCAPE}b"}
+    assert out["output"] == {"x": NUL_ESCAPE}
+    assert out["request_id"] == row["request_id"] and out["received_at"] == row["received_at"]
+    assert "\\u0000" not in orjson.dumps(out["params"]).decode().replace("\\\\u0000", "")
+
+
+def test_a_refused_batch_row_keeps_its_status() -> None:
+    batch = Batch(KEY, [pending(key=KEY)], 1.0, "full")
+    w = Write(
+        1,
+        RequestStatus.SUCCEEDED,
+        batch.items,
+        batch=batch,
+        outputs=[1],
+        compute=(1, 2),
+        batch_row=True,
+    )
+    _, brow = write_rows(w)
+    assert brow is not None and "\x00" in brow["batch_key"]
+    out = unstorable(brow, "NUL")
+    assert out["status"] == "succeeded" and out["batch_key"] == f"sim@1[salt=a{NUL_ESCAPE}b]"
