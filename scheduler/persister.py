@@ -16,11 +16,17 @@ partition's offsets (docs/decisions/0019-bad-rows-and-bad-messages.md).
 from __future__ import annotations
 
 import logging
-import random
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    retry_if_result,
+    wait_random_exponential,
+)
 
 from core.vocab import RequestStatus
 from results.faults import Fault, classify, first_line
@@ -164,36 +170,70 @@ class Persister:
     def _store(self, rows: list[RequestRow], brow: Row | None) -> bool:
         """One transaction, retried while the fault is not the rows'; ``_Refused`` if it is,
         False if stopping first."""
-        tries = 0
-        while True:
-            try:
-                self.store(rows, brow)
-                return True
-            except Exception as exc:
-                fault = classify(exc)
-                if fault is Fault.DATA:
-                    raise _Refused(first_line(exc)) from exc
-                tries += 1
-                if self.stopping.is_set() and tries >= STOPPING_TRIES:
-                    return False  # Kafka redelivers this work to the next owner
-                log.log(
-                    logging.WARNING if fault is Fault.TRANSIENT else logging.ERROR,
-                    "persist failed (%s, attempt %d): %s",
-                    fault,
-                    tries,
-                    first_line(exc),
-                )
-                time.sleep(_backoff(tries))
+        try:
+            for attempt in self._retrying(retry_if_exception(_not_refused)):
+                with attempt:
+                    try:
+                        self.store(rows, brow)
+                    except Exception as exc:
+                        if classify(exc) is Fault.DATA:
+                            raise _Refused(first_line(exc)) from exc
+                        raise
+        except _Stopped:
+            return False  # Kafka redelivers this work to the next owner
+        return True
 
     def _letters(self, letters: list[Letter]) -> bool:
         """Dead-letter copies, retried until confirmed; False if stopping first."""
-        tries = 0
-        while not self.dead_letters.send(letters):
-            tries += 1
-            if self.stopping.is_set() and tries >= STOPPING_TRIES:
-                return False
-            time.sleep(_backoff(tries))
+        try:
+            for attempt in self._retrying(retry_if_result(lambda sent: not sent)):
+                with attempt:
+                    sent = self.dead_letters.send(letters)
+                outcome = attempt.retry_state.outcome
+                if outcome is not None and not outcome.failed:
+                    attempt.retry_state.set_result(sent)
+        except _Stopped:
+            return False
         return True
+
+    def _retrying(self, retry: Any) -> Retrying:
+        """Retries with full-jitter exponential backoff, forever, unless stopping."""
+
+        def stop(state: RetryCallState) -> bool:
+            if self.stopping.is_set() and state.attempt_number >= STOPPING_TRIES:
+                raise _Stopped
+            return False
+
+        return Retrying(
+            retry=retry,
+            stop=stop,
+            wait=wait_random_exponential(multiplier=RETRY_FIRST_S, max=RETRY_MAX_S),
+            before_sleep=_log_retry,
+            reraise=True,
+        )
+
+
+class _Stopped(Exception):
+    """Stopping, and a write or a dead-letter copy kept failing: leave it to Kafka."""
+
+
+def _not_refused(exc: BaseException) -> bool:
+    return not isinstance(exc, _Refused)
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome else None
+    if exc is None:
+        log.warning("dead-letter copies not confirmed (attempt %d)", state.attempt_number)
+        return
+    fault = classify(exc)
+    log.log(
+        logging.WARNING if fault is Fault.TRANSIENT else logging.ERROR,
+        "persist failed (%s, attempt %d): %s",
+        fault,
+        state.attempt_number,
+        first_line(exc),
+    )
 
 
 def _halves(
@@ -204,8 +244,3 @@ def _halves(
         return [(rows, items, None), ([], [], brow)]
     mid = len(rows) // 2
     return [(rows[:mid], items[:mid], brow), (rows[mid:], items[mid:], None)]
-
-
-def _backoff(tries: int) -> float:
-    """Full-jitter exponential backoff before the ``tries``-th retry."""
-    return random.uniform(0, min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** min(tries, 16)))
