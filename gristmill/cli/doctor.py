@@ -107,6 +107,7 @@ def kafka_facts(settings: Settings, topics: list[str]) -> KafkaFacts:
     try:
         md = admin.list_topics(timeout=CONNECT_TIMEOUT_S)
     except Exception as exc:
+        admin.poll(1.0)  # serve the error callbacks still queued
         with lock:
             why = "; ".join(dict.fromkeys(errors)) or str(exc)
         return KafkaFacts(error=why)
