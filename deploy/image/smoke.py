@@ -8,7 +8,7 @@ loopback (the project's own devservices).
     sudo .venv/bin/python deploy/image/smoke.py build/images/gristmill-cpu [--work DIR]
 
 Checks: no compiler, pip or apt lists in the image; the processes run as uid 10001;
-migrate, tenants add, the API (HEALTHCHECK, /healthz, a request through a scheduler and
+migrate, compose's bootstrap (key), the API (HEALTHCHECK, /healthz, a request through a scheduler and
 its sim worker), the doctor; a scheduler's SIGTERM drain exits 0.
 """
 
@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -172,10 +173,21 @@ def main(argv: list[str]) -> int:
         results.append(("user", f"uid {uid}, read-only root, tmpfs /tmp and home"))
         image.run(["migrate"], env, logs / "migrate.log")
         results.append(("gristmill migrate", "exit 0"))
-        out = image.run(["tenants", "add", "smoke", "--tier", "enterprise"], env, logs / "key.log")
-        key = out.strip().splitlines()[-1]
-        assert key.startswith("gm"), out
-        results.append(("gristmill tenants add", "printed a key"))
+        # docker/compose.yaml's bootstrap, as compose runs it: a tenant and a key, then
+        # (a second `up`) another key for the same tenant.
+        boot = yaml.safe_load((REPO / "docker" / "compose.yaml").read_text())["services"][
+            "bootstrap"
+        ]
+        command = [c.replace("$$", "$") for c in boot["command"]]
+        keys = []
+        for i in range(2):
+            out = image.run(command, env, logs / f"bootstrap-{i}.log", entry=boot["entrypoint"])
+            line = out.strip().splitlines()[-1]
+            assert line.startswith("GRISTMILL_API_KEY=gm_"), out
+            keys.append(line.split("=", 1)[1])
+        assert keys[0] != keys[1]
+        key = keys[0]
+        results.append(("compose bootstrap (twice)", "printed GRISTMILL_API_KEY=gm_... each time"))
         sched = image.start(
             ["scheduler", "--workers", "1", "--models", "sim", "--socket-dir", "/run/gristmill"],
             env,
