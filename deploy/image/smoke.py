@@ -8,8 +8,9 @@ loopback (the project's own devservices).
     sudo .venv/bin/python deploy/image/smoke.py build/images/gristmill-cpu [--work DIR]
 
 Checks: no compiler, pip or apt lists in the image; the processes run as uid 10001;
-migrate, compose's bootstrap (key), the API (HEALTHCHECK, /healthz, a request through a scheduler and
-its sim worker), the doctor; a scheduler's SIGTERM drain exits 0.
+migrate; compose's bootstrap (a key); the API (a request through a scheduler and its
+sim worker; HEALTHCHECK); a scheduler without workers and a worker container on its
+socket; the doctor; a scheduler's SIGTERM drain exits 0.
 """
 
 from __future__ import annotations
