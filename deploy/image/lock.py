@@ -21,7 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 # cpu: API, scheduler and the sim worker; cuda: adds PyTorch (CUDA runtime from PyPI's
 # nvidia-* wheels; the driver comes from the host) and the embedding model; build: the
 # build backend that makes the project's own wheel.
-VARIANTS = {"cpu": ".", "cuda": ".[embed]", "build": "setuptools>=77"}
+VARIANTS = {"cpu": ["./client", "."], "cuda": ["./client", ".[embed]"], "build": ["setuptools>=77"]}
+# Built from this repository, installed as wheels without their dependencies.
+OWN = ("gristmill", "gristmill-client")
 
 
 def check_platform() -> None:
@@ -33,7 +35,7 @@ def check_platform() -> None:
         raise SystemExit(f"run this with CPython 3.11 on Linux x86_64 (this is {here})")
 
 
-def resolve(spec: str) -> list[dict[str, object]]:
+def resolve(spec: list[str]) -> list[dict[str, object]]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         subprocess.run(
@@ -48,7 +50,7 @@ def resolve(spec: str) -> list[dict[str, object]]:
                 "--only-binary=:all:",
                 "--report",
                 str(report),
-                spec,
+                *spec,
             ],
             cwd=REPO,
             check=True,
@@ -63,7 +65,7 @@ def lock_lines(installs: list[dict[str, object]]) -> list[str]:
         meta = item["metadata"]
         info = item["download_info"]
         assert isinstance(meta, dict) and isinstance(info, dict)
-        if meta["name"] == "gristmill":  # the project itself goes in as a wheel, no deps
+        if meta["name"] in OWN:
             continue
         hashes = info.get("archive_info", {}).get("hashes", {})
         if "sha256" not in hashes:

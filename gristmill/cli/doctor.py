@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from gristmill.config import Settings, load_settings
+from core.config import Settings, load_settings
 from gristmill.diagnosis import (
     Finding,
     KafkaFacts,
@@ -51,7 +51,8 @@ def doctor(
 
 
 def diagnose(settings: Settings) -> list[Finding]:
-    from gristmill.topics import PRIORITY_CLASSES, dead_letter_topic, request_topic
+    from core.topics import dead_letter_topic, request_topic
+    from core.vocab import PRIORITY_CLASSES
 
     findings = judge_settings(
         SecurityView(
@@ -71,7 +72,7 @@ def diagnose(settings: Settings) -> list[Finding]:
         if current:
             models, capacities = worker_facts(settings)
             findings += judge_workers(models, capacities)
-    topics = {c: request_topic(settings, c) for c in PRIORITY_CLASSES}
+    topics: dict[str, str] = {str(c): request_topic(settings, c) for c in PRIORITY_CLASSES}
     topics["deadletter"] = dead_letter_topic(settings)
     findings += judge_kafka(
         kafka_facts(settings, list(topics.values())),
@@ -87,7 +88,7 @@ def diagnose(settings: Settings) -> list[Finding]:
 def kafka_facts(settings: Settings, topics: list[str]) -> KafkaFacts:
     from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-    from core.kafka_security import kafka_security_config
+    from core.kafka import admin_config
 
     errors: list[str] = []
     lock = threading.Lock()
@@ -96,13 +97,11 @@ def kafka_facts(settings: Settings, topics: list[str]) -> KafkaFacts:
         with lock:
             errors.append(str(err.str() if hasattr(err, "str") else err))
 
-    config: dict[str, Any] = {
-        "bootstrap.servers": settings.kafka_bootstrap,
-        **kafka_security_config(settings),
-        "error_cb": on_error,
-        "socket.connection.setup.timeout.ms": CONNECT_TIMEOUT_S * 1000,
-        "log_level": 0,
-    }
+    config = admin_config(
+        settings,
+        error_cb=on_error,
+        **{"socket.connection.setup.timeout.ms": CONNECT_TIMEOUT_S * 1000, "log_level": 0},
+    )
     admin = AdminClient(config)
     try:
         md = admin.list_topics(timeout=CONNECT_TIMEOUT_S)

@@ -10,7 +10,6 @@ from core.config import settings_from_env
 from core.kafka import client_config, security_config
 
 
-
 def test_plaintext_by_default_adds_only_the_protocol() -> None:
     assert security_config(settings_from_env({})) == {"security.protocol": "PLAINTEXT"}
 
