@@ -5,7 +5,7 @@
 # OCI layout that skopeo can push anywhere:
 #
 #   deploy/image/build.sh cpu|cuda [OUT]      (root; buildah, debootstrap, skopeo)
-#   skopeo copy oci:build/images/gristmill-cpu:latest docker://REGISTRY/gristmill:cpu
+#   skopeo copy docker-archive:build/images/gristmill-cpu.tar docker://REGISTRY/gristmill:cpu
 #
 # Python packages come from PyPI (pinned with hashes), Debian packages from its mirror.
 set -euo pipefail
@@ -33,9 +33,13 @@ buildah bud --isolation chroot --layers \
     -t "localhost/gristmill:$VARIANT" \
     "$REPO"
 mkdir -p "$OUT"
-rm -rf "$OUT/gristmill-$VARIANT"
-# An OCI image layout directory (what registries take; `umoci unpack` opens it too).
+rm -rf "$OUT/gristmill-$VARIANT" "$OUT/gristmill-$VARIANT.tar"
+# An OCI image layout directory (`umoci unpack` opens it; OCI has no HEALTHCHECK field,
+# so this copy lacks it) and a Docker archive that keeps it (`docker load -i`, or
+# `skopeo copy docker-archive:... docker://REGISTRY/...` to push it).
 skopeo copy --quiet "containers-storage:localhost/gristmill:$VARIANT" \
     "oci:$OUT/gristmill-$VARIANT:latest"
-echo "built localhost/gristmill:$VARIANT -> $OUT/gristmill-$VARIANT"
+skopeo copy --quiet "containers-storage:localhost/gristmill:$VARIANT" \
+    "docker-archive:$OUT/gristmill-$VARIANT.tar:gristmill:$VARIANT"
+echo "built localhost/gristmill:$VARIANT -> $OUT/gristmill-$VARIANT{,.tar}"
 buildah images --format '{{.Name}}:{{.Tag}} {{.Size}}' "localhost/gristmill:$VARIANT"
