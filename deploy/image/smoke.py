@@ -144,6 +144,9 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("layout", type=Path, help="OCI layout folder (deploy/image/build.sh)")
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument(
+        "--model", default="sim", help="what the workers serve (all-minilm-l6-v2: cuda image)"
+    )
     a = ap.parse_args(argv)
     work = a.work or Path(tempfile.mkdtemp(prefix="gristmill-smoke-"))
     work.chmod(0o711)
@@ -190,7 +193,7 @@ def main(argv: list[str]) -> int:
         key = keys[0]
         results.append(("compose bootstrap (twice)", "printed GRISTMILL_API_KEY=gm_... each time"))
         sched = image.start(
-            ["scheduler", "--workers", "1", "--models", "sim", "--socket-dir", "/run/gristmill"],
+            ["scheduler", "--workers", "1", "--models", a.model, "--socket-dir", "/run/gristmill"],
             env,
             logs / "scheduler.log",
         )
@@ -206,7 +209,7 @@ def main(argv: list[str]) -> int:
                 r = httpx.post(
                     f"{url}/v1/infer",
                     headers={"Authorization": f"Bearer {key}"},
-                    json={"model": "sim", "input": "from the image"},
+                    json={"model": a.model, "input": "from the image"},
                     timeout=10,
                 )
                 if r.status_code == 200:
@@ -221,7 +224,7 @@ def main(argv: list[str]) -> int:
                         f"{(logs / 'scheduler.log').read_text()[-2000:]}"
                     )
             time.sleep(1)
-        assert answer is not None and answer["output"]["chars"] == len("from the image"), answer
+        assert answer is not None and answer["model"] == a.model, answer
         results.append(("POST /v1/infer through api + scheduler + sim worker",
                         f"200 after {time.monotonic() - started:.0f} s"))  # fmt: skip
         hc = "/usr/local/bin/gristmill-healthcheck"
@@ -235,7 +238,7 @@ def main(argv: list[str]) -> int:
         os.chown(shared, image.uid, image.gid)
         procs.append(
             image.start(
-                ["scheduler", "--workers", "0", "--models", "sim", "--socket-dir",
+                ["scheduler", "--workers", "0", "--models", a.model, "--socket-dir",
                  "/run/gristmill/s0"],
                 env,
                 logs / "scheduler-0.log",
@@ -247,19 +250,23 @@ def main(argv: list[str]) -> int:
             time.sleep(0.5)
         procs.append(
             image.start(
-                ["worker", "--models", "sim", "--socket", "/run/gristmill/s0/workers.sock"],
+                ["worker", "--models", a.model, "--socket", "/run/gristmill/s0/workers.sock"],
                 env,
                 logs / "worker.log",
                 sockets=shared,
             )
         )
-        time.sleep(8)  # the worker warms up, says hello; the scheduler reports its capacity
+        # The worker warms up and says hello; the scheduler then reports its capacity.
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and "ready" not in (logs / "worker.log").read_text():
+            time.sleep(1)
+        time.sleep(3)
         doc = image.start(
             [], env, logs / "doctor.log", entry=["python3", "-m", "gristmill.cli.doctor"]
         )
         doc.wait(timeout=120)
         text = (logs / "doctor.log").read_text()
-        assert "sim@1: live workers under 2 scheduler(s)" in text and doc.returncode == 0, text
+        assert "live workers under 2 scheduler(s)" in text and doc.returncode == 0, text
         results.append(("scheduler --workers 0 + a worker container on its socket", "serving"))
         results.append(("gristmill doctor", f"exit 0 ({text.strip().splitlines()[-1]})"))
         t0 = time.monotonic()
