@@ -125,14 +125,15 @@ def add_scram_user(bootstrap: str, user: str, password: str, timeout_s: float = 
     )
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    upserts: list[UserScramCredentialAlteration] = [
-        UserScramCredentialUpsertion(
-            user, ScramCredentialInfo(mechanism, SCRAM_ITERATIONS), password.encode()
-        )
-        for mechanism in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512)
-    ]
-    for fut in admin.alter_user_scram_credentials(upserts).values():
-        fut.result(timeout=timeout_s)
+    # One request per mechanism: a request may alter a user's credentials only once.
+    for mechanism in (ScramMechanism.SCRAM_SHA_256, ScramMechanism.SCRAM_SHA_512):
+        upsert: list[UserScramCredentialAlteration] = [
+            UserScramCredentialUpsertion(
+                user, ScramCredentialInfo(mechanism, SCRAM_ITERATIONS), password.encode()
+            )
+        ]
+        for fut in admin.alter_user_scram_credentials(upsert).values():
+            fut.result(timeout=timeout_s)
 
 
 def secure_postgres(pg: PostgresServer, tls: TlsFiles, password: str) -> str:
