@@ -50,6 +50,7 @@ class Image:
         self.cwd: str = cfg["cwd"]
         self.uid, self.gid = cfg["user"]["uid"], cfg["user"]["gid"]
         self.rootfs = self.bundle / "rootfs"
+        self.mount_points: list[str] = []  # empty folders once each namespace is gone
         self.entrypoint = self.args[: self.args.index("gristmill") + 1]  # tini -- gristmill
 
     def size_mb(self, layout: Path) -> float:
@@ -67,6 +68,7 @@ class Image:
         folder shared as /run/gristmill (a pod's emptyDir shared by its containers)."""
         cmd = [*(entry if entry is not None else self.entrypoint), *args]
         mnt = tempfile.mkdtemp(prefix="gm-root-")
+        self.mount_points.append(mnt)
         envs = " ".join(f"{k}={_q(v)}" for k, v in {**self.env, **env}.items())
         owner = f"uid={self.uid},gid={self.gid}"
         run_dir = (
@@ -284,6 +286,8 @@ def main(argv: list[str]) -> int:
                     p.kill()
         kafka.stop()
         pg.stop()
+        for mnt in image.mount_points:
+            shutil.rmtree(mnt, ignore_errors=True)
     for what, outcome in results:
         print(f"{what:<55} {outcome}")
     shutil.rmtree(work, ignore_errors=True)
