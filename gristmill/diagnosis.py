@@ -9,10 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-# A topic with fewer copies loses accepted requests with one broker; min.insync.replicas
-# of 2 is what makes acks=all wait for a second copy (decision 1).
-SAFE_REPLICATION = 3
-SAFE_MIN_INSYNC = 2
+from core.durability import TopicDurability, kafka_problems, postgres_problems
 
 
 class Level(Enum):
@@ -115,6 +112,7 @@ class TopicFacts:
     replicas: int  # the fewest replicas any partition has
     min_isr_now: int  # the smallest in-sync replica set right now
     min_insync_replicas: int | None  # the topic's effective min.insync.replicas
+    unclean_election: bool = False  # unclean.leader.election.enable
 
 
 @dataclass(frozen=True)
@@ -179,58 +177,66 @@ def judge_kafka(
 
 
 def _judge_topic(name: str, t: TopicFacts, brokers: int) -> list[Finding]:
+    """What the durability rules (judge_durability) do not cover: settings that stop
+    writes, and the replicas in sync right now."""
     out: list[Finding] = []
     mir = t.min_insync_replicas
-    if t.replicas < SAFE_REPLICATION and brokers >= SAFE_REPLICATION:
+    if mir is None:
+        return out
+    if mir > t.replicas:
+        out.append(
+            fail(
+                "kafka",
+                f"topic {name}: min.insync.replicas {mir} > {t.replicas} replicas: no "
+                "write can succeed (every request gets 503).",
+            )
+        )
+    elif t.replicas > 1 and mir == t.replicas:
         out.append(
             warn(
                 "kafka",
-                f"topic {name} keeps {t.replicas} copies on a cluster of {brokers} brokers: "
-                f"losing a broker can lose accepted requests (use {SAFE_REPLICATION}).",
+                f"topic {name}: min.insync.replicas equals its {t.replicas} replicas: "
+                "one broker down stops every write (503). Use replicas - 1.",
             )
         )
-    elif t.replicas == 1:
+    if t.min_isr_now < mir <= t.replicas:
         out.append(
-            warn(
+            fail(
                 "kafka",
-                f"topic {name} has a single copy: a broker's disk loss loses accepted "
-                "requests (fine for a laptop, not for production).",
+                f"topic {name}: a partition has {t.min_isr_now} in-sync replicas, fewer "
+                f"than min.insync.replicas {mir}: writes to it fail now.",
             )
         )
-    if mir is not None:
-        if mir > t.replicas:
-            out.append(
-                fail(
-                    "kafka",
-                    f"topic {name}: min.insync.replicas {mir} > {t.replicas} replicas: no "
-                    "write can succeed (every request gets 503).",
-                )
-            )
-        elif t.replicas >= SAFE_MIN_INSYNC and mir < SAFE_MIN_INSYNC:
-            out.append(
-                warn(
-                    "kafka",
-                    f"topic {name}: min.insync.replicas is {mir}: an acknowledged request "
-                    f"may exist on one broker only. Set it to {SAFE_MIN_INSYNC}.",
-                )
-            )
-        elif t.replicas > 1 and mir == t.replicas:
-            out.append(
-                warn(
-                    "kafka",
-                    f"topic {name}: min.insync.replicas equals its {t.replicas} replicas: "
-                    "one broker down stops every write (503). Use replicas - 1.",
-                )
-            )
-        if t.min_isr_now < mir:
-            out.append(
-                fail(
-                    "kafka",
-                    f"topic {name}: a partition has {t.min_isr_now} in-sync replicas, fewer "
-                    f"than min.insync.replicas {mir}: writes to it fail now.",
-                )
-            )
     return out
+
+
+def judge_durability(
+    topics: Mapping[str, TopicFacts], pg: PostgresFacts | None, *, allowed: bool
+) -> list[Finding]:
+    """The start-up durability rules (core/durability.py, decision 20) on what was
+    observed: broken unless GRISTMILL_ALLOW_WEAK_DURABILITY waives them (then a warning,
+    as the processes start anyway)."""
+    problems = kafka_problems(
+        {
+            name: TopicDurability(t.replicas, t.min_insync_replicas or 1, t.unclean_election)
+            for name, t in topics.items()
+        }
+    )
+    if pg is not None and not pg.error:
+        problems += postgres_problems(
+            {"synchronous_commit": pg.synchronous_commit, "fsync": pg.fsync}
+        )
+    if not problems:
+        return [ok("durable", "replication, min.insync.replicas, synchronous_commit, fsync")]
+    if allowed:
+        return [
+            warn("durable", f"{p} (allowed: GRISTMILL_ALLOW_WEAK_DURABILITY is set)")
+            for p in problems
+        ]
+    return [
+        fail("durable", f"{p}: the API and schedulers refuse to start until it is fixed")
+        for p in problems
+    ]
 
 
 # ------------------------------------------------------------------------ postgresql
@@ -296,16 +302,7 @@ def judge_postgres(f: PostgresFacts) -> list[Finding]:
                 "with sslrootcert, or a man in the middle can read every result.",
             )
         )
-    if f.synchronous_commit == "off" or f.fsync == "off":
-        knob = "synchronous_commit" if f.synchronous_commit == "off" else "fsync"
-        out.append(
-            fail(
-                "postgres",
-                f"{knob} is off: a crash loses results whose Kafka offsets are already "
-                "committed, so accepted work is lost. Turn it on.",
-            )
-        )
-    elif f.replicas > 0 and not f.synchronous_standby_names:
+    if f.replicas > 0 and not f.synchronous_standby_names:
         out.append(
             warn(
                 "postgres",
@@ -314,8 +311,6 @@ def judge_postgres(f: PostgresFacts) -> list[Finding]:
                 "(CloudNativePG: spec.postgresql.synchronous).",
             )
         )
-    else:
-        out.append(ok("postgres", f"synchronous_commit {f.synchronous_commit}"))
     return out
 
 

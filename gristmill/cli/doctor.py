@@ -23,6 +23,7 @@ from gristmill.diagnosis import (
     TopicFacts,
     exit_code,
     fail,
+    judge_durability,
     judge_kafka,
     judge_postgres,
     judge_schema,
@@ -74,14 +75,17 @@ def diagnose(settings: Settings) -> list[Finding]:
             findings += judge_workers(models, capacities)
     topics: dict[str, str] = {str(c): request_topic(settings, c) for c in PRIORITY_CLASSES}
     topics["deadletter"] = dead_letter_topic(settings)
+    kafka = kafka_facts(settings, list(topics.values()))
     findings += judge_kafka(
-        kafka_facts(settings, list(topics.values())),
+        kafka,
         bootstrap=settings.kafka_bootstrap,
         protocol=settings.kafka_security_protocol,
         username=settings.kafka_sasl_username,
         topics=topics,
         live_schedulers=len(capacities),
     )
+    if not kafka.error:
+        findings += judge_durability(kafka.topics, pg, allowed=settings.allow_weak_durability)
     return findings
 
 
@@ -112,12 +116,16 @@ def kafka_facts(settings: Settings, topics: list[str]) -> KafkaFacts:
         return KafkaFacts(error=why)
     present = [t for t in topics if t in md.topics and md.topics[t].error is None]
     min_insync: dict[str, int | None] = dict.fromkeys(present)
+    unclean: dict[str, bool] = dict.fromkeys(present, False)
     if present:
         resources = [ConfigResource(ResourceType.TOPIC, t) for t in present]
         for res, fut in admin.describe_configs(resources).items():
             try:
-                entry = fut.result(timeout=CONNECT_TIMEOUT_S).get("min.insync.replicas")
+                configs = fut.result(timeout=CONNECT_TIMEOUT_S)
+                entry = configs.get("min.insync.replicas")
                 min_insync[res.name] = int(entry.value) if entry is not None else None
+                election = configs.get("unclean.leader.election.enable")
+                unclean[res.name] = election is not None and election.value == "true"
             except Exception:  # no DescribeConfigs right: judged without it
                 min_insync[res.name] = None
     facts: dict[str, TopicFacts] = {}
@@ -128,6 +136,7 @@ def kafka_facts(settings: Settings, topics: list[str]) -> KafkaFacts:
             replicas=min((len(p.replicas) for p in parts), default=0),
             min_isr_now=min((len(p.isrs) for p in parts), default=0),
             min_insync_replicas=min_insync[t],
+            unclean_election=unclean[t],
         )
     return KafkaFacts(brokers=len(md.brokers), topics=facts)
 

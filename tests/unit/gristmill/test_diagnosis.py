@@ -10,6 +10,7 @@ from gristmill.diagnosis import (
     SecurityView,
     TopicFacts,
     exit_code,
+    judge_durability,
     judge_kafka,
     judge_postgres,
     judge_schema,
@@ -63,28 +64,35 @@ def test_missing_topic_fails_and_says_migrate() -> None:
     assert any(f.level is Level.FAIL and "gristmill migrate" in f.message for f in out)
 
 
-def test_replication_and_min_insync_risks() -> None:
-    one_copy = TopicFacts(12, replicas=1, min_isr_now=1, min_insync_replicas=1)
-    two_of_three = TopicFacts(12, replicas=2, min_isr_now=2, min_insync_replicas=1)
+def test_settings_that_stop_writes_and_replicas_out_of_sync() -> None:
     all_must_ack = TopicFacts(12, replicas=3, min_isr_now=3, min_insync_replicas=3)
     impossible = TopicFacts(12, replicas=1, min_isr_now=1, min_insync_replicas=2)
     under = TopicFacts(12, replicas=3, min_isr_now=1, min_insync_replicas=2)
-    msgs = {
-        name: [f for f in kafka(KafkaFacts(brokers=3, topics=dict.fromkeys(TOPICS.values(), t)))]
-        for name, t in {
-            "one": one_copy,
-            "two": two_of_three,
-            "all": all_must_ack,
-            "impossible": impossible,
-            "under": under,
-        }.items()
-    }
-    assert any("keeps 1 copies" in f.message for f in msgs["one"])
-    assert any("min.insync.replicas is 1" in f.message for f in msgs["two"])
-    assert any("one broker down stops every write" in f.message for f in msgs["all"])
-    assert Level.FAIL in levels(msgs["impossible"])
-    assert any(f.level is Level.FAIL and "fail now" in f.message for f in msgs["under"])
-    assert Level.FAIL not in levels(msgs["two"])
+
+    def judged(t: TopicFacts) -> list:  # type: ignore[type-arg]
+        return kafka(KafkaFacts(brokers=3, topics=dict.fromkeys(TOPICS.values(), t)))
+
+    assert any("one broker down stops every write" in f.message for f in judged(all_must_ack))
+    assert Level.FAIL in levels(judged(impossible))
+    assert any(f.level is Level.FAIL and "fail now" in f.message for f in judged(under))
+    assert Level.FAIL not in levels(judged(GOOD))
+
+
+def test_durability_rules_are_the_start_up_check() -> None:
+    one_copy = TopicFacts(12, replicas=1, min_isr_now=1, min_insync_replicas=1)
+    unclean = TopicFacts(12, 3, 3, 2, unclean_election=True)
+    pg = PostgresFacts(host="db:5432", user="a", synchronous_commit="off", fsync="on")
+    out = judge_durability({"t1": one_copy, "t2": unclean}, pg, allowed=False)
+    text = render(out)
+    assert "t1 has replication factor 1" in text and "min.insync.replicas=1" in text
+    assert "unclean.leader.election.enable=true" in text
+    assert "synchronous_commit=off" in text and "refuse to start" in text
+    assert set(levels(out)) == {Level.FAIL}
+    waived = judge_durability({"t1": one_copy}, None, allowed=True)
+    assert set(levels(waived)) == {Level.WARN}
+    assert "GRISTMILL_ALLOW_WEAK_DURABILITY is set" in waived[0].message
+    good_pg = PostgresFacts(host="db", user="a", synchronous_commit="on", fsync="on")
+    assert levels(judge_durability({"t": GOOD}, good_pg, allowed=False)) == [Level.OK]
 
 
 def test_more_schedulers_than_partitions_is_a_warning() -> None:
@@ -102,12 +110,6 @@ def test_postgres_durability_and_tls() -> None:
     assert any("not encrypted" in f.message for f in plain)
     unverified = judge_postgres(PostgresFacts(ssl=True, sslmode="require", **base))
     assert any("sslmode require" in f.message for f in unverified)
-    off = judge_postgres(
-        PostgresFacts(
-            ssl=True, sslmode="verify-full", host="db", user="a", synchronous_commit="off"
-        )
-    )
-    assert any(f.level is Level.FAIL and "synchronous_commit is off" in f.message for f in off)
     standby = judge_postgres(
         PostgresFacts(in_recovery=True, ssl=True, sslmode="verify-full", **base)
     )
