@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml client/pyproject.toml | sha1sum | cut -c1-12)
 JARS    = docker/kafka/libs/.fetched
 
-.PHONY: install dev test test-unit test-integration test-e2e lint fmt bench bench-peers bench-sweep bench-profile bench-policy chaos clean
+.PHONY: install dev test test-unit test-integration test-e2e lint fmt bench bench-peers bench-sweep bench-profile bench-policy chaos clean deploy-check
 
 install: $(STAMP) $(JARS)
 
@@ -64,6 +64,10 @@ bench-policy: install
 
 chaos: install
 	$(VENV)/bin/gristmill chaos --rounds 20
+
+# Helm chart (lint, render, kubeconform), compose file and Dockerfile: no cluster, no Docker.
+deploy-check: install
+	deploy/check.sh
 
 clean:
 	rm -rf .gristmill .pytest_cache .mypy_cache .ruff_cache

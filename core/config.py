@@ -15,12 +15,21 @@ both fields.
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 import json
 from collections.abc import Mapping
-from typing import Annotated, Self, get_origin
+from typing import Annotated, Literal, Self, get_origin
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core.vocab import TIERS
@@ -43,6 +52,43 @@ class KafkaSettings(_Concern):
     topic_prefix: str = Field("gristmill", min_length=1)
     topic_partitions: int = Field(6, ge=1)
     topic_replication: int = Field(1, ge=1)
+
+    # How every client reaches the brokers: TLS and SASL (core/kafka.py turns these into
+    # librdkafka's settings; docs/deploy.md, "Secured connections").
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    kafka_sasl_username: str = ""
+    kafka_sasl_password: SecretStr = SecretStr("")
+    # PEM file of the CA that signed the brokers' certificates; empty: the system's CAs.
+    kafka_ssl_ca_location: str = ""
+    # mTLS: the client's certificate and private key (PEM files), and the key's password.
+    kafka_ssl_certificate_location: str = ""
+    kafka_ssl_key_location: str = ""
+    kafka_ssl_key_password: SecretStr = SecretStr("")
+    # Check that a broker's certificate names the host it was reached at.
+    kafka_ssl_verify_hostname: bool = True
+
+    @model_validator(mode="after")
+    def _security_consistent(self) -> Self:
+        protocol = self.kafka_security_protocol
+        sasl = protocol.startswith("SASL_")
+        if sasl and not (self.kafka_sasl_username and self.kafka_sasl_password.get_secret_value()):
+            raise ValueError(
+                f"kafka_security_protocol {protocol} needs kafka_sasl_username and "
+                "kafka_sasl_password"
+            )
+        if bool(self.kafka_ssl_certificate_location) != bool(self.kafka_ssl_key_location):
+            raise ValueError(
+                "kafka_ssl_certificate_location and kafka_ssl_key_location go together "
+                "(a client certificate needs its key)"
+            )
+        tls = protocol in ("SSL", "SASL_SSL")
+        if not tls and (self.kafka_ssl_ca_location or self.kafka_ssl_certificate_location):
+            raise ValueError(
+                f"kafka_ssl_* files are set but kafka_security_protocol {protocol} does not "
+                "use TLS (SSL or SASL_SSL)"
+            )
+        return self
 
 
 class DurabilitySettings(_Concern):
@@ -87,6 +133,23 @@ class ApiSettings(_Concern):
     max_inflight: int = Field(1000, ge=1)
     # API instances and schedulers report every second; older reports are ignored.
     load_report_stale_s: float = Field(5.0, gt=0)
+    # Proxies (comma-separated addresses or CIDRs, "*" for any) whose X-Forwarded-For and
+    # X-Forwarded-Proto are believed; empty: none. TLS ends at the ingress, which must be
+    # listed here for the client's own address to be seen.
+    forwarded_allow_ips: str = ""
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxy_addresses(cls, value: str) -> str:
+        # uvicorn would take a mistyped address as a literal that never matches: refuse it.
+        for entry in (e.strip() for e in value.split(",") if e.strip()):
+            if entry == "*":
+                continue
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"{entry!r} is not an IP address, a CIDR or *") from None
+        return value
 
     @model_validator(mode="after")
     def _timeouts(self) -> Self:

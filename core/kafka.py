@@ -16,9 +16,29 @@ Config = dict[str, Any]
 
 
 def client_config(kafka: KafkaSettings) -> Config:
-    """What every client of the cluster needs: the brokers (and, when the cluster
-    asks for them, TLS and SASL settings)."""
-    return {"bootstrap.servers": kafka.kafka_bootstrap}
+    """What every client of the cluster needs: the brokers and how to reach them
+    (TLS and SASL when the cluster asks for them)."""
+    return {"bootstrap.servers": kafka.kafka_bootstrap, **security_config(kafka)}
+
+
+def security_config(k: KafkaSettings) -> Config:
+    conf: Config = {"security.protocol": k.kafka_security_protocol}
+    if k.kafka_security_protocol.startswith("SASL_"):
+        conf["sasl.mechanism"] = k.kafka_sasl_mechanism
+        conf["sasl.username"] = k.kafka_sasl_username
+        conf["sasl.password"] = k.kafka_sasl_password.get_secret_value()
+    if k.kafka_security_protocol in ("SSL", "SASL_SSL"):
+        if k.kafka_ssl_ca_location:
+            conf["ssl.ca.location"] = k.kafka_ssl_ca_location
+        if k.kafka_ssl_certificate_location:
+            conf["ssl.certificate.location"] = k.kafka_ssl_certificate_location
+            conf["ssl.key.location"] = k.kafka_ssl_key_location
+        if k.kafka_ssl_key_password.get_secret_value():
+            conf["ssl.key.password"] = k.kafka_ssl_key_password.get_secret_value()
+        conf["ssl.endpoint.identification.algorithm"] = (
+            "https" if k.kafka_ssl_verify_hostname else "none"
+        )
+    return conf
 
 
 def producer_config(kafka: KafkaSettings, **extra: Any) -> Config:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -74,8 +75,11 @@ class SchedulerService:
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         self.settings = settings
         self.specs = build_specs(settings)
+        # Host and pid alone repeat across the scheduler containers of one pod (one host
+        # name, a PID namespace each): their load reports would overwrite each other.
         self.scheduler_id = process_id(
-            settings.topic_prefix, f"{socket.gethostname()}-{os.getpid()}"
+            settings.topic_prefix,
+            f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}",
         )
         self.core = DispatchCore.from_settings(settings)
         self.cond = threading.Condition()  # the one lock around the core

@@ -62,6 +62,9 @@ def api(
         host=host or settings.api_host,
         port=port or settings.api_port,
         workers=workers or settings.api_processes,
+        # X-Forwarded-For/-Proto only from the configured proxies (TLS ends at them).
+        proxy_headers=True,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
         log_level="warning",
         access_log=False,
     )

@@ -18,11 +18,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 from xml.sax.saxutils import quoteattr
 
 from core.config import KafkaSettings
 from core.kafka import admin_config
 from gristmill.devservices.ports import free_port, port_open
+
+if TYPE_CHECKING:  # only named in annotations; tls.py imports nothing from here
+    from gristmill.devservices.tls import SaslSslListener
 
 KAFKA_VERSION = "4.1.1"
 HOST = "127.0.0.1"
@@ -125,6 +129,7 @@ class _Node:
     port: int
     controller_port: int
     proc: subprocess.Popen[bytes] | None = None
+    secure_port: int | None = None  # the SASL_SSL client listener's, when there is one
 
     @property
     def node_id(self) -> int:
@@ -192,6 +197,7 @@ class KafkaCluster:
         java: str = "java",
         extra_config: Mapping[str, object] | None = None,
         extra_jvm_opts: Sequence[str] = (),
+        secure: SaslSslListener | None = None,
     ) -> None:
         if n_brokers < 1:
             raise ValueError("n_brokers must be >= 1")
@@ -204,6 +210,7 @@ class KafkaCluster:
         self._java = java
         self._extra_config = dict(extra_config or {})
         self._extra_jvm_opts = tuple(extra_jvm_opts)
+        self._secure = secure
         self.cluster_id: str | None = None
         taken: set[int] = set()
         self._nodes = [
@@ -215,6 +222,9 @@ class KafkaCluster:
             )
             for i in range(n_brokers)
         ]
+        if secure is not None:
+            for node in self._nodes:
+                node.secure_port = self._unique_port(taken)
 
     @staticmethod
     def _unique_port(taken: set[int]) -> int:
@@ -234,6 +244,13 @@ class KafkaCluster:
     @property
     def node_ids(self) -> list[int]:
         return [node.node_id for node in self._nodes]
+
+    @property
+    def secure_bootstrap(self) -> str:
+        """``bootstrap.servers`` of the SASL_SSL listener (constructed with ``secure``)."""
+        if self._secure is None:
+            raise ValueError("this cluster has no SASL_SSL listener (pass secure=...)")
+        return ",".join(f"{HOST}:{node.secure_port}" for node in self._nodes)
 
     def node_bootstrap(self, node_index: int) -> str:
         """The PLAINTEXT address of one node."""
@@ -340,6 +357,11 @@ class KafkaCluster:
             # Tests start consumers immediately; the default 3 s join delay only slows them.
             "group.initial.rebalance.delay.ms": 0,
         }
+        if self._secure is not None and node.secure_port is not None:
+            # A SASL_SSL listener for clients beside PLAINTEXT (gristmill/devservices/tls.py).
+            props.update(
+                self._secure.properties(HOST, node.port, node.controller_port, node.secure_port)
+            )
         # e.g. {"broker.session.timeout.ms": 4000} so a killed node is fenced (and may
         # re-register after restart) sooner than the 9 s default.
         props.update(self._extra_config)

@@ -32,9 +32,10 @@ from results.tenants import create_tenant, issue_key, set_plan
 REPO = Path(__file__).resolve().parents[2]  # repo root: processes run from here
 
 
-def api_command(port: int, processes: int = 1) -> list[str]:
+def api_command(port: int, processes: int = 1, forwarded_allow_ips: str = "") -> list[str]:
     """An API instance on loopback (shared by the tests, benchmarks and `gristmill dev`);
-    ``processes`` > 1 runs that many uvicorn processes on the one port."""
+    ``processes`` > 1 runs that many uvicorn processes on the one port. X-Forwarded-*
+    headers are believed only from ``forwarded_allow_ips`` (none by default)."""
     return [
         sys.executable,
         "-m",
@@ -46,6 +47,8 @@ def api_command(port: int, processes: int = 1) -> list[str]:
         str(port),
         "--log-level",
         "warning",
+        "--forwarded-allow-ips",
+        forwarded_allow_ips,
         *(["--workers", str(processes)] if processes > 1 else []),
     ]
 
