@@ -2,7 +2,7 @@
 words what is wrong. Exit status 1 when something is broken (and with --strict, when
 something is risky); the judgements themselves live in gristmill/diagnosis.py.
 
-Registered in gristmill/cli/main.py as ``app.command("doctor")(doctor)``.
+Registered in gristmill/cli/main.py.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from core.config import load_settings
+from gristmill.cli.doctor import doctor
 from gristmill.cli.jobs import app as jobs_app
 
 app = typer.Typer(
@@ -19,6 +20,7 @@ app = typer.Typer(
 tenants_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(jobs_app, name="jobs")
+app.command("doctor")(doctor)
 
 
 def _logging(level: str = "INFO") -> None:
