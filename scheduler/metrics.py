@@ -272,6 +272,7 @@ def read_state(svc: SchedulerService) -> SchedulerState:
         }
         workers = {h.worker_id: set(h.refs) for h in svc.handles if h.alive}
         in_flight = {h.worker_id: len(q) for h, q in svc.inflight.items() if h.alive}
+        served = set(svc.max_batch)
     lag: dict[str, int] = {}
     paused: set[str] = set()
     for lane in svc.lanes:
@@ -282,7 +283,7 @@ def read_state(svc: SchedulerService) -> SchedulerState:
             lag.setdefault(PRIORITY_CLASSES[r], 0)
     return SchedulerState(
         now=time.time(),
-        served=set(svc.max_batch),
+        served=served,
         queued=queued,
         oldest=oldest,
         lag=lag,
