@@ -35,12 +35,12 @@ def test_a_persisted_batch_adds_each_stage_once_per_request() -> None:
     t0 = time.time() - 1.0
     items = [pending(i, "paid", t0, t0 + 0.010) for i in range(3)]
     batch = Batch(BatchKey("sim", "1"), items, formed_at=t0 + 0.060, reason="linger")
-    rows = succeeded_rows(batch, ["a", "b", "c"], t0 + 0.070, t0 + 0.170)
+    rows = succeeded_rows(batch, ["a", "b", "c"], t0 + 0.070, t0 + 0.220)
     before = snapshot(metrics.REGISTRY)
     metrics.batch_done(
-        "w0", batch, WorkResult(batch.batch_id, ["a", "b", "c"], None, t0 + 0.07, t0 + 0.17), 10
+        "w0", batch, WorkResult(batch.batch_id, ["a", "b", "c"], None, t0 + 0.07, t0 + 0.22), 10
     )
-    metrics.persisted(rows, 0.004, now=t0 + 0.180)
+    metrics.persisted(rows, 0.004, now=t0 + 0.230)
     after = snapshot(metrics.REGISTRY)
 
     def added(name: str, **labels: str) -> float:
@@ -50,7 +50,7 @@ def test_a_persisted_batch_adds_each_stage_once_per_request() -> None:
         assert (
             added("gristmill_stage_duration_seconds_count", stage=stage, **{"class": "paid"}) == 3
         )
-    # compute 100 ms each: the three land in the 0.2 s bucket, not in the 0.1 s one
+    # compute 150 ms each: the three land in the 0.2 s bucket, not in the 0.1 s one
     assert added("gristmill_stage_duration_seconds_bucket", stage="compute", le="0.2") == 3
     assert added("gristmill_stage_duration_seconds_bucket", stage="compute", le="0.1") == 0
     assert added("gristmill_stage_duration_seconds_sum", stage="queue") == pytest_approx(0.030)
@@ -58,7 +58,7 @@ def test_a_persisted_batch_adds_each_stage_once_per_request() -> None:
     assert added("gristmill_batches_total", reason="linger") == 1
     assert added("gristmill_batch_size_sum", model="sim") == 3
     assert added("gristmill_batch_fill_ratio_sum", model="sim") == pytest_approx(0.3)
-    assert added("gristmill_worker_busy_seconds_total", worker="w0") == pytest_approx(0.1)
+    assert added("gristmill_worker_busy_seconds_total", worker="w0") == pytest_approx(0.15)
     assert added("gristmill_persist_duration_seconds_count") == 1
 
 
