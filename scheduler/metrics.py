@@ -35,7 +35,13 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from core.metrics import BATCH_SIZE_BUCKETS, LATENCY_BUCKETS, RATIO_BUCKETS, stage_histogram
+from core.metrics import (
+    BATCH_SIZE_BUCKETS,
+    LATENCY_BUCKETS,
+    RATIO_BUCKETS,
+    STAGES,
+    stage_histogram,
+)
 from core.protocol import WorkResult
 from core.vocab import PRIORITY_CLASSES, ModelRef
 from results.schema import RequestRow
@@ -50,7 +56,8 @@ log = logging.getLogger("gristmill.scheduler.metrics")
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)  # CPU seconds, memory, open files of this process
 
-STAGE_SECONDS = stage_histogram(REGISTRY)  # queue, batch_wait, compute, persist
+STAGE_SECONDS = stage_histogram(REGISTRY)
+SCHEDULER_STAGES = STAGES[:4]  # queue, batch_wait, compute, persist
 FINISHED = Counter(
     "gristmill_requests_finished_total",
     "Requests recorded in the request log, by outcome: succeeded, failed (after retries; "
@@ -210,26 +217,37 @@ def persisted(rows: list[RequestRow], write_s: float, now: float | None = None) 
     finished: dict[tuple[str, str, str, str], int] = {}
     for r in rows:
         labels = (r["model"], r["model_version"], r["priority"])
-        fkey = (*labels, str(r["status"]))
+        fkey = (*labels, r["status"])
         finished[fkey] = finished.get(fkey, 0) + 1
         consumed = at(r["consumed_at"])
         if consumed is None:
             continue
-        _child(STAGE_SECONDS, "queue", *labels).observe(
-            max(0.0, consumed - r["received_at"].timestamp())
-        )
+        queue, batch_wait, compute, persist = _stages.get(labels) or _stage_children(labels)
+        queue.observe(max(0.0, consumed - r["received_at"].timestamp()))
         batched, start, end = (
             at(r["batched_at"]),
             at(r["compute_start_at"]),
             at(r["compute_end_at"]),
         )
         if batched is not None:
-            _child(STAGE_SECONDS, "batch_wait", *labels).observe(max(0.0, batched - consumed))
+            batch_wait.observe(max(0.0, batched - consumed))
         if start is not None and end is not None:
-            _child(STAGE_SECONDS, "compute", *labels).observe(max(0.0, end - start))
-            _child(STAGE_SECONDS, "persist", *labels).observe(max(0.0, now - end))
-    for fkey, n in finished.items():
-        _child(FINISHED, *fkey).inc(n)
+            compute.observe(max(0.0, end - start))
+            persist.observe(max(0.0, now - end))
+    for (m, v, cls_, status), n in finished.items():
+        _child(FINISHED, m, v, cls_, str(status)).inc(n)
+
+
+_stages: dict[tuple[str, str, str], tuple[Any, Any, Any, Any]] = {}
+
+
+def _stage_children(labels: tuple[str, str, str]) -> tuple[Any, Any, Any, Any]:
+    """The four stage histograms the scheduler observes for one model and class."""
+    queue, batch_wait, compute, persist = (
+        STAGE_SECONDS.labels(s, *labels) for s in SCHEDULER_STAGES
+    )
+    out = _stages[labels] = (queue, batch_wait, compute, persist)
+    return out
 
 
 # ---- read at scrape time -------------------------------------------------------------
