@@ -63,10 +63,11 @@ def scheduler_cost(batches: int, size: int) -> float:
     batch = Batch(BatchKey("sim", "1"), items, formed_at=t - 0.04, reason="linger")
     rows = succeeded_rows(batch, ["o"] * size, t - 0.03, t - 0.01)
     result = WorkResult(batch.batch_id, ["o"] * size, None, t - 0.03, t - 0.01)
+    max_batch = {batch.key.ref: 100}
     t0 = time.process_time()
     for _ in range(batches):
-        metrics.batch_done("w0", batch, result, 100)
-        metrics.persisted(rows, 0.003, now=t)
+        metrics.batch_done("w0", batch, result, max_batch)
+        metrics.persisted(rows, now=t)
     return (time.process_time() - t0) / (batches * size)
 
 

@@ -20,10 +20,10 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -45,6 +45,7 @@ from core.metrics import (
 from core.protocol import WorkResult
 from core.vocab import PRIORITY_CLASSES, ModelRef
 from results.schema import RequestRow
+from scheduler import tracing
 
 if TYPE_CHECKING:
     from core.config import Settings
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from scheduler.service import SchedulerService
 
 log = logging.getLogger("gristmill.scheduler.metrics")
+T = TypeVar("T")
 
 REGISTRY = CollectorRegistry()
 ProcessCollector(registry=REGISTRY)  # CPU seconds, memory, open files of this process
@@ -156,23 +158,33 @@ _devices: dict[str, tuple[dict[str, float | str], float]] = {}  # worker -> (sam
 _devices_lock = threading.Lock()
 
 
-def batch_done(worker_id: str, batch: Batch, result: WorkResult, max_batch: int) -> None:
-    """A batch came back from its worker (computed or failed)."""
+def batch_done(
+    worker_id: str, batch: Batch, result: WorkResult, max_batch: Mapping[ModelRef, int]
+) -> None:
+    """A batch came back from its worker (computed or failed); ``max_batch``: the
+    largest batch each model's workers take (the core's, read without its lock: one
+    dict lookup)."""
     m, v = batch.key.model, batch.key.version
     size = len(batch.items)
     _child(BATCHES, m, v, batch.reason).inc()
     _child(BATCH_SIZE, m, v).observe(size)
-    _child(BATCH_FILL, m, v).observe(min(1.0, size / max(1, max_batch)))
+    _child(BATCH_FILL, m, v).observe(min(1.0, size / max(1, max_batch.get(batch.key.ref, 1))))
     _child(WORKER_BUSY, worker_id).inc(max(0.0, result.compute_end - result.compute_start))
+    if result.error is not None:
+        _child(BATCH_FAILURES, m, v).inc()
     device = getattr(result, "device", None)
     if device:
         with _devices_lock:
             _devices[worker_id] = (device, time.monotonic())
 
 
-def batch_failed(batch: Batch) -> None:
-    """The model failed on the batch, or its worker crashed or hung computing it."""
-    _child(BATCH_FAILURES, batch.key.model, batch.key.version).inc()
+def worker_lost(held: Sequence[Batch], *, ran: bool, error: str) -> None:
+    """A worker crashed or hung: the batch it computed (``ran``) failed; the spans of every
+    batch it held end (those queued behind go back and are sent again)."""
+    if held and ran:
+        _child(BATCH_FAILURES, held[0].key.model, held[0].key.version).inc()
+    for b in held:
+        tracing.finished(b, error=error)
 
 
 def dead_lettered(items: Iterable[Pending]) -> None:
@@ -184,14 +196,24 @@ def produce_failed(reason: str, n: int = 1) -> None:
     _child(PRODUCE_ERRORS, "scheduler", reason).inc(n)
 
 
-def count_retry(log_it: Callable[[Any], None]) -> Callable[[Any], None]:
-    """tenacity's ``before_sleep`` for the result store: count the retry, then log it."""
+def persist_retried() -> None:
+    PERSIST_RETRIES.inc()
 
-    def before_sleep(state: Any) -> None:
-        PERSIST_RETRIES.inc()
-        log_it(state)
 
-    return before_sleep
+def timed_store(
+    store: Callable[[list[RequestRow], Any], T],
+) -> Callable[[list[RequestRow], Any], T]:
+    """The result store's write, its transactions timed (failed ones too: their time is
+    the database's answer)."""
+
+    def timed(rows: list[RequestRow], brow: Any) -> T:
+        started = time.monotonic()
+        try:
+            return store(rows, brow)
+        finally:
+            PERSIST_SECONDS.observe(time.monotonic() - started)
+
+    return timed
 
 
 def committed(lane: str, seconds: float, ok: bool) -> None:
@@ -200,10 +222,9 @@ def committed(lane: str, seconds: float, ok: bool) -> None:
         _child(COMMIT_ERRORS, lane).inc()
 
 
-def persisted(rows: list[RequestRow], write_s: float, now: float | None = None) -> None:
+def persisted(rows: list[RequestRow], now: float | None = None) -> None:
     """Rows are committed: every stage each request went through, and its outcome."""
     now = time.time() if now is None else now
-    PERSIST_SECONDS.observe(write_s)
     epoch: dict[int, float] = {}  # rows of a batch share their datetimes: convert each once
 
     def at(d: datetime | None) -> float | None:
@@ -276,21 +297,23 @@ def _oldest_of(items: Iterable[Pending], into: dict[tuple[ModelRef, int], float]
 
 def read_state(svc: SchedulerService) -> SchedulerState:
     """The service's state for one scrape (holds its lock for a few dict walks)."""
+    core = svc.core
     with svc.cond:
-        oldest = svc.batcher.oldest_received()
-        for entries in svc.inflight.values():
-            for e in entries:
+        oldest = core.batcher.oldest_received()
+        live = [w for w in core.workers if w.alive]
+        for w in live:
+            for e in w.queue:
                 _oldest_of(e.batch.items, oldest)
-        for retry in svc.retries:
+        for retry in core.retries:
             _oldest_of(retry.batch.items, oldest)
         queued = {
             (ref, rank): n
-            for ref, depths in svc.batcher.depth_by_model().items()
+            for ref, depths in core.batcher.depth_by_model().items()
             for rank, n in enumerate(depths)
         }
-        workers = {h.worker_id: set(h.refs) for h in svc.handles if h.alive}
-        in_flight = {h.worker_id: len(q) for h, q in svc.inflight.items() if h.alive}
-        served = set(svc.max_batch)
+        workers = {w.worker_id: set(w.refs) for w in live}
+        in_flight = {w.worker_id: len(w.queue) for w in live}
+        served = set(core.max_batch)
     lag: dict[str, int] = {}
     paused: set[str] = set()
     for lane in svc.lanes:

@@ -73,9 +73,12 @@ def sent(batch: Batch, work: WorkBatch, worker_id: str) -> WorkBatch:
     return work
 
 
-def finished(batch: Batch, result: WorkResult | None = None, error: str | None = None) -> None:
-    """The batch's rows are committed (or it failed): end its spans."""
-    if batch.trace is None:
+def finished(
+    batch: Batch | None, compute: tuple[float, float] | None = None, error: str | None = None
+) -> None:
+    """The batch's rows are committed (or it failed): end its spans. ``compute``: the
+    worker's compute start and end (epoch s)."""
+    if batch is None or batch.trace is None:
         return
     from opentelemetry.trace import StatusCode
 
@@ -83,8 +86,15 @@ def finished(batch: Batch, result: WorkResult | None = None, error: str | None =
     batch.trace = None
     end = tracing.ns(time.time())
     for span in (*spans, batch_span):
-        if result is not None:
-            span.set_attribute("gristmill.compute_s", result.compute_end - result.compute_start)
+        if compute is not None:
+            span.set_attribute("gristmill.compute_s", compute[1] - compute[0])
         if error is not None:
             span.set_status(StatusCode.ERROR, error[:200])
         span.end(end_time=end)
+
+
+def returned(batch: Batch, result: WorkResult) -> None:
+    """A batch's result is back: a failed one's spans end here (its retries are new
+    batches); a computed one's when its rows are committed (``finished``)."""
+    if result.error is not None:
+        finished(batch, (result.compute_start, result.compute_end), result.error)

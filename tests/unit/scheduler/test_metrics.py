@@ -37,10 +37,11 @@ def test_a_persisted_batch_adds_each_stage_once_per_request() -> None:
     batch = Batch(BatchKey("sim", "1"), items, formed_at=t0 + 0.060, reason="linger")
     rows = succeeded_rows(batch, ["a", "b", "c"], t0 + 0.070, t0 + 0.220)
     before = snapshot(metrics.REGISTRY)
-    metrics.batch_done(
-        "w0", batch, WorkResult(batch.batch_id, ["a", "b", "c"], None, t0 + 0.07, t0 + 0.22), 10
-    )
-    metrics.persisted(rows, 0.004, now=t0 + 0.230)
+    result = WorkResult(batch.batch_id, ["a", "b", "c"], None, t0 + 0.07, t0 + 0.22)
+    metrics.batch_done("w0", batch, result, {SIM: 10})
+    store = metrics.timed_store(lambda rows, brow: len(rows))
+    assert store(rows, None) == 3
+    metrics.persisted(rows, now=t0 + 0.230)
     after = snapshot(metrics.REGISTRY)
 
     def added(name: str, **labels: str) -> float:
@@ -66,7 +67,7 @@ def test_expired_requests_count_as_finished_without_stages() -> None:
     t0 = time.time() - 1.0
     p = pending(9, "free", t0, t0 + 0.01)
     before = snapshot(metrics.REGISTRY)
-    metrics.persisted([request_row(p, status=RequestStatus.EXPIRED, error="late")], 0.002)
+    metrics.persisted([request_row(p, status=RequestStatus.EXPIRED, error="late")])
     after = snapshot(metrics.REGISTRY)
     labels = {"class": "free", "status": "expired"}
     assert (
@@ -142,3 +143,15 @@ def test_gpu_readings_older_than_a_scrape_interval_are_not_shown() -> None:
         ("fresh", 0.8)
     ]
     assert [s.value for s in fams["gristmill_gpu_memory_total_bytes"]] == [8e10]
+
+
+def test_a_failed_batch_and_a_lost_worker_count_as_batch_failures() -> None:
+    t0 = time.time()
+    a = Batch(BatchKey("sim", "1"), [pending(1, "paid", t0, t0)], formed_at=t0, reason="full")
+    b = Batch(BatchKey("sim", "1"), [pending(2, "paid", t0, t0)], formed_at=t0, reason="full")
+    before = snapshot(metrics.REGISTRY).get("gristmill_batch_failures_total", model="sim")
+    metrics.batch_done("w1", a, WorkResult(a.batch_id, None, "boom", t0, t0 + 0.01), {SIM: 10})
+    metrics.worker_lost([a, b], ran=True, error="crashed")  # the first ran, b was queued
+    metrics.worker_lost([b], ran=False, error="gone")  # never reached the worker
+    after = snapshot(metrics.REGISTRY).get("gristmill_batch_failures_total", model="sim")
+    assert after - before == 2
