@@ -337,6 +337,22 @@ class ModelSettings(_Concern):
     embed_model_dir: str = ""
 
 
+class ObservabilitySettings(_Concern):
+    """Metrics and traces (core/metrics.py, core/tracing.py, docs/observability.md)."""
+
+    # The scheduler's Prometheus endpoint (the API serves /metrics on its own port).
+    # Deployments listen on 0.0.0.0; several schedulers on one host need a port each.
+    # 0: no endpoint.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(9464, ge=0, le=65_535)
+    # OTLP/HTTP traces endpoint (e.g. http://collector:4318/v1/traces); empty: tracing is
+    # off and costs nothing. On: spans of the API, scheduler and workers carry the W3C
+    # trace context of the request through Kafka headers.
+    otlp_traces_endpoint: str = ""
+    # Requests that come without a sampled traceparent are traced with this probability.
+    trace_sample_ratio: float = Field(1.0, ge=0, le=1)
+
+
 class Settings(
     KafkaSettings,
     DatabaseSettings,
@@ -347,6 +363,7 @@ class Settings(
     SchedulerSettings,
     WorkerSettings,
     ModelSettings,
+    ObservabilitySettings,
     BaseSettings,
 ):
     model_config = SettingsConfigDict(

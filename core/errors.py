@@ -10,6 +10,9 @@ from __future__ import annotations
 class GristmillError(Exception):
     status: int = 500
     code: str = "internal_error"
+    # Why, in a word from a short fixed list: the label of refusal metrics (429, 503,
+    # 504 by tier and reason) and of the request log's refusals. Defaults to ``code``.
+    reason: str = ""
 
     def __init__(
         self,
@@ -18,9 +21,11 @@ class GristmillError(Exception):
         field: str | None = None,
         retry_after_s: float | None = None,
         headers: dict[str, str] | None = None,
+        reason: str | None = None,
     ):
         super().__init__(message)
         self.message = message
+        self.reason = reason or type(self).reason or self.code
         self.field = field
         self.retry_after_s = retry_after_s
         self.headers = headers or {}
@@ -62,6 +67,7 @@ class PayloadTooLarge(GristmillError):
 
 class RateLimited(GristmillError):
     status, code = 429, "rate_limited"
+    reason = "tenant_rate"
 
 
 class Unavailable(GristmillError):
@@ -72,6 +78,7 @@ class Unavailable(GristmillError):
 
 class DeadlineExceeded(GristmillError):
     status, code = 504, "deadline_exceeded"
+    reason = "deadline"  # "expired": dropped before compute, not waited out
 
 
 class ModelError(GristmillError):

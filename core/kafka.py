@@ -13,6 +13,8 @@ from typing import Any
 from core.config import KafkaSettings
 
 Config = dict[str, Any]
+# Message headers as confluent-kafka takes them (e.g. the W3C trace context).
+KafkaHeaders = list[tuple[str, str | bytes | None]]
 
 
 def client_config(kafka: KafkaSettings) -> Config:

@@ -40,6 +40,8 @@ class WorkBatch:
     # True: every input is a token-id string (core/models/token_ids.py) that the
     # API tier made; the text stays with the scheduler, which stores it.
     token_ids: bool = False
+    # W3C trace context of the scheduler's batch span (core/tracing.py), when traced.
+    traceparent: str | None = None
 
 
 @dataclass
@@ -52,3 +54,5 @@ class WorkResult:
     compute_start: float  # epoch s
     compute_end: float
     stats: dict[str, float] | None = None  # the model's own measurements (benchmarks)
+    # The worker's GPU when it finished (workers/metrics.py): utilization, memory.
+    device: dict[str, float | str] | None = None

@@ -15,7 +15,7 @@ from core import __version__
 from core.config import Settings
 from core.models.catalog import build_specs
 from core.topics import ensure_topics
-from ingest import infer, jobs
+from ingest import infer, jobs, metrics
 from ingest.auth import Authenticator
 from ingest.catalog import ModelCatalog
 from ingest.http import BodyLimit, install_error_handlers
@@ -77,6 +77,7 @@ def create_app(settings: Settings) -> FastAPI:
             asyncio.create_task(finish_stale_submissions(state)),
             asyncio.create_task(state.load.run()),
             asyncio.create_task(state.overload.lag.run()),
+            asyncio.create_task(metrics.publish_loop(state)),
         ]
         try:
             yield
@@ -100,6 +101,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.include_router(infer.router)
     app.include_router(jobs.router)
+    app.include_router(metrics.router)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -31,7 +31,9 @@ class Authenticator:
                 row = (await conn.execute(lookup_stmt(key))).first()
         except (SQLAlchemyError, OSError) as exc:
             raise Unavailable(
-                "cannot reach the database to check the API key", retry_after_s=2
+                "cannot reach the database to check the API key",
+                retry_after_s=2,
+                reason="database",
             ) from exc
         tenant = (
             Tenant(

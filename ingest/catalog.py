@@ -82,6 +82,8 @@ class ModelCatalog:
             await self.refresh(force=True)
             if not self._live.get((spec.name, spec.version)):
                 raise Unavailable(
-                    f"no worker is serving model {spec.ref} right now", retry_after_s=5
+                    f"no worker is serving model {spec.ref} right now",
+                    retry_after_s=5,
+                    reason="no_live_worker",
                 )
         return spec

@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from core.errors import GristmillError
+from ingest import metrics
 from ingest.http import capped, declared_too_large, error_response, exception_response, too_large
 from ingest.infer import answer_infer
 from ingest.state import AppState
@@ -39,6 +40,7 @@ class InferFastPath:
         if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
+        error: Exception | None = None
         try:
             authorization = idempotency_key = None
             for name, value in scope["headers"]:
@@ -52,11 +54,13 @@ class InferFastPath:
         except _Disconnected:
             return
         except Exception as exc:
+            error = exc
             known = exception_response(exc)
             if known is None:  # a bug: say so without leaking internals, keep the trace
                 log.exception("POST %s failed", PATH)
                 known = error_response(GristmillError("internal error"))
             response = known
+        metrics.responded(response.status_code, error)
         await response(scope, receive, send)
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:

@@ -12,14 +12,17 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import ORJSONResponse
 from sqlalchemy import select
 
+from core import tracing
 from core.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound, Unavailable
 from core.messages import RequestMessage, body_hash, request_id_for
 from core.topics import request_topic
 from core.vocab import TIER_TO_CLASS, RequestStatus
+from ingest import metrics
 from ingest.idempotency import MAX_KEY_LENGTH, claim
 from ingest.policy import check_admission, check_rate
 from ingest.schemas import InferBody, parse_body
 from ingest.state import AppState, get_state
+from ingest.tracing import annotate
 from ingest.waiters import RESULT_COLUMNS
 from results.schema import requests
 from results.tenants import Tenant
@@ -34,7 +37,9 @@ def _ms(a: datetime | None, b: datetime | None) -> float | None:
 def result_body(row: dict[str, Any], total_ms: float | None = None) -> dict[str, Any]:
     """The answer for a finished request; raises the error for a failed or expired one."""
     if row["status"] == RequestStatus.EXPIRED:
-        raise DeadlineExceeded("the deadline passed before a worker could run the request")
+        raise DeadlineExceeded(
+            "the deadline passed before a worker could run the request", reason="expired"
+        )
     if row["status"] == RequestStatus.FAILED:
         raise ModelError(f"the model failed on this input: {row['error']}", field="input")
     if total_ms is None:
@@ -74,6 +79,7 @@ async def answer_infer(
     """The whole of ``POST /v1/infer`` after the HTTP plumbing: errors are raised."""
     received = time.time()
     tenant = await st.auth.authenticate(authorization)
+    metrics.request_tier.set(tenant.tier)
     s = st.settings
     if st.overload.should_shed(tenant.tier, s.loop_lag_shed_ms, s.answer_delay_shed_ms):
         raise Unavailable(
@@ -81,9 +87,14 @@ async def answer_infer(
             f"behind and its answers leave {st.overload.answer.ms():.0f} ms after their "
             "result is stored; retry shortly",
             retry_after_s=1,
+            reason="instance_overload",
         )
     if not st.inflight.try_acquire(tenant.tier):
-        raise Unavailable("this API instance is at capacity; retry shortly", retry_after_s=1)
+        raise Unavailable(
+            "this API instance is at capacity; retry shortly",
+            retry_after_s=1,
+            reason="instance_capacity",
+        )
     try:
         return await _infer(st, raw_body, tenant, received, idempotency_key)
     finally:
@@ -127,6 +138,7 @@ async def _infer(
         body_hash=body_hash(spec.ref, body.input, params) if idempotency_key else "",
         weight=tenant.weight,
     )
+    annotate(rid, spec.ref, tenant.tier)
     fut = st.waiter.register(rid)
     try:
         send = True
@@ -148,7 +160,9 @@ async def _infer(
                 # (same request id, so at most one result row either way).
                 send = c.first_deadline is not None and c.first_deadline < datetime.now(UTC)
         if send:
-            await st.producer.produce(request_topic(st.settings, msg.priority), msg.encode())
+            topic = request_topic(st.settings, msg.priority)
+            await st.producer.produce(topic, msg.encode(), headers=tracing.headers())
+            metrics.admitted(tenant.tier)
         try:
             row = await asyncio.wait_for(
                 asyncio.shield(fut), timeout=max(0.0, deadline - time.time())
@@ -161,6 +175,7 @@ async def _infer(
         now = time.time()
         if row.get("persisted_at") is not None:  # the overload guard's answer delay
             st.overload.answer.observe((now - row["persisted_at"].timestamp()) * 1000)
+        metrics.answered(msg, row, now)
         return ORJSONResponse(result_body(row, (now - received) * 1000), headers=limit_headers)
     finally:
         st.waiter.discard(rid)

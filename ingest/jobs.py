@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import InvalidInput, NotFound, PayloadTooLarge, SchemaViolation
 from core.messages import job_item_request_id
+from ingest import metrics
 from ingest.idempotency import MAX_KEY_LENGTH
 from ingest.job_submit import JobRequest, body_hasher, jsonl_items, parse_item, record_job
 from ingest.policy import charge_job_items, check_job_items
@@ -248,6 +249,8 @@ async def submit_job(
             (await load_job(st.engine, tenant.id, recorded.job_id)).total_items,
         )
     j = await load_job(st.engine, tenant.id, recorded.job_id)
+    if recorded.created:
+        metrics.job_submitted(tenant.tier, int(j.total_items))
     body_out = job_summary(j)
     if recorded.webhook_secret:
         body_out["webhook_secret"] = recorded.webhook_secret

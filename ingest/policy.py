@@ -119,6 +119,6 @@ def check_admission(load: LoadWatch, settings: Settings, tenant: Tenant, model_r
         higher_rate=higher_rate,
     )
     if not d.admit:
-        raise Unavailable(d.reason, retry_after_s=d.retry_after_s)
+        raise Unavailable(d.reason, retry_after_s=d.retry_after_s, reason="predicted_delay")
     load.recent.add(key, now)
     load.recent.add((model_ref, cls_), now)

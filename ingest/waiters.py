@@ -90,6 +90,7 @@ class ResultWaiter:
             raise Unavailable(
                 "results cannot be delivered right now: the database is unreachable",
                 retry_after_s=2,
+                reason="results_unreachable",
             )
         entry = self._waiting.get(request_id)
         if entry is not None:

@@ -59,6 +59,7 @@ class Pending:
     consumed_at: float
     seq: int = 0
     gone: bool = False  # dropped (expired or revoked) while still in a deque
+    trace: Any = None  # the API's trace context from the message headers (core/tracing.py)
 
     @property
     def deadline(self) -> float:
@@ -80,6 +81,7 @@ class Batch:
     formed_at: float
     reason: str  # full | linger | deadline | priority | retry
     batch_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    trace: Any = None  # its spans while it runs (scheduler/tracing.py)
 
 
 @dataclass(frozen=True)
@@ -310,6 +312,18 @@ class Batcher:
                 for tenant, (n, w) in fq.depth_by_tenant().items():
                     have = ranks[rank].get(tenant, (0, w))
                     ranks[rank][tenant] = (have[0] + n, w)
+        return out
+
+    def oldest_received(self) -> dict[tuple[ModelRef, int], float]:
+        """When the API received the oldest queued request of each model and rank (epoch
+        s). A tenant's requests queue in arrival order: only the tenants' heads are read."""
+        out: dict[tuple[ModelRef, int], float] = {}
+        for key, q in self._queues.items():
+            for rank, fq in enumerate(q.by_rank):
+                for head in fq.heads():
+                    t = head.msg.received_at
+                    if t < out.get((key.ref, rank), math.inf):
+                        out[(key.ref, rank)] = t
         return out
 
     def _forget(self, items: list[Pending]) -> None:

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from scheduler import metrics
 from scheduler.batcher import Pending
 
 log = logging.getLogger("gristmill.scheduler")
@@ -72,12 +73,15 @@ class DeadLetters:
                     on_delivery=delivered,
                 )
         except (BufferError, KafkaException) as exc:
+            metrics.produce_failed("dead_letter_refused", len(letters))
             log.warning("dead-letter copy not sent: %s", exc)
             return False
         # flush serves delivery reports (ours, whichever thread polls them).
         self.producer.flush(self.timeout_s)
         failed = [e for e in outcomes if e is not None]
         if failed or len(outcomes) < len(letters):
+            unconfirmed = len(letters) - len(outcomes) + len(failed)
+            metrics.produce_failed("dead_letter_unconfirmed", unconfirmed)
             log.warning(
                 "dead-letter copies not confirmed: %d of %d (%s)",
                 len(letters) - len(outcomes) + len(failed),

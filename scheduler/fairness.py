@@ -87,6 +87,13 @@ class FairQueue(Generic[T]):
         for q in self._queues.values():
             yield from (x for x in q if not x.gone)
 
+    def heads(self) -> Iterator[T]:
+        """Each tenant's oldest live item (the head of its FIFO)."""
+        for tenant in list(self._queues):
+            head = self._head(tenant)
+            if head is not None:
+                yield head
+
     def tenants(self) -> int:
         return len(self._queues)
 

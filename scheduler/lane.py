@@ -26,6 +26,7 @@ from core.config import Settings
 from core.kafka import consumer_config
 from core.topics import request_topic
 from core.vocab import PRIORITY_CLASSES, PriorityClass
+from scheduler import metrics
 
 log = logging.getLogger("gristmill.scheduler")
 
@@ -163,14 +164,17 @@ class ConsumerLane:
         positions = self.host.committable(self.owned if only is None else only & self.owned)
         if not positions:
             return
+        started = time.monotonic()
         try:
             self.consumer.commit(
                 offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
                 asynchronous=False,
             )
         except Exception as exc:  # e.g. rebalance in progress; the next round retries
+            metrics.committed(self.spec.name, time.monotonic() - started, ok=False)
             log.warning("%s lane: commit failed: %s", self.spec.name, exc)
             return
+        metrics.committed(self.spec.name, time.monotonic() - started, ok=True)
         self.host.mark_committed(positions)
 
     def _measure_lag(self) -> None:

@@ -31,6 +31,7 @@ from tenacity import (
 from core.vocab import RequestStatus
 from results.faults import Fault, classify, first_line
 from results.schema import RequestRow
+from scheduler import metrics, tracing
 from scheduler.batcher import Pending
 from scheduler.deadletter import DeadLetterSink, Letter, letter_for, source_headers
 from scheduler.dispatch import BACKGROUND_RANK, Reject, Write
@@ -93,6 +94,7 @@ class Persister:
     def write(self, w: Write) -> None:
         if w.dead_letter and not self._letters([letter_for(p, w.error or "") for p in w.items]):
             return
+        metrics.dead_lettered(w.items if w.dead_letter else [])
         try:
             rows, brow = write_rows(w)
         except Exception as exc:  # a worker's answer that cannot become rows
@@ -105,6 +107,8 @@ class Persister:
             return
         if not self._store_isolating(rows, w.items, brow, lettered=w.dead_letter):
             return  # stopping: offsets stay uncommitted
+        metrics.persisted(rows)
+        tracing.finished(w.batch, w.compute)
         self.on_done([(p.tp, p.offset) for p in w.items], len(rows))
         if w.then is not None:
             self.pool.submit(w.then.priority, self.write, w.then)
@@ -227,6 +231,7 @@ def _log_retry(state: RetryCallState) -> None:
         log.warning("dead-letter copies not confirmed (attempt %d)", state.attempt_number)
         return
     fault = classify(exc)
+    metrics.persist_retried()
     log.log(
         logging.WARNING if fault is Fault.TRANSIENT else logging.ERROR,
         "persist failed (%s, attempt %d): %s",

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from confluent_kafka import Message, Producer
 
+from core import tracing as core_tracing
 from core.config import Settings
 from core.kafka import producer_config
 from core.models.catalog import build_specs
@@ -37,6 +38,7 @@ from results.faults import first_line
 from results.jobs import cancelled_unfinished_stmt
 from results.load import forget_scheduler, process_id, report_scheduler
 from results.store import persist
+from scheduler import metrics, tracing
 from scheduler.batcher import Pending
 from scheduler.deadletter import DeadLetters
 from scheduler.dispatch import DispatchCore, Reject
@@ -87,7 +89,7 @@ class SchedulerService:
         self.engine = make_engine(settings.database_url, pool_size=5)
         self.producer = Producer(producer_config(settings))
         self.persister = Persister(
-            lambda rows, brow: persist(self.engine, rows, brow),
+            metrics.timed_store(lambda rows, brow: persist(self.engine, rows, brow)),
             DeadLetters(self.producer, dead_letter_topic(settings)),
             self._done,
             self.stopping,
@@ -173,6 +175,7 @@ class SchedulerService:
                 specs=self.specs,
             )
             if isinstance(got, Pending):
+                got.trace = tracing.context_of(msg)
                 items.append(got)
             else:
                 rejects.append(got)
@@ -206,6 +209,8 @@ class SchedulerService:
         elif (why := refusal(self.settings, engine=self.engine)) is not None:
             log.error("%s", why)
             raise SystemExit(why)
+        metrics.serve(self, self.settings)
+        core_tracing.setup(self.settings, "gristmill-scheduler")
         self.pool.start()
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
         for lane in self.lanes:

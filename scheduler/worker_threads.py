@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 
 from core.models.token_ids import is_tokenized
 from core.protocol import WorkBatch
+from scheduler import metrics, tracing
 from scheduler.batcher import Batch
 from scheduler.dispatch import DispatchCore, InFlight, Worker, Write
 from scheduler.workerpool import WorkerHandle, WorkerLost
@@ -107,7 +108,7 @@ class WorkerThreads:
         try:
             while (entry := self._next(h, w)) is not None:
                 try:
-                    h.send(work_batch(entry.batch))
+                    h.send(tracing.sent(entry.batch, work_batch(entry.batch), h.worker_id))
                 except WorkerLost as exc:
                     log.warning(
                         "%s; handing back batch %s (%d items)",
@@ -150,6 +151,7 @@ class WorkerThreads:
                     if h in self.handles:
                         self.handles.remove(h)
                     self.cond.notify_all()
+                metrics.worker_lost(lost.held, ran=exc.ran, error=str(exc))
                 for i, b in enumerate(lost.held):
                     log.warning(
                         "%s; handing back batch %s (%d items%s)",
@@ -160,6 +162,8 @@ class WorkerThreads:
                     )
                 self.submit(lost.writes)
                 return
+            metrics.batch_done(h.worker_id, head.batch, result, self.core.max_batch)
+            tracing.returned(head.batch, result)
             with self.cond:
                 writes = self.core.on_result(w, head, result, time.time())
                 self.cond.notify_all()

@@ -223,6 +223,14 @@ class WorkerPool:
                 )
                 restart_at[i] = now + delay
 
+    def warming(self) -> int:
+        """Spawned workers still loading and warming up (alive, no handshake yet)."""
+        return sum(
+            1
+            for p in list(self._procs)
+            if p is not None and p.poll() is None and p.pid not in self._ready_pids
+        )
+
     def _accept_loop(self) -> None:
         assert self._listener is not None
         while not self._stopping.is_set():

@@ -43,9 +43,12 @@ from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from types import FrameType
 
+from core import tracing
 from core.config import Settings, WorkerSettings
 from core.protocol import Hello, ModelInfo, WorkBatch, WorkResult
 from core.vocab import ModelRef
+from workers import tracing as worker_tracing
+from workers.metrics import DeviceSampler
 from workers.models.base import Launched, Model
 from workers.models.loader import load_models
 
@@ -161,6 +164,7 @@ def serve(
     path, key). One worker per GPU may serve several scheduler processes of the host
     (decision 0014): their batches run on the one device in the order they arrive."""
     shutdown = _Shutdown()
+    tracing.setup(settings, "gristmill-worker")
     if _spawned_by_scheduler(settings):
         _die_with_parent()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -187,7 +191,9 @@ def serve(
         conn = Client(path, family="AF_UNIX", authkey=authkey)
         conn.send(Hello(worker_id=wid, pid=os.getpid(), device=device, models=infos))
         conns.append(conn)
-    _serve_batches(conns, models, shutdown, wid, settings.worker_stats)
+    _serve_batches(
+        conns, models, shutdown, wid, settings.worker_stats, DeviceSampler(device)
+    )
 
 
 def _serve_batches(
@@ -196,6 +202,7 @@ def _serve_batches(
     shutdown: _Shutdown,
     wid: str,
     report_stats: bool,
+    gpu: DeviceSampler | None = None,
 ) -> None:
     """Read batches in a thread per scheduler, launch them here in arrival order, finish
     them and send each result to its scheduler in a second thread."""
@@ -229,6 +236,8 @@ def _serve_batches(
                 models, started, max(started.launched_at, prev_end), report_stats
             )
             prev_end = result.compute_end
+            result.device = gpu.sample() if gpu is not None else None
+            worker_tracing.computed(started.batch, result)
             slots.release()
             try:
                 started.to.send(result)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
 import typer
 
 from core.config import load_settings
+from core.metrics import MULTIPROC_ENV, multiprocess_env
 from gristmill.cli.doctor import doctor
 from gristmill.cli.jobs import app as jobs_app
 
@@ -25,6 +27,12 @@ app.command("doctor")(doctor)
 
 def _logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def _metrics_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="gristmill-api-metrics-")
 
 
 def _fail(message: str) -> None:
@@ -59,6 +67,9 @@ def api(
 
     settings = load_settings()
     _logging()
+    # The uvicorn processes share one port, so a scrape lands on any of them: each writes
+    # its metrics to a directory that /metrics reads whole, emptied at every start.
+    os.environ.update(multiprocess_env(Path(os.environ.get(MULTIPROC_ENV) or _metrics_dir())))
     uvicorn.run(
         "ingest.main:app",
         host=host or settings.api_host,

@@ -23,6 +23,7 @@ from pathlib import Path
 import httpx
 
 from core.config import Settings, settings_from_env
+from core.metrics import multiprocess_env
 from core.topics import ensure_topics
 from gristmill.devservices import KafkaCluster, PostgresServer, free_port
 from gristmill.migrate import migrate_database
@@ -146,7 +147,7 @@ class System:
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
             api_command(port, processes),
-            env={**self.env, **(env or {})},
+            env={**self.env, **multiprocess_env(self.workdir / f"{name}.metrics"), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=REPO,

@@ -1,0 +1,57 @@
+"""What the request log tells the metrics: jobs not yet finished and their items.
+
+Read at scrape time by the API's ``/metrics`` (ingest/metrics.py): one aggregate over
+the unfinished jobs, so its cost follows the jobs in flight. The job's status is
+derived as results/jobs.py ``job_status`` derives it for one job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import TextClause, text
+
+from core.vocab import ItemStatus, JobStatus
+
+# Unfinished jobs only (finished_at is set in the transaction of the job's last result).
+_UNFINISHED = text(
+    """
+    SELECT
+      count(*) FILTER (WHERE cancelled_at IS NOT NULL) AS cancelling,
+      count(*) FILTER (WHERE cancelled_at IS NULL AND expires_at <= now()) AS expired,
+      count(*) FILTER (
+        WHERE cancelled_at IS NULL AND expires_at > now()
+          AND (started_at IS NOT NULL OR succeeded + failed + expired + cancelled > 0)
+      ) AS running,
+      count(*) FILTER (
+        WHERE cancelled_at IS NULL AND expires_at > now()
+          AND started_at IS NULL AND succeeded + failed + expired + cancelled = 0
+      ) AS queued,
+      coalesce(sum(total_items - succeeded - failed - expired - cancelled), 0) AS items_queued,
+      coalesce(sum(succeeded), 0) AS items_succeeded,
+      coalesce(sum(failed), 0) AS items_failed,
+      coalesce(sum(expired), 0) AS items_expired,
+      coalesce(sum(cancelled), 0) AS items_cancelled
+    FROM jobs
+    WHERE finished_at IS NULL
+    """
+)
+
+
+@dataclass(frozen=True)
+class JobGauges:
+    jobs: dict[str, int]  # unfinished jobs by JobStatus
+    items: dict[str, int]  # their items by ItemStatus
+
+
+def job_gauges_stmt() -> TextClause:
+    return _UNFINISHED
+
+
+def job_gauges_of(row: object) -> JobGauges:
+    m = row._mapping  # type: ignore[attr-defined]
+    shown = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLING, JobStatus.EXPIRED)
+    # expired: the window closed while items are still unrecorded
+    jobs = {str(s): int(m[str(s)]) for s in shown}
+    items = {str(s): int(m[f"items_{s}"]) for s in ItemStatus}
+    return JobGauges(jobs, items)

@@ -1,0 +1,368 @@
+"""Seeing inside a running system: a real Prometheus scrapes the API (two uvicorn
+processes, multiprocess metrics) and a scheduler, PromQL gives back exactly the
+traffic sent, the alert rules load and evaluate; a request sent with a traceparent
+yields one trace through the API, the scheduler and a worker, received by an OTLP/HTTP
+endpoint in this test."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gristmill.devservices import free_port
+from gristmill.devservices.stack import REPO, Services, System, build_system
+from results.db import make_engine
+from results.tenants import create_tenant, issue_key, set_plan
+
+ALERTS = REPO / "deploy" / "prometheus" / "alerts.yaml"
+
+
+# ---- an OTLP/HTTP traces endpoint ------------------------------------------------------
+class SpanSink:
+    """Decodes OTLP/HTTP protobuf export requests (opentelemetry-proto) into dicts."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+                    ExportTraceServiceRequest,
+                    ExportTraceServiceResponse,
+                )
+
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                req = ExportTraceServiceRequest()
+                req.ParseFromString(body)
+                sink.add(req)
+                out = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def add(self, req: Any) -> None:
+        for rs in req.resource_spans:
+            service = next(
+                (a.value.string_value for a in rs.resource.attributes if a.key == "service.name"),
+                "",
+            )
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    with self.lock:
+                        self.spans.append(
+                            {
+                                "service": service,
+                                "name": s.name,
+                                "trace_id": s.trace_id.hex(),
+                                "span_id": s.span_id.hex(),
+                                "parent": s.parent_span_id.hex(),
+                                "links": [(lk.trace_id.hex(), lk.span_id.hex()) for lk in s.links],
+                            }
+                        )
+
+    def of_trace(self, trace_id: str) -> list[dict[str, Any]]:
+        with self.lock:
+            return [s for s in self.spans if s["trace_id"] == trace_id]
+
+
+# ---- a Prometheus server ---------------------------------------------------------------
+class Prometheus:
+    def __init__(self, workdir: Path, targets: dict[str, str]):
+        binary = shutil.which("prometheus")
+        assert binary is not None
+        self.port = free_port()
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(ALERTS)],
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": [target]}]}
+                for job, target in targets.items()
+            ],
+        }
+        cfg = workdir / "prometheus.yml"
+        cfg.write_text(json.dumps(config))  # JSON is YAML
+        self.log = (workdir / "prometheus.log").open("ab")
+        self.proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={cfg}",
+                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--log.level=warn",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited; see {workdir / 'prometheus.log'}")
+            time.sleep(0.2)
+        raise RuntimeError("prometheus did not become ready")
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        r = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5)
+        r.raise_for_status()
+        body = r.json()
+        assert body["status"] == "success", body
+        return list(body["data"]["result"])
+
+    def value(self, promql: str) -> float | None:
+        """The query's single value (None: no series)."""
+        res = self.query(promql)
+        if not res:
+            return None
+        assert len(res) == 1, res
+        return float(res[0]["value"][1])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def eventually(read: Callable[[], Any], ok: Callable[[Any], bool], timeout_s: float = 30) -> Any:
+    deadline = time.time() + timeout_s
+    value = read()
+    while not ok(value) and time.time() < deadline:
+        time.sleep(0.5)
+        value = read()
+    return value
+
+
+def settled(prom: Prometheus, promql: str) -> float:
+    """The query's value once it stopped changing for a few scrapes (0 with no series)."""
+    last = prom.value(promql)
+    for _ in range(60):
+        time.sleep(2.5)
+        now = prom.value(promql)
+        if now == last:
+            return now or 0.0
+        last = now
+    raise AssertionError(f"{promql} kept changing")
+
+
+# ---- the system ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def sink() -> Iterator[SpanSink]:
+    s = SpanSink()
+    yield s
+    s.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def observed(
+    services: Services, sink: SpanSink, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[System, int]]:
+    workdir = tmp_path_factory.mktemp("observed")
+    system = build_system(services, workdir, extra_env={"GRISTMILL_OTLP_TRACES_ENDPOINT": sink.url})
+    metrics_port = free_port()
+    try:
+        system.start_scheduler(env={"GRISTMILL_METRICS_PORT": str(metrics_port)})
+        system.url = system.start_api(processes=2)
+        system.wait_until_serving("sim")
+        yield system, metrics_port
+    finally:
+        system.close()
+
+
+@pytest.fixture(scope="module")
+def prom(
+    observed: tuple[System, int], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Prometheus]:
+    if shutil.which("prometheus") is None:
+        pytest.skip("the prometheus binary is missing (Debian: apt-get install prometheus)")
+    system, metrics_port = observed
+    p = Prometheus(
+        tmp_path_factory.mktemp("prometheus"),
+        {
+            "gristmill-api": system.url.removeprefix("http://"),
+            "gristmill-scheduler": f"127.0.0.1:{metrics_port}",
+        },
+    )
+    try:
+        ups = eventually(
+            lambda: p.query("up"), lambda r: len(r) == 2 and all(x["value"][1] == "1" for x in r)
+        )
+        assert {x["metric"]["job"] for x in ups} == {"gristmill-api", "gristmill-scheduler"}, ups
+        yield p
+    finally:
+        p.stop()
+
+
+def infer(system: System, key: str, text: str, **headers: str) -> httpx.Response:
+    return httpx.post(
+        f"{system.url}/v1/infer",
+        json={"model": "sim", "input": text},
+        headers={"Authorization": f"Bearer {key}", **headers},
+        timeout=30,
+    )
+
+
+def new_key(system: System, tier: str, **plan: float) -> str:
+    with make_engine(system.settings.database_url).begin() as conn:
+        name = f"{tier}-{uuid.uuid4().hex[:8]}"
+        t = create_tenant(conn, name, tier)
+        if plan:
+            set_plan(conn, name, **plan)  # type: ignore[arg-type]
+        return issue_key(conn, t)[1]
+
+
+# ---- the tests -------------------------------------------------------------------------
+N = 40
+
+COUNTS = {
+    "admitted": 'sum(gristmill_admission_total{tier="paid",outcome="admitted"})',
+    "answered": 'sum(gristmill_api_responses_total{tier="paid",code="200"})',
+    "total": 'sum(gristmill_request_duration_seconds_count{class="paid",model="sim"})',
+    "respond": 'sum(gristmill_stage_duration_seconds_count{stage="respond",class="paid"})',
+    "queue": 'sum(gristmill_stage_duration_seconds_count{stage="queue",class="paid"})',
+    "compute": 'sum(gristmill_stage_duration_seconds_count{stage="compute",class="paid"})',
+    "persist": 'sum(gristmill_stage_duration_seconds_count{stage="persist",class="paid"})',
+    "finished": 'sum(gristmill_requests_finished_total{class="paid",status="succeeded"})',
+}
+
+
+def test_promql_counts_exactly_the_requests_sent(
+    observed: tuple[System, int], prom: Prometheus
+) -> None:
+    system, _ = observed
+    before = {k: settled(prom, q) for k, q in COUNTS.items()}
+    batches_before = settled(prom, 'sum(gristmill_batches_total{model="sim"})')
+    with ThreadPoolExecutor(16) as pool:
+        codes = list(
+            pool.map(lambda i: infer(system, system.keys["paid"], f"n{i}").status_code, range(N))
+        )
+    assert codes == [200] * N
+    for k, q in COUNTS.items():
+        got = eventually(lambda q=q: prom.value(q), lambda v, k=k: v == before[k] + N)
+        assert got == before[k] + N, (k, before[k], got)
+    time.sleep(3)  # a few more scrapes: nothing counted twice
+    for k, q in COUNTS.items():
+        assert prom.value(q) == before[k] + N, k
+    batches = prom.value('sum(gristmill_batches_total{model="sim"})') or 0
+    assert 1 <= batches - batches_before <= N
+    # sim computes a batch in 100 ms: the median compute lands in the (0.1, 0.2] bucket.
+    median = prom.value(
+        "histogram_quantile(0.5, sum by (le) "
+        '(rate(gristmill_stage_duration_seconds_bucket{stage="compute",model="sim"}[1m])))'
+    )
+    assert median is not None and 0.1 <= median <= 0.2, median
+    busy = prom.value("sum(rate(gristmill_worker_busy_seconds_total[1m]))")
+    assert busy is not None and busy > 0
+
+
+def test_refusals_are_counted_by_tier_and_reason(
+    observed: tuple[System, int], prom: Prometheus
+) -> None:
+    system, _ = observed
+    q = 'sum(gristmill_admission_total{tier="free",outcome="429",reason="tenant_rate"})'
+    before = settled(prom, q)
+    key = new_key(system, "free", rate_rps=0.5, burst=1)
+    codes = [infer(system, key, f"r{i}").status_code for i in range(6)]
+    refused = codes.count(429)
+    assert refused >= 2 and set(codes) <= {200, 429}, codes
+    got = eventually(lambda: prom.value(q), lambda v: v == before + refused)
+    assert got == before + refused
+
+
+def test_scheduler_gauges_and_alert_rules(observed: tuple[System, int], prom: Prometheus) -> None:
+    assert prom.value('sum(gristmill_workers{state="ready"})') == 2
+    assert prom.value('sum(gristmill_model_workers{model="sim"})') == 2
+    lag = {r["metric"]["class"] for r in prom.query("gristmill_consumer_lag_messages")}
+    assert lag == {"enterprise", "paid", "free", "jobs"}
+    ages = prom.query('gristmill_oldest_message_age_seconds{model="sim"}')
+    assert {r["metric"]["class"] for r in ages} >= {"enterprise", "paid", "free"}
+    assert all(0 <= float(r["value"][1]) < 5 for r in ages)  # nothing left waiting
+    assert len(prom.query("gristmill_worker_batches_in_flight")) == 2
+    assert prom.value('gristmill_api_result_listener_up{job="gristmill-api"}') == 1
+    # read from PostgreSQL (shared by every system of the test session: any count)
+    assert prom.value('gristmill_job_items{status="queued"}') is not None
+    assert prom.query('gristmill_jobs{status="running"}')
+    assert (prom.value('process_cpu_seconds_total{job="gristmill-scheduler"}') or 0) > 0
+    # Every rule loaded and evaluated without error against the real series.
+    rules = eventually(
+        lambda: httpx.get(f"{prom.url}/api/v1/rules", timeout=5).json()["data"]["groups"],
+        lambda gs: (
+            all(r.get("lastEvaluation", "").startswith("20") for g in gs for r in g["rules"])
+            and len(gs) == 2
+        ),
+    )
+    bad = [
+        (r["name"], r.get("lastError")) for g in rules for r in g["rules"] if r["health"] != "ok"
+    ]
+    assert not bad, bad
+    slo = prom.query("gristmill:slo_errors:ratio_rate5m")
+    assert {r["metric"]["tier"] for r in slo} >= {"paid"}
+    assert all(math.isnan(float(r["value"][1])) or float(r["value"][1]) < 0.5 for r in slo), slo
+    firing = prom.query('ALERTS{alertstate="firing",alertname=~"GristmillNo.*"}')
+    assert not firing, firing
+
+
+def test_one_trace_spans_api_scheduler_and_worker(
+    observed: tuple[System, int], sink: SpanSink
+) -> None:
+    system, _ = observed
+    trace_id, caller_span = uuid.uuid4().hex, uuid.uuid4().hex[:16]
+    r = infer(
+        system,
+        system.keys["enterprise"],
+        "traced request",
+        traceparent=f"00-{trace_id}-{caller_span}-01",
+    )
+    assert r.status_code == 200, r.text
+    want = {"gristmill-api", "gristmill-scheduler", "gristmill-worker"}
+    spans = eventually(
+        lambda: sink.of_trace(trace_id),
+        lambda ss: want <= {s["service"] for s in ss} and len(ss) >= 4,
+        timeout_s=20,
+    )
+    by_name = {s["name"]: s for s in spans}
+    assert {s["service"] for s in spans} >= want, spans
+    api = by_name["POST /v1/infer"]
+    schedule, batch, compute = (
+        by_name["gristmill.schedule"],
+        by_name["gristmill.batch"],
+        by_name["gristmill.compute"],
+    )
+    assert api["service"] == "gristmill-api" and api["parent"] == caller_span
+    assert schedule["service"] == "gristmill-scheduler" and schedule["parent"] == api["span_id"]
+    assert batch["parent"] == schedule["span_id"]
+    assert (trace_id, schedule["span_id"]) in batch["links"]
+    assert compute["service"] == "gristmill-worker" and compute["parent"] == batch["span_id"]
