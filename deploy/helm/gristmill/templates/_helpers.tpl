@@ -260,3 +260,19 @@ tls: enable
     activationThreshold: "0"
 {{- end }}
 {{- end -}}
+
+{{/* Pod annotations: the configured ones, plus where Prometheus scrapes (list ctx port). */}}
+{{- define "gristmill.podAnnotations" -}}
+{{- $ := index . 0 -}}
+{{- $port := index . 1 -}}
+{{- $a := deepCopy (default (dict) $.Values.podAnnotations) -}}
+{{- if $.Values.metrics.scrapeAnnotations -}}
+{{- $_ := set $a "prometheus.io/scrape" "true" -}}
+{{- $_ := set $a "prometheus.io/port" (toString $port) -}}
+{{- $_ := set $a "prometheus.io/path" "/metrics" -}}
+{{- end -}}
+{{- with $a }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
