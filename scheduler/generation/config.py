@@ -1,4 +1,4 @@
-"""The continuous-batching policy's knobs, checked at construction (decision 17)."""
+"""The continuous-batching policy's knobs, checked at construction (decision 20)."""
 
 from __future__ import annotations
 
@@ -29,9 +29,10 @@ class PolicyConfig(BaseModel):
         "stay under this many times the pool; inf: admit on the blocks needed now",
     )
     ranks: int = Field(default=4, ge=1, description="priority classes; rank 0 is the most urgent")
-    drr_quantum: int = Field(
-        default=0, ge=0, description="tokens of credit per fairness turn (0: max_model_len)"
-    )
+    # Below any request's cost, so a turn admits about one request and tenants interleave
+    # as finely as decision 9's one request per turn; fair.py skips rounds that serve
+    # nobody, so a small quantum costs no extra work.
+    drr_quantum: int = Field(default=16, ge=1, description="tokens of credit per fairness turn")
 
     @model_validator(mode="after")
     def _consistent(self) -> PolicyConfig:
@@ -46,10 +47,6 @@ class PolicyConfig(BaseModel):
                 f"one max_model_len ({self.max_model_len}) sequence, or a long one never finishes"
             )
         return self
-
-    @property
-    def quantum(self) -> int:
-        return self.drr_quantum or self.max_model_len
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)

@@ -11,7 +11,7 @@ once, so the next step's arrivals can use them), preemptions.
 
 KV blocks are allocated when a step needs them. When none are left the
 lowest-priority running sequence is preempted: its blocks are dropped and it
-recomputes prompt + output when it resumes (decision 17: recompute, not swap). A new
+recomputes prompt + output when it resumes (decision 20: recompute, not swap). A new
 arrival may preempt running sequences of a lower rank only, never of its own.
 Deadlines are for the first token: a sequence still waiting at its deadline expires.
 """
@@ -43,7 +43,7 @@ class ContinuousBatcher:
         self._eos = eos_id
         self.pool = BlockPool(cfg.num_blocks)
         self.running: list[Sequence] = []
-        self._waiting = [TokenDRR[Sequence](cfg.quantum, self._cost) for _ in range(cfg.ranks)]
+        self._waiting = [TokenDRR[Sequence](cfg.drr_quantum, self._cost) for _ in range(cfg.ranks)]
         self._resumed: list[list[Sequence]] = [[] for _ in range(cfg.ranks)]  # by arrival
         self._seqs: dict[str, Sequence] = {}
         self._deadlines: list[tuple[float, int, str]] = []  # heap over waiting sequences
@@ -71,8 +71,10 @@ class ContinuousBatcher:
                 f"prompt is {len(req.prompt)} tokens; the model holds {self.cfg.max_model_len} "
                 "with the output"
             )
-        if req.max_tokens < 1:
-            raise InvalidRequest("max_tokens must be at least 1")
+        if req.max_tokens <= len(req.resume_output):
+            raise InvalidRequest("max_tokens must exceed the tokens already generated")
+        if len(req.prompt) + len(req.resume_output) >= self.cfg.max_model_len:
+            raise InvalidRequest("prompt and resumed output fill the model's context")
         if not 0 <= req.rank < self.cfg.ranks:
             raise InvalidRequest(f"rank {req.rank} outside 0..{self.cfg.ranks - 1}")
         s = Sequence.of(req, self._decode, next(self._order))
@@ -87,6 +89,12 @@ class ContinuousBatcher:
         if s is None:
             return None
         return self._finish(s, FinishReason.CANCELLED, now)
+
+    def drop_cache(self, now: float) -> None:
+        """The runner lost its KV pool (its worker restarted): every running sequence
+        is preempted and will recompute; their events come with the next update."""
+        for s in sorted(self.running, key=self._victim_key, reverse=True):
+            self._preempt(s, now)
 
     # -- state --------------------------------------------------------------------
 
@@ -238,7 +246,7 @@ class ContinuousBatcher:
             if s is None or s.order != order:
                 continue  # finished already (and the id perhaps reused)
             # Only a sequence with no token yet: a started stream is not cut off.
-            if s.first_token_at is None and s.state is not State.RUNNING:
+            if not s.output and s.state is not State.RUNNING:
                 self.expired += 1
                 self._events.append(self._finish(s, FinishReason.EXPIRED, now))
 

@@ -38,6 +38,10 @@ class GenRequest:
     ignore_eos: bool = False
     arrived_at: float = 0.0
     deadline: float = math.inf  # for the first token; a started stream runs to its end
+    # Output tokens an earlier run already produced and delivered (a request picked up
+    # again after its scheduler died): recomputed with the prompt, never sent again;
+    # generation goes on at index len(resume_output).
+    resume_output: tuple[int, ...] = ()
 
 
 @dataclass(eq=False)
@@ -55,7 +59,12 @@ class Sequence:
 
     @classmethod
     def of(cls, req: GenRequest, decode: Detokenize, order: int) -> Sequence:
-        return cls(req=req, text=IncrementalText(decode, req.stop), order=order)
+        s = cls(req=req, text=IncrementalText(decode, req.stop), order=order)
+        if req.resume_output:
+            s.output = list(req.resume_output)
+            s.text.push(s.output)
+            s.text.emitted = len(s.text.text)  # delivered before: not streamed again
+        return s
 
     @property
     def seq_id(self) -> str:

@@ -28,4 +28,4 @@ def test_blocks_from_a_memory_budget() -> None:
     per_token = 2 * 4 * 160 * 4
     assert kv_blocks_for_budget(64 * 2**20, per_token, 16) == 819
     cfg = PolicyConfig(num_blocks=819, block_size=16)
-    assert cfg.blocks_for(16) == 1 and cfg.blocks_for(17) == 2 and cfg.quantum == 512
+    assert cfg.blocks_for(16) == 1 and cfg.blocks_for(17) == 2 and cfg.drr_quantum == 16

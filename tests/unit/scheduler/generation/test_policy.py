@@ -8,7 +8,7 @@ from core.generation import StepOutput
 from scheduler.generation.events import Finished, Preempted, Token
 from scheduler.generation.policy import InvalidRequest
 from scheduler.generation.sequence import FinishReason, State
-from tests.unit.scheduler.generation.fake_model import EOS, decode, encode, reference
+from tests.unit.scheduler.generation.fake_model import EOS, FakeRunner, decode, encode, reference
 from tests.unit.scheduler.generation.helpers import batcher, drive, req
 
 
@@ -304,3 +304,63 @@ def test_events_of_a_step_come_in_order_tokens_before_finish() -> None:
     first = run.by_step[0]
     assert isinstance(first[0], Token) and isinstance(first[1], Finished)
     assert not any(isinstance(e, Preempted) for e in run.events)
+
+
+def test_a_resumed_request_goes_on_where_the_first_run_stopped() -> None:
+    r = req(5, 20)
+    ref = reference(r.prompt, 20)
+    first = decode(ref[:7])
+    again = type(r)(**{**r.__dict__, "seq_id": "again", "resume_output": tuple(ref[:7])})
+    run = drive(batcher(), [(0, again)])
+    done = run.finished()["again"]
+    assert list(done.token_ids) == ref and done.text == decode(ref)
+    toks = run.tokens()["again"]
+    assert [t.index for t in toks] == list(range(7, 20))  # nothing sent twice
+    assert first + "".join(t.text for t in toks) + done.tail == done.text
+    assert run.plans[0].chunks[0].tokens == r.prompt + tuple(ref[:7])
+
+
+def test_a_resumed_request_does_not_expire() -> None:
+    r = req(4, 10, deadline=0.0, resume_output=(3, 4))
+    done = drive(batcher(), [(0, r)]).finished()[r.seq_id]
+    assert done.reason is FinishReason.LENGTH
+
+
+def test_drop_cache_preempts_everything_running_and_all_resume() -> None:
+    b = batcher()
+    reqs = [req(4, 12, rank=i % 3) for i in range(5)]
+    alone = drive(b, [(0, r) for r in reqs])
+    assert not alone.preempted()
+    b2 = batcher()
+    for r in reqs:
+        b2.add(type(r)(**{**r.__dict__, "seq_id": "x" + r.seq_id}))
+    runner = FakeRunner(b2.cfg.num_blocks, b2.cfg.block_size)
+    for step in range(3):
+        plan = b2.schedule(float(step))
+        b2.update(plan, runner.execute(plan), float(step))
+    b2.drop_cache(3.0)
+    assert b2.pool.used == 0 and not b2.running
+    run = drive(b2)  # on a fresh, empty pool: reading a block of the old one fails
+    assert len(run.preempted()) == 5
+    for r in reqs:
+        assert run.finished()["x" + r.seq_id].token_ids == alone.finished()[r.seq_id].token_ids
+
+
+def test_a_quiet_tenant_is_not_stuck_behind_a_burst_of_its_own_rank() -> None:
+    b = batcher(max_running=2)
+    burst = [req(4, 6, tenant="burst") for _ in range(12)]
+    quiet = [req(4, 6, tenant="quiet") for _ in range(2)]
+    run = drive(b, [(0, r) for r in burst] + [(1, r) for r in quiet])
+    first = {r.seq_id: run.scheduled(r.seq_id)[0] for r in burst + quiet}
+    burst_before_quiet = [r for r in burst if first[r.seq_id] < first[quiet[1].seq_id]]
+    assert len(burst_before_quiet) <= 4  # turns alternate once `quiet` is waiting
+    assert max(first[r.seq_id] for r in quiet) < sorted(first[r.seq_id] for r in burst)[6]
+
+
+def test_a_weighted_tenant_gets_its_share_of_admissions() -> None:
+    b = batcher(max_running=1, max_step_tokens=64)
+    gold = [req(4, 2, tenant="gold", weight=2.0) for _ in range(20)]
+    std = [req(4, 2, tenant="std", weight=1.0) for _ in range(20)]
+    run = drive(b, [(0, r) for r in gold + std])
+    order = sorted(gold + std, key=lambda r: run.scheduled(r.seq_id)[0])[:15]
+    assert sum(r.tenant == "gold" for r in order) == 10

@@ -113,7 +113,7 @@ class Item:
 @given(
     weights=st.lists(st.sampled_from([0.25, 0.5, 1.0, 2.0, 3.0]), min_size=2, max_size=5),
     costs=st.lists(st.integers(1, 300), min_size=1, max_size=6),
-    quantum=st.integers(50, 400),
+    quantum=st.integers(1, 400),
     pops=st.integers(50, 400),
 )
 def test_drr_keeps_backlogged_tenants_within_one_turn_of_their_share(
