@@ -1,4 +1,4 @@
-"""The causal LM's shape. The numbers are decision 17's (size, and why)."""
+"""The causal LM's shape. The numbers are decision 20's (size, and why)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,9 @@ docstrings and comments of its Python code), so the weights carry no third-party
 licence and rebuild without the internet. The snapshot is what training reads;
 ``python -m workers.models.causal_lm.corpus`` refreshes it from a checkout.
 Documents are joined by ``END_OF_TEXT`` so the model learns where a text ends.
+Prose only: code blocks and tables are left out and wrapped lines are joined into
+their paragraph, so a small model spends its few minutes of training on sentences,
+not on runs of newlines and table cells.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ast
 import io
+import re
 import tokenize
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,15 +63,50 @@ def _python_prose(source: str) -> Iterator[str]:
         yield " ".join(paragraph)
 
 
+_BLOCK_START = re.compile(r"^(#{1,6} |[-*+] |\d+[.)] )")
+
+
+def prose(text: str) -> str:
+    """Paragraphs of ``text`` one per line (list items and headings on their own),
+    without fenced code blocks, indented code or table rows."""
+    out: list[str] = []
+    para: list[str] = []
+    fenced = False
+
+    def flush() -> None:
+        if para:
+            out.append(" ".join(para))
+            para.clear()
+
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith(("```", "~~~")):
+            fenced = not fenced
+            flush()
+            continue
+        if fenced or line.startswith("|") or (raw.startswith("    ") and not para):
+            continue
+        if not line:
+            flush()
+        elif _BLOCK_START.match(line):
+            flush()
+            para.append(line)
+        else:
+            para.append(line)
+    flush()
+    return "\n".join(p for p in out if len(p) > 1)
+
+
 def documents(root: Path) -> Iterator[str]:
     for path in _files(root, ".md"):
-        text = path.read_text(encoding="utf-8").strip()
+        text = prose(path.read_text(encoding="utf-8"))
         if text:
             yield text
     for path in _files(root, ".py"):
-        prose = [p for p in _python_prose(path.read_text(encoding="utf-8")) if len(p) > 40]
-        if prose:
-            yield "\n\n".join(prose)
+        parts = [prose(p) for p in _python_prose(path.read_text(encoding="utf-8"))]
+        text = "\n".join(p for p in parts if len(p) > 40)
+        if text:
+            yield text
 
 
 def build(root: Path) -> str:

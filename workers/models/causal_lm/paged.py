@@ -8,7 +8,7 @@ decoding sequences all at once (padded to the longest, masked), prefill chunks o
 by one (causal inside the chunk). The gather copies the context every layer; on a
 GPU a paged-attention kernel (FlashAttention's or FlashInfer's block-table variants,
 vLLM's PagedAttention) reads the blocks in place instead, and decode steps are
-replayed from CUDA graphs (decision 17).
+replayed from CUDA graphs (decision 20).
 """
 
 from __future__ import annotations

@@ -55,7 +55,13 @@ def eval_loss(model: CausalLM, data: torch.Tensor, ctx: int) -> float:
 
 
 def train(
-    cfg: LMConfig, steps: int, batch: int, ctx: int, lr: float, threads: int, log_every: int = 50,
+    cfg: LMConfig,
+    steps: int,
+    batch: int,
+    ctx: int,
+    lr: float,
+    threads: int,
+    log_every: int = 50,
     bf16: bool = True,
 ) -> tuple[CausalLM, Codec, dict[str, Any]]:
     torch.manual_seed(SEED)
@@ -121,7 +127,13 @@ def main() -> None:
         d_model=args.d_model, n_layer=args.layers, n_head=args.heads, d_ff=4 * args.d_model
     )
     model, codec, record = train(
-        cfg, args.steps, args.batch, args.ctx, args.lr, args.threads, args.log_every,
+        cfg,
+        args.steps,
+        args.batch,
+        args.ctx,
+        args.lr,
+        args.threads,
+        args.log_every,
         not args.no_bf16,
     )
     out = args.out or weights.WEIGHTS_PATH.parent
