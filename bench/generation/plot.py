@@ -75,5 +75,6 @@ def chart(out: dict[str, Any], path: Path, slo_s: float) -> None:
 if __name__ == "__main__":
     src = Path(sys.argv[1])
     data = json.loads(src.read_text())
-    slo = data.get("at_slo", {}).get("slo_p95_ttft_s", 2.0)
-    chart(data, src.with_suffix(".png"), slo)
+    chart(data, src.with_suffix(".png"), float(sys.argv[2]) if len(sys.argv) > 2 else 2.0)
+    for slo in (0.1, 0.25, 0.5, 1.0, 2.0):
+        print(json.dumps(at_slo(data["runs"], slo)))

@@ -1,5 +1,5 @@
 """What one step of the model costs on this machine, by decode batch size and by
-prefill chunk size: the curve the token budget (decision 20) is read from."""
+prefill chunk size: the curve the token budget (decision 23) is read from."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The continuous-batching policy's knobs, checked at construction (decision 20)."""
+"""The continuous-batching policy's knobs, checked at construction (decision 23)."""
 
 from __future__ import annotations
 

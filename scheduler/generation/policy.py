@@ -11,7 +11,7 @@ once, so the next step's arrivals can use them), preemptions.
 
 KV blocks are allocated when a step needs them. When none are left the
 lowest-priority running sequence is preempted: its blocks are dropped and it
-recomputes prompt + output when it resumes (decision 20: recompute, not swap). A new
+recomputes prompt + output when it resumes (decision 23: recompute, not swap). A new
 arrival may preempt running sequences of a lower rank only, never of its own.
 Deadlines are for the first token: a sequence still waiting at its deadline expires.
 """
@@ -119,12 +119,21 @@ class ContinuousBatcher:
         self._budget = self.cfg.max_step_tokens
         self._planned = {}
         preempted_now = False
+        # A token is kept for every decoding sequence, so a long prompt being prefilled
+        # (even of a higher rank) never stalls the running streams: it gets the rest.
+        decodes = sum(1 for s in self.running if s.pending == 1)
         for s in sorted(self.running, key=self._priority):
             if self._budget == 0:
                 break
             if s.state is not State.RUNNING:  # preempted earlier in this loop
                 continue
-            n = min(s.pending, self._budget)
+            if s.pending == 1:
+                decodes -= 1
+                n = 1
+            else:
+                n = min(s.pending, self._budget - decodes)
+                if n <= 0:
+                    continue
             while self.cfg.blocks_for(s.computed + n) - len(s.blocks) > self.pool.free:
                 victim = max(self.running, key=self._victim_key)
                 self._preempt(victim, now)

@@ -33,7 +33,7 @@ class Block(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, cfg.d_model + 2 * cfg.kv_dim)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.fc = nn.Linear(cfg.d_model, cfg.d_ff)
@@ -43,21 +43,30 @@ class Block(nn.Module):
     def mlp(self, x: Tensor) -> Tensor:
         return self.drop(self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh")))
 
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries [..., heads, hd], keys and values [..., kv_heads, hd]."""
+        c = self.cfg
+        q, k, v = self.qkv(self.ln1(x)).split([c.d_model, c.kv_dim, c.kv_dim], dim=-1)
+        lead = x.shape[:-1]
+        return (
+            q.view(*lead, c.n_head, c.head_dim),
+            k.view(*lead, c.n_kv_head, c.head_dim),
+            v.view(*lead, c.n_kv_head, c.head_dim),
+        )
+
     def forward(self, x: Tensor) -> Tensor:
         """Whole sequences [B, T, d] under a causal mask."""
         b, t, d = x.shape
-        h, hd = self.cfg.n_head, self.cfg.head_dim
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, h, hd).permute(2, 0, 3, 1, 4)
+        q, k, v = (y.transpose(1, 2) for y in self._qkv(x))
         # No dropout on attention weights: it forces SDPA's slow path (7x per step on CPU).
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        a = attend(q, k, v, None, causal=True)
         x = x + self.drop(self.proj(a.transpose(1, 2).reshape(b, t, d)))
         return x + self.mlp(x)
 
     def step(self, x: Tensor, layer: int, attention: Attention) -> Tensor:
         """Packed new tokens [N, d]; attention over the cache."""
         n, d = x.shape
-        h, hd = self.cfg.n_head, self.cfg.head_dim
-        q, k, v = self.qkv(self.ln1(x)).view(n, 3, h, hd).unbind(1)
+        q, k, v = self._qkv(x)
         x = x + self.proj(attention(layer, q, k, v).reshape(n, d))
         return x + self.mlp(x)
 
@@ -105,16 +114,17 @@ class CausalLM(nn.Module):
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
-    """[B, heads, Q, hd] queries over [B, heads, L, hd] keys; ``mask`` [B, 1, Q, L] True
-    where a key may be seen."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+    """[B, heads, Q, hd] queries over [B, kv_heads, L, hd] keys; ``mask`` [B, 1, Q, L]
+    True where a key may be seen."""
+    gqa = q.shape[1] != k.shape[1]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
 
 
 class ContiguousCache:
     """One request's KV cache as one preallocated buffer per layer (the plain loop)."""
 
     def __init__(self, cfg: LMConfig, length: int, device: torch.device, dtype: torch.dtype):
-        shape = (cfg.n_layer, cfg.n_head, length, cfg.head_dim)
+        shape = (cfg.n_layer, cfg.n_kv_head, length, cfg.head_dim)
         self.k = torch.empty(shape, device=device, dtype=dtype)
         self.v = torch.empty(shape, device=device, dtype=dtype)
         self.length = 0  # tokens stored

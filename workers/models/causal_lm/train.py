@@ -100,6 +100,7 @@ def train(
         "lr": lr,
         "seed": SEED,
         "threads": threads,
+        "bf16": bf16,
         "seconds": round(time.perf_counter() - started, 1),
         "corpus_tokens": len(data),
         "train_loss": round(float(loss.item()), 4),
@@ -119,12 +120,17 @@ def main() -> None:
     ap.add_argument("--d-model", type=int, default=LMConfig.d_model)
     ap.add_argument("--layers", type=int, default=LMConfig.n_layer)
     ap.add_argument("--heads", type=int, default=LMConfig.n_head)
+    ap.add_argument("--kv-heads", type=int, default=LMConfig.n_kv_head)
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--no-bf16", action="store_true", help="fp32 matmuls (CPUs without bf16)")
     ap.add_argument("--out", type=Path, default=None, help="folder (default: the shipped data)")
     args = ap.parse_args()
     cfg = LMConfig(
-        d_model=args.d_model, n_layer=args.layers, n_head=args.heads, d_ff=4 * args.d_model
+        d_model=args.d_model,
+        n_layer=args.layers,
+        n_head=args.heads,
+        n_kv_head=args.kv_heads,
+        d_ff=4 * args.d_model,
     )
     model, codec, record = train(
         cfg,

@@ -364,3 +364,15 @@ def test_a_weighted_tenant_gets_its_share_of_admissions() -> None:
     run = drive(b, [(0, r) for r in gold + std])
     order = sorted(gold + std, key=lambda r: run.scheduled(r.seq_id)[0])[:15]
     assert sum(r.tenant == "gold" for r in order) == 10
+
+
+def test_a_long_prefill_never_stalls_running_streams() -> None:
+    b = batcher(max_step_tokens=16, max_running=8, max_model_len=64)
+    streams = [req(2, 30, rank=2) for _ in range(5)]
+    big = req(50, 2, rank=0)
+    run = drive(b, [(0, r) for r in streams] + [(3, big)])
+    for r in streams:  # a token every step from the first to the last
+        steps = run.scheduled(r.seq_id)
+        assert steps == list(range(steps[0], steps[0] + len(steps)))
+    chunks = [len(c.tokens) for p in run.plans for c in p.chunks if c.seq_id == big.seq_id]
+    assert chunks[:-2] and all(n <= 16 - 5 for n in chunks[:-1])
