@@ -105,6 +105,7 @@ class ModeResult:
             "preemptions": sum(x.preemptions for x in t),
             "steps": len(busy),
             "mean_batch": round(statistics.fmean(s.sequences for s in busy), 1) if busy else 0,
+            "mean_step_tokens": round(statistics.fmean(s.tokens for s in busy), 1) if busy else 0,
             "mean_step_ms": round(1000 * statistics.fmean(s.step_s for s in busy), 2)
             if busy
             else None,

@@ -1,6 +1,6 @@
 """The shipped weights: fp16 tensors plus a manifest (shape, training record, sha256).
 
-Shipped in the repository rather than trained at install time (decision 23): 3.3 MB,
+Shipped in the repository rather than trained at install time (decision 23): 3.0 MB,
 bit-identical on every machine (training on another CPU or torch version gives other
 floats, so other greedy text), and an install costs no CPU minutes.
 ``python -m workers.models.causal_lm.train`` rebuilds them from the shipped corpus.
