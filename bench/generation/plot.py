@@ -63,8 +63,9 @@ def chart(out: dict[str, Any], path: Path, slo_s: float) -> None:
         ax.legend()
     m = out["model"]
     fig.suptitle(
-        f"causal LM d={m['d_model']} L={m['n_layer']} on {out['machine']['torch_threads']} CPU "
-        f"threads; step budget {out['policy']['max_step_tokens']} tokens",
+        f"causal LM d={m['d_model']} L={m['n_layer']}, {out['machine']['torch_threads']} torch "
+        f"thread(s) on a {out['machine']['cores']}-core CPU; step budget "
+        f"{out['policy']['max_step_tokens']} tokens",
         fontsize=10,
     )
     fig.tight_layout()

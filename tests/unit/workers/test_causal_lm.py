@@ -168,3 +168,14 @@ def test_training_runs_and_its_weights_load(tmp_path: Path) -> None:
     again = weights.load(weights=tmp_path / "w.pt", manifest=tmp_path / "m.json")
     ids = torch.tensor([codec.encode("The scheduler")])
     assert torch.allclose(model(ids), again(ids), atol=0.05)  # fp16 storage
+
+
+def test_decoding_sequences_are_grouped_by_context_length() -> None:
+    from workers.models.causal_lm.paged import _groups
+
+    lens = [300, 17, 40, 33, 450, 16, 120, 90, 61]
+    groups = _groups(lens)
+    assert sorted(i for g in groups for i in g) == list(range(len(lens)))
+    for g in groups:
+        assert max(lens[i] for i in g) <= 2 * min(lens[i] for i in g)
+    assert len(groups) == 4
