@@ -178,7 +178,7 @@ def _check_tier_order(name: str, values: Mapping[str, object], rises: bool) -> N
 class EdgeSettings(_Concern):
     """What one request may carry and how API keys are checked (core/limits.py,
     ingest/schemas.py, ingest/auth.py). The caps and why they sit where they do:
-    docs/decisions/0018-edge-validation-caps-and-error-mapping.md."""
+    docs/decisions/0022-edge-validation-caps-and-error-mapping.md."""
 
     # A model reference ("name" or "name@version"); echoed in errors, never stored.
     max_model_chars: int = Field(200, ge=1, le=1_000)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from core.errors import InvalidInput
 from core.limits import (
     INT32_MAX,
     UINT64_MAX,
@@ -21,7 +22,6 @@ from core.limits import (
     check_text,
     shown,
 )
-from core.errors import InvalidInput
 
 
 def refused(fn: Any, *args: Any, **kwargs: Any) -> InvalidInput:

@@ -6,9 +6,9 @@ import asyncio
 from typing import Any
 
 import pytest
+
 from core.config import Settings
 from core.errors import Unauthorized
-
 from ingest.auth import Authenticator, KeyCache, bearer_key
 from results.tenants import Tenant, hash_key, new_key, well_formed
 
