@@ -182,7 +182,8 @@ def api_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
                 op.pop("parameters", None)
             if path.startswith("/v1/") and path != "/v1/models":
                 op["security"] = [{"bearer": []}]
-    models = sorted(f"{name}@{v}" for name, vs in build_specs(settings).items() for v in vs)
+    specs = build_specs(settings)
+    models = sorted([*specs, *(f"{name}@{v}" for name, vs in specs.items() for v in vs)])
     infer_op = schema["paths"]["/v1/infer"]["post"]
     infer_op["requestBody"] = {
         "required": True,

@@ -96,10 +96,9 @@ def infer_request_schema(settings: Settings, models: list[str]) -> dict[str, Any
         "required": ["model", "input"],
         "properties": {
             "model": {
+                # The served references; any other string is answered 404.
                 "type": "string",
-                "minLength": 1,
-                "maxLength": settings.max_model_chars,
-                "examples": models,
+                "enum": models,
                 "description": InferBody.model_fields["model"].description,
             },
             "input": {

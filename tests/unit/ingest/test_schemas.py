@@ -144,7 +144,7 @@ def test_an_accepted_body_becomes_a_message_kafka_can_carry() -> None:
 def test_the_declared_schema_carries_the_caps() -> None:
     schema = infer_request_schema(SETTINGS, ["sim@1"])
     props = schema["properties"]
-    assert props["model"]["maxLength"] == SETTINGS.max_model_chars
+    assert props["model"]["enum"] == ["sim@1"]
     assert props["input"]["maxLength"] == SETTINGS.max_input_chars
     assert props["timeout_ms"]["maximum"] == SETTINGS.max_timeout_ms
     assert schema["additionalProperties"] is False
