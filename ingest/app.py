@@ -36,6 +36,7 @@ from ingest.tracing import traced
 from ingest.waiters import ResultWaiter
 from ingest.webhooks import webhook_loop
 from results.db import make_async_engine
+from results.durability import refusal
 
 log = logging.getLogger("gristmill.ingest")
 
@@ -53,6 +54,22 @@ async def finish_stale_submissions(state: AppState, interval_s: float = 5.0) -> 
             log.warning("stale submission pass failed: %s", exc)
 
 
+async def check_durability_at_start(settings: Settings) -> None:
+    """Outside development, refuse to start on Kafka or PostgreSQL settings that could
+    lose what this API acknowledges (decision 20), naming each setting; services that
+    cannot be reached to check are a refusal too (the process manager starts it again)."""
+    if settings.allow_weak_durability:
+        log.warning("allow_weak_durability is set: Kafka and PostgreSQL durability unchecked")
+        return
+    try:
+        why = await asyncio.to_thread(refusal, settings)
+    except Exception as exc:
+        why = f"refusing to start: cannot check Kafka and PostgreSQL durability ({exc})"
+    if why is not None:
+        log.error("%s", why)
+        raise RuntimeError(why)
+
+
 def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -60,6 +77,7 @@ def create_app(settings: Settings) -> FastAPI:
             ensure_topics(settings, timeout_s=10)
         except Exception as exc:  # the API still starts; produce answers 503 until Kafka is back
             log.warning("could not check Kafka topics: %s", exc)
+        await check_durability_at_start(settings)
         engine = make_async_engine(settings.database_url)
         limiter = TenantLimiter()
         waiter = ResultWaiter(
