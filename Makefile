@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml client/pyproject.toml | sha1sum | cut -c1-12)
 JARS    = docker/kafka/libs/.fetched
 
-.PHONY: install dev test test-unit test-integration test-e2e lint fmt bench bench-peers bench-sweep bench-profile bench-policy chaos clean deploy-check
+.PHONY: install dev test test-unit test-integration test-e2e fuzz lint fmt bench bench-peers bench-sweep bench-profile bench-policy chaos clean deploy-check
 
 install: $(STAMP) $(JARS)
 
@@ -34,6 +34,11 @@ test-integration: install
 
 test-e2e: install
 	$(PY) -m pytest -q tests/e2e
+
+# schemathesis against a live system's OpenAPI schema, many cases per operation (the
+# test suite runs the same test with 25).
+fuzz: install
+	GRISTMILL_FUZZ_EXAMPLES=1000 $(PY) -m pytest -q tests/e2e/test_fuzz.py
 
 lint: install
 	$(VENV)/bin/ruff check .

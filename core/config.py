@@ -124,7 +124,7 @@ class ApiSettings(_Concern):
     max_timeout_ms: PositiveMs = 300_000
     # Kafka must have the message within this long, else the API answers 503.
     produce_timeout_ms: PositiveMs = 5_000
-    # How long an API key lookup is cached; revocation takes effect within it.
+    # How long a found API key is cached while the revocation listener is up.
     auth_cache_s: float = Field(10.0, ge=0)
     # Fallback poll of the result store when a NOTIFY may have been missed.
     result_poll_interval_ms: PositiveMs = 500
@@ -173,6 +173,40 @@ def _check_tier_order(name: str, values: Mapping[str, object], rises: bool) -> N
             raise ValueError(
                 f"{name}: {lo} ({a}) and {hi} ({b}) out of order; it must {way} with the tier"
             )
+
+
+class EdgeSettings(_Concern):
+    """What one request may carry and how API keys are checked (core/limits.py,
+    ingest/schemas.py, ingest/auth.py). The caps and why they sit where they do:
+    docs/decisions/0022-edge-validation-caps-and-error-mapping.md."""
+
+    # A model reference ("name" or "name@version"); echoed in errors, never stored.
+    max_model_chars: int = Field(200, ge=1, le=1_000)
+    # The whole params object as JSON, checked before a model looks at it.
+    max_params_bytes: int = Field(4_096, ge=2)
+    # Nesting of any free-form JSON value: orjson writes at most 254 levels.
+    max_json_depth: int = Field(32, ge=1, le=250)
+    # Idempotency-Key: part of a primary key (btree entries stop near 2,700 bytes).
+    max_idempotency_key_chars: int = Field(255, ge=1, le=1_000)
+    # timeout_ms below this is refused (400); the upper bound is max_timeout_ms.
+    min_timeout_ms: int = Field(1, ge=1)
+    # A request body (not a job upload) must have arrived this long after it began (s),
+    # else 408: max_body_bytes (1 MB) takes 8 s at 1 Mbit/s.
+    body_timeout_s: float = Field(10.0, gt=0)
+    # API keys remembered per process (LRU), found and not found, and for how long a
+    # "not found" is trusted (s).
+    auth_cache_size: int = Field(10_000, ge=1)
+    auth_negative_cache_size: int = Field(10_000, ge=0)
+    auth_negative_ttl_s: float = Field(1.0, ge=0)
+    # A revoked key stops working on every API instance within this long (s): the
+    # revocation NOTIFY normally takes milliseconds; while the listener is down cached
+    # keys are trusted no longer than this.
+    auth_revocation_s: float = Field(2.0, gt=0)
+    # Key lookups one API process runs against PostgreSQL at once; a flood of unknown
+    # keys queues here instead of taking every pooled connection.
+    auth_max_lookups: int = Field(4, ge=1)
+    # /readyz answers from a check this old at most (s).
+    readyz_refresh_s: float = Field(1.0, gt=0)
 
 
 class TierSettings(_Concern):
@@ -326,6 +360,8 @@ class ModelSettings(_Concern):
     """What the catalog's models accept (core/models/catalog.py): every stage sees these."""
 
     max_input_chars: int = Field(20_000, ge=1)
+    # One string parameter (sim's salt): part of the batch key, stored with every batch.
+    max_param_chars: int = Field(1_000, ge=1)
     sim_batch_ms: float = Field(100.0, ge=0)
     sim_max_batch: int = Field(100, ge=1)
     embed_max_batch: int = Field(256, ge=1)
@@ -358,6 +394,7 @@ class Settings(
     DatabaseSettings,
     DurabilitySettings,
     ApiSettings,
+    EdgeSettings,
     TierSettings,
     JobSettings,
     SchedulerSettings,

@@ -1,7 +1,8 @@
 """The error tree. Each error knows its HTTP status; ingest maps them in one place.
 
 Client mistakes are 4xx and name the problem; dependency trouble is 503 with a
-Retry-After; nothing here is ever a 500.
+Retry-After. The root's 500 is only for bugs: ingest/http.py answers those with a
+reference id and logs the stack, never the exception's text.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ class Forbidden(GristmillError):
 
 class NotFound(GristmillError):
     status, code = 404, "not_found"
+
+
+class RequestTimeout(GristmillError):
+    """The client stopped sending its request body."""
+
+    status, code = 408, "request_timeout"
 
 
 class PayloadTooLarge(GristmillError):

@@ -1,33 +1,42 @@
-"""The FastAPI application factory."""
+"""The application: FastAPI for every route, the /v1/infer fast path in front of it,
+an error guard in front of both (``create_asgi``, what uvicorn serves)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import ORJSONResponse
-from sqlalchemy import text
+from starlette.types import ASGIApp
 
 from core import __version__
 from core.config import Settings
 from core.models.catalog import build_specs
 from core.topics import ensure_topics
 from ingest import infer, jobs, metrics
-from ingest.auth import Authenticator
+from ingest.auth import Authenticator, AuthGate
 from ingest.catalog import ModelCatalog
-from ingest.http import BodyLimit, install_error_handlers
+from ingest.fast_path import InferFastPath
+from ingest.http import BodyLimit, ErrorGuard, install_error_handlers
 from ingest.job_submit import JobPublisher
 from ingest.load_watch import LoadWatch
 from ingest.overload import Overload
 from ingest.producer import AsyncProducer
 from ingest.ratelimit import InflightLimiter, TenantLimiter
+from ingest.readiness import Readiness
+from ingest.schemas import ERROR_RESPONSES, infer_request_schema
 from ingest.state import AppState, get_state
+from ingest.tracing import traced
 from ingest.waiters import ResultWaiter
 from ingest.webhooks import webhook_loop
 from results.db import make_async_engine
+from results.durability import refusal
 
 log = logging.getLogger("gristmill.ingest")
 
@@ -45,6 +54,22 @@ async def finish_stale_submissions(state: AppState, interval_s: float = 5.0) -> 
             log.warning("stale submission pass failed: %s", exc)
 
 
+async def check_durability_at_start(settings: Settings) -> None:
+    """Outside development, refuse to start on Kafka or PostgreSQL settings that could
+    lose what this API acknowledges (decision 20), naming each setting; services that
+    cannot be reached to check are a refusal too (the process manager starts it again)."""
+    if settings.allow_weak_durability:
+        log.warning("allow_weak_durability is set: Kafka and PostgreSQL durability unchecked")
+        return
+    try:
+        why = await asyncio.to_thread(refusal, settings)
+    except Exception as exc:
+        why = f"refusing to start: cannot check Kafka and PostgreSQL durability ({exc})"
+    if why is not None:
+        log.error("%s", why)
+        raise RuntimeError(why)
+
+
 def create_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -52,6 +77,7 @@ def create_app(settings: Settings) -> FastAPI:
             ensure_topics(settings, timeout_s=10)
         except Exception as exc:  # the API still starts; produce answers 503 until Kafka is back
             log.warning("could not check Kafka topics: %s", exc)
+        await check_durability_at_start(settings)
         engine = make_async_engine(settings.database_url)
         limiter = TenantLimiter()
         waiter = ResultWaiter(
@@ -61,7 +87,7 @@ def create_app(settings: Settings) -> FastAPI:
             settings=settings,
             engine=engine,
             producer=AsyncProducer(settings, timeout_ms=settings.produce_timeout_ms),
-            auth=Authenticator(engine, ttl_s=settings.auth_cache_s),
+            auth=Authenticator(engine, settings),
             catalog=ModelCatalog(build_specs(settings), engine),
             waiter=waiter,
             jobs=JobPublisher(settings),
@@ -70,9 +96,18 @@ def create_app(settings: Settings) -> FastAPI:
             load=LoadWatch(engine, settings, limiter),
             overload=Overload(),
         )
+        readiness = Readiness(
+            engine,
+            refresh_s=settings.readyz_refresh_s,
+            listening=waiter.listening.is_set,
+            revocations=lambda: state.auth.listening,
+        )
         app.state.gristmill = state
+        app.state.readiness = readiness
         await waiter.start()
+        await state.auth.start()
         background = [
+            asyncio.create_task(readiness.run()),
             asyncio.create_task(webhook_loop(engine, settings)),
             asyncio.create_task(finish_stale_submissions(state)),
             asyncio.create_task(state.load.run()),
@@ -87,6 +122,7 @@ def create_app(settings: Settings) -> FastAPI:
             with contextlib.suppress(Exception):  # the database may be the thing that is gone
                 await state.load.leave()
             await waiter.stop()
+            await state.auth.stop()
             state.producer.close()
             state.jobs.close()
             await engine.dispose()
@@ -98,26 +134,25 @@ def create_app(settings: Settings) -> FastAPI:
         default_response_class=ORJSONResponse,
     )
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s
+    )
+    # Added last, so it runs first: a bad key is refused before anything reads the body.
+    app.add_middleware(AuthGate)
     app.include_router(infer.router)
-    app.include_router(jobs.router)
+    app.include_router(jobs.router, responses=ERROR_RESPONSES)
     app.include_router(metrics.router)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses={503: {"description": "not ready; the checks say why"}})
     async def readyz(request: Request) -> ORJSONResponse:
+        # From the background check's cached state: a probe costs no database round trip.
+        readiness: Readiness = request.app.state.readiness
         st = get_state(request)
-        checks = {"listener": st.waiter.listening.is_set()}
-        try:
-            async with st.engine.connect() as conn:
-                await conn.execute(text("select 1"))
-            checks["database"] = True
-        except Exception:
-            checks["database"] = False
-        ok = all(checks.values())
+        ok, checks = readiness.report(time.monotonic())
         return ORJSONResponse(
             # The lag this instance sheds on (decision 15): an operator's first look at
             # whether the instance itself is saturated.
@@ -130,10 +165,52 @@ def create_app(settings: Settings) -> FastAPI:
             status_code=200 if ok else 503,
         )
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses={500: ERROR_RESPONSES[500]})
     async def list_models(request: Request) -> dict[str, object]:
         st = get_state(request)
         await st.catalog.refresh()
         return {"models": st.catalog.listing()}
 
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = api_schema(app, settings)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def api_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
+    """The OpenAPI document: every route's errors in the one error shape, the key as a
+    bearer scheme (not a header parameter each route declares), and /v1/infer's body
+    with the caps in force (the route reads its body itself, ingest/fast_path.py)."""
+    schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+    components = schema.setdefault("components", {})
+    components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for path, ops in schema.get("paths", {}).items():
+        for op in ops.values():
+            params = [
+                p
+                for p in op.get("parameters", [])
+                if not (p.get("in") == "header" and p.get("name", "").lower() == "authorization")
+            ]
+            if params:
+                op["parameters"] = params
+            else:
+                op.pop("parameters", None)
+            if path.startswith("/v1/") and path != "/v1/models":
+                op["security"] = [{"bearer": []}]
+    specs = build_specs(settings)
+    models = sorted([*specs, *(f"{name}@{v}" for name, vs in specs.items() for v in vs)])
+    infer_op = schema["paths"]["/v1/infer"]["post"]
+    infer_op["requestBody"] = {
+        "required": True,
+        "content": {"application/json": {"schema": infer_request_schema(settings, models)}},
+    }
+    return schema
+
+
+def create_asgi(settings: Settings) -> ASGIApp:
+    """What uvicorn serves: the error guard, the trace span (when tracing is on), the
+    /v1/infer fast path, then FastAPI."""
+    return ErrorGuard(traced(InferFastPath(create_app(settings), settings), settings))

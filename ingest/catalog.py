@@ -13,6 +13,7 @@ import time
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import NotFound, Unavailable
+from core.limits import shown
 from core.models.catalog import latest
 from core.models.spec import ModelSpec
 from results.modelregistry import live_stmt
@@ -24,6 +25,11 @@ def _version_order(v: str) -> tuple[int, str]:
     return (int(v), "") if v.isdigit() else (-1, v)
 
 
+# A request for a known model no worker serves forces a fresh look at the registry, but
+# not more often than this (s): a flood of such requests is one query per period.
+FORCED_REFRESH_MIN_S = 0.25
+
+
 class ModelCatalog:
     def __init__(
         self, specs: dict[str, dict[str, ModelSpec]], engine: AsyncEngine, *, refresh_s: float = 2.0
@@ -32,20 +38,22 @@ class ModelCatalog:
         self.engine = engine
         self.refresh_s = refresh_s
         self._live: dict[tuple[str, str], bool] = {}
-        self._fetched_at = 0.0
+        self._fetched_at = float("-inf")  # monotonic; the first call fetches
         self._lock = asyncio.Lock()
 
     async def refresh(self, force: bool = False) -> None:
-        if not force and time.monotonic() - self._fetched_at < self.refresh_s:
+        period = FORCED_REFRESH_MIN_S if force else self.refresh_s
+        if time.monotonic() - self._fetched_at < period:
             return
         async with self._lock:
-            if not force and time.monotonic() - self._fetched_at < self.refresh_s:
+            if time.monotonic() - self._fetched_at < period:
                 return
             try:
                 async with self.engine.connect() as conn:
                     rows = (await conn.execute(live_stmt())).all()
             except Exception as exc:  # keep the last known state while PostgreSQL is away
-                log.warning("model registry refresh failed: %s", exc)
+                log.warning("model registry refresh failed: %s", type(exc).__name__)
+                self._fetched_at = time.monotonic()  # and do not ask again at once
                 return
             self._live = {(r.name, r.version): bool(r.live) for r in rows}
             self._fetched_at = time.monotonic()
@@ -72,7 +80,7 @@ class ModelCatalog:
         versions = self.specs.get(name)
         if not versions or (version and version not in versions):
             known = ", ".join(sorted(self.specs))
-            raise NotFound(f"unknown model {ref!r} (available: {known})", field="model")
+            raise NotFound(f"unknown model {shown(ref)} (available: {known})", field="model")
         if version:
             spec = versions[version]
         else:

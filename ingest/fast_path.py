@@ -4,22 +4,27 @@ The sync endpoint is the hot path. At 1,000 requests/s FastAPI's layers around i
 (middleware stack, routing, dependency solving for two headers) were a fifth of the
 API's CPU, about as much as the endpoint's own work (docs/bench/profile.md). This
 wrapper serves that one route with the same handler the FastAPI route uses
-(``answer_infer``), the same body cap and the same error mapping (ingest/http.py);
-every other request, and the lifespan, goes to FastAPI, which still documents the
-route in OpenAPI. Decision 16 says why a route bypasses the framework.
+(``answer_infer``), the same key check, the same body limits and the same error
+mapping (ingest/http.py); every other request, and the lifespan, goes to FastAPI,
+which still documents the route in OpenAPI. Decision 16 says why a route bypasses
+the framework.
+
+Order, cheapest refusal first: the key (from the headers), the headers' own values,
+then the body (capped in size and in time), then everything that reads it.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
-from core.errors import GristmillError
+from core.config import Settings
 from ingest import metrics
-from ingest.http import capped, declared_too_large, error_response, exception_response, too_large
-from ingest.infer import answer_infer
+from ingest.http import answer, capped, declared_too_large, timed, too_large
+from ingest.infer import answer_infer, check_headers
 from ingest.state import AppState
 
 log = logging.getLogger("gristmill.ingest")
@@ -32,14 +37,16 @@ class _Disconnected(Exception):
 
 
 class InferFastPath:
-    def __init__(self, app: FastAPI, max_body_bytes: int):
+    def __init__(self, app: FastAPI, settings: Settings):
         self.app = app
-        self.max_body_bytes = max_body_bytes
+        self.max_body_bytes = settings.max_body_bytes
+        self.body_timeout_s = settings.body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
+        received = time.time()
         error: Exception | None = None
         try:
             authorization = idempotency_key = None
@@ -48,25 +55,23 @@ class InferFastPath:
                     authorization = value.decode("latin-1")
                 elif name == b"idempotency-key":
                     idempotency_key = value.decode("latin-1")
-            body = await self._body(scope, receive)
             state: AppState = self.app.state.gristmill
-            response = await answer_infer(state, authorization, idempotency_key, body)
+            tenant = await state.auth.authenticate(authorization)  # before the body
+            check_headers(state.settings, idempotency_key)
+            body = await self._body(scope, receive)
+            response = await answer_infer(state, tenant, idempotency_key, body, received)
         except _Disconnected:
             return
         except Exception as exc:
             error = exc
-            known = exception_response(exc)
-            if known is None:  # a bug: say so without leaking internals, keep the trace
-                log.exception("POST %s failed", PATH)
-                known = error_response(GristmillError("internal error"))
-            response = known
+            response = answer(exc, f"POST {PATH}")
         metrics.responded(response.status_code, error)
         await response(scope, receive, send)
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:
         if declared_too_large(scope, self.max_body_bytes):
             raise too_large(self.max_body_bytes)
-        receive = capped(receive, self.max_body_bytes)
+        receive = timed(capped(receive, self.max_body_bytes), self.body_timeout_s)
         chunks: list[bytes] = []
         while True:
             msg = await receive()

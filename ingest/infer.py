@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,14 +12,17 @@ from fastapi.responses import ORJSONResponse
 from sqlalchemy import select
 
 from core import tracing
-from core.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound, Unavailable
+from core.config import Settings
+from core.errors import DeadlineExceeded, ModelError, NotFound, Unavailable
+from core.limits import canonical_uuid, check_header_token, shown
 from core.messages import RequestMessage, body_hash, request_id_for
+from core.models.spec import ModelSpec
 from core.topics import request_topic
 from core.vocab import TIER_TO_CLASS, RequestStatus
 from ingest import metrics
-from ingest.idempotency import MAX_KEY_LENGTH, claim
+from ingest.idempotency import claim
 from ingest.policy import check_admission, check_rate
-from ingest.schemas import InferBody, parse_body
+from ingest.schemas import ERROR_RESPONSES, InferAnswer, InferBody, RequestRecord, parse_infer
 from ingest.state import AppState, get_state
 from ingest.tracing import annotate
 from ingest.waiters import RESULT_COLUMNS
@@ -60,25 +62,78 @@ def result_body(row: dict[str, Any], total_ms: float | None = None) -> dict[str,
     }
 
 
-@router.post("/v1/infer")
+def check_headers(settings: Settings, idempotency_key: str | None) -> None:
+    """What the request's own headers carry, checked before its body is read."""
+    if idempotency_key is not None:
+        check_header_token(
+            idempotency_key, "Idempotency-Key", max_chars=settings.max_idempotency_key_chars
+        )
+
+
+def accept(spec: ModelSpec, body: InferBody) -> dict[str, Any]:
+    """The model's own checks on a parsed body; returns the normalized params."""
+    spec.validate_input(body.input)
+    return spec.normalize_params(body.params)
+
+
+def request_message(
+    spec: ModelSpec,
+    body: InferBody,
+    params: dict[str, Any],
+    *,
+    tenant: Tenant,
+    request_id: str,
+    received: float,
+    timeout_ms: int,
+    idempotency_key: str | None,
+) -> RequestMessage:
+    """The Kafka message for an accepted request. Pure."""
+    return RequestMessage(
+        request_id=request_id,
+        tenant_id=tenant.id,
+        priority=TIER_TO_CLASS[tenant.tier],
+        model=spec.name,
+        version=spec.version,
+        input=spec.message_input(body.input),  # token ids too, where the model takes them
+        params=params,
+        deadline=received + timeout_ms / 1000,
+        received_at=received,
+        # Only an Idempotency-Key needs the fingerprint; skip the hashing otherwise.
+        body_hash=body_hash(spec.ref, body.input, params) if idempotency_key else "",
+        weight=tenant.weight,
+    )
+
+
+@router.post(
+    "/v1/infer",
+    response_model=InferAnswer,
+    responses=ERROR_RESPONSES,
+    summary="Run one input through a model and wait for its answer",
+)
 async def infer(
     request: Request,
     authorization: str | None = Header(default=None),
     idempotency_key: str | None = Header(default=None),
 ) -> ORJSONResponse:
     # Documents the route in OpenAPI and serves it when the app runs without the fast path
-    # (ingest/fast_path.py, which calls answer_infer directly in production).
-    return await answer_infer(
-        get_state(request), authorization, idempotency_key, await request.body()
-    )
+    # (ingest/fast_path.py, which calls answer_infer directly in production). The body is
+    # declared in create_app (ingest/app.py), with the caps in force.
+    received = time.time()
+    st = get_state(request)
+    tenant = await st.auth.authenticate(authorization)  # before the body
+    check_headers(st.settings, idempotency_key)
+    return await answer_infer(st, tenant, idempotency_key, await request.body(), received)
 
 
 async def answer_infer(
-    st: AppState, authorization: str | None, idempotency_key: str | None, raw_body: bytes
+    st: AppState,
+    tenant: Tenant,
+    idempotency_key: str | None,
+    raw_body: bytes,
+    received: float,
 ) -> ORJSONResponse:
-    """The whole of ``POST /v1/infer`` after the HTTP plumbing: errors are raised."""
-    received = time.time()
-    tenant = await st.auth.authenticate(authorization)
+    """``POST /v1/infer`` once the key and headers are checked and the body is in:
+    errors are raised (ingest/http.py maps them)."""
     metrics.request_tier.set(tenant.tier)
     s = st.settings
     if st.overload.should_shed(tenant.tier, s.loop_lag_shed_ms, s.answer_delay_shed_ms):
@@ -104,40 +159,27 @@ async def answer_infer(
 async def _infer(
     st: AppState, raw_body: bytes, tenant: Tenant, received: float, idempotency_key: str | None
 ) -> ORJSONResponse:
-    body = parse_body(raw_body, InferBody)
+    body = parse_infer(raw_body, st.settings)
     spec = await st.catalog.resolve(body.model)
-    spec.validate_input(body.input)
-    params = spec.normalize_params(body.params)
+    params = accept(spec, body)
     # Policy after validation: a malformed request is a 4xx whatever the load.
     limit_headers = check_rate(st.limiter, st.settings, tenant)
     check_admission(st.load, st.settings, tenant, spec.ref)
     timeout_ms = body.timeout_ms or st.settings.tier_slo_ms.get(
         tenant.tier, st.settings.default_timeout_ms
     )
-    if timeout_ms > st.settings.max_timeout_ms:
-        raise InvalidInput(
-            f"timeout_ms may be at most {st.settings.max_timeout_ms}", field="timeout_ms"
-        )
-    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_KEY_LENGTH:
-        raise InvalidInput(
-            f"Idempotency-Key must be 1..{MAX_KEY_LENGTH} characters", field="Idempotency-Key"
-        )
-    deadline = received + timeout_ms / 1000
     rid = request_id_for(tenant.id, idempotency_key)
-    msg = RequestMessage(
+    msg = request_message(
+        spec,
+        body,
+        params,
+        tenant=tenant,
         request_id=rid,
-        tenant_id=tenant.id,
-        priority=TIER_TO_CLASS[tenant.tier],
-        model=spec.name,
-        version=spec.version,
-        input=spec.message_input(body.input),  # token ids too, where the model takes them
-        params=params,
-        deadline=deadline,
-        received_at=received,
-        # Only an Idempotency-Key needs the fingerprint; skip the hashing otherwise.
-        body_hash=body_hash(spec.ref, body.input, params) if idempotency_key else "",
-        weight=tenant.weight,
+        received=received,
+        timeout_ms=timeout_ms,
+        idempotency_key=idempotency_key,
     )
+    deadline = msg.deadline
     annotate(rid, spec.ref, tenant.tier)
     fut = st.waiter.register(rid)
     try:
@@ -181,17 +223,24 @@ async def _infer(
         st.waiter.discard(rid)
 
 
-@router.get("/v1/requests/{request_id}")
+@router.get(
+    "/v1/requests/{request_id}",
+    response_model=RequestRecord,
+    responses=ERROR_RESPONSES,
+    summary="A finished request's result, for a caller whose wait timed out",
+)
 async def get_request(
     request: Request, request_id: str, authorization: str | None = Header(default=None)
 ) -> ORJSONResponse:
-    """A request's result by id, for callers whose wait timed out. Tenant-scoped."""
+    """A request's result by id. Tenant-scoped: another tenant's id is a 404."""
     st: AppState = get_state(request)
     tenant = await st.auth.authenticate(authorization)
-    try:
-        uuid.UUID(request_id)
-    except ValueError as exc:
-        raise NotFound(f"no request {request_id}") from exc
+    # Only the canonical form: PostgreSQL would take some others ({...}, bare hex) and
+    # refuse the rest (urn:uuid:...) with an error that is not the client's to see.
+    canonical = canonical_uuid(request_id)
+    if canonical is None:
+        raise NotFound(f"no request {shown(request_id)}; ids are canonical UUIDs")
+    request_id = canonical
     async with st.engine.connect() as conn:
         row = (
             await conn.execute(

@@ -1,9 +1,8 @@
 """ASGI entry point for uvicorn: ``uvicorn ingest.main:app``."""
 
+from core import redact
 from core.config import load_settings
-from ingest.app import create_app
-from ingest.fast_path import InferFastPath
-from ingest.tracing import traced
+from ingest.app import create_asgi
 
-_settings = load_settings()
-app = traced(InferFastPath(create_app(_settings), _settings.max_body_bytes), _settings)
+redact.install()  # uvicorn has configured logging by the time it imports this
+app = create_asgi(load_settings())

@@ -25,15 +25,25 @@ def libpq_url(url: str) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+# Statement parameters stay out of exception texts and logs: they hold clients' data and
+# secrets (webhook signing secrets, key hashes).
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
     return create_engine(
-        sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+        sqlalchemy_url(url),
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        hide_parameters=True,
     )
 
 
 def make_async_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
     return create_async_engine(
-        sqlalchemy_url(url), pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+        sqlalchemy_url(url),
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=True,
+        hide_parameters=True,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -13,6 +14,12 @@ from core.errors import InvalidInput, NotFound
 from results.schema import TIERS, api_keys, tenants
 
 KEY_PREFIX = "gm_"
+_KEY_BYTES = 32  # of randomness: 43 URL-safe base64 characters after the prefix
+# The only shape new_key() makes: anything else is refused before a lookup.
+KEY_PATTERN = re.compile(r"gm_[A-Za-z0-9_-]{43}")
+# Revocations and plan changes are announced here, so every API instance drops what it
+# cached at once. Payload: "key:<key hash>" or "tenant:<tenant id>".
+KEYS_CHANNEL = "gristmill_keys"
 
 
 @dataclass(frozen=True)
@@ -32,7 +39,16 @@ def hash_key(key: str) -> str:
 
 
 def new_key() -> str:
-    return KEY_PREFIX + secrets.token_urlsafe(32)
+    return KEY_PREFIX + secrets.token_urlsafe(_KEY_BYTES)
+
+
+def well_formed(key: str) -> bool:
+    return len(key) == 46 and KEY_PATTERN.fullmatch(key) is not None
+
+
+def _announce(conn: Connection, payload: str) -> None:
+    """Delivered to listeners when the surrounding transaction commits."""
+    conn.execute(select(func.pg_notify(KEYS_CHANNEL, payload)))
 
 
 def lookup_stmt(key: str) -> Select[tuple[str, str, str]]:
@@ -107,13 +123,16 @@ def list_tenants(conn: Connection) -> list[Tenant]:
 
 
 def revoke_key(conn: Connection, key_id: str) -> None:
-    res = conn.execute(
+    """Revoke a key; API instances stop accepting it as soon as this commits."""
+    row = conn.execute(
         update(api_keys)
         .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
         .values(revoked_at=func.now())
-    )
-    if res.rowcount == 0:
+        .returning(api_keys.c.key_hash)
+    ).first()
+    if row is None:
         raise NotFound(f"no active key with id {key_id}")
+    _announce(conn, f"key:{row.key_hash}")
 
 
 def set_plan(
@@ -126,7 +145,7 @@ def set_plan(
     burst: float | None = None,
     job_items_per_s: float | None = None,
 ) -> Tenant:
-    """Change a tenant's tier or plan; API instances pick it up within their key cache TTL."""
+    """Change a tenant's tier or plan; API instances pick it up when this commits."""
     values: dict[str, object] = {}
     if tier is not None:
         if tier not in TIERS:
@@ -145,4 +164,5 @@ def set_plan(
     t = get_tenant(conn, name)
     if values:
         conn.execute(update(tenants).where(tenants.c.id == t.id).values(**values))
+        _announce(conn, f"tenant:{t.id}")
     return get_tenant(conn, name)

@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
 from core.protocol import Hello, WorkBatch, WorkResult
+from core.redact import write_private
 from core.vocab import ModelRef
 
 log = logging.getLogger("gristmill.scheduler.workers")
@@ -164,7 +165,7 @@ class WorkerPool:
         if self.socket_path.exists():
             self.socket_path.unlink()
         self._listener = Listener(str(self.socket_path), family="AF_UNIX", authkey=self.authkey)
-        (self.socket_path.parent / "worker.key").write_bytes(self.authkey)
+        write_private(self.socket_path.parent / "worker.key", self.authkey)
         threading.Thread(target=self._accept_loop, name="worker-accept", daemon=True).start()
         for i in range(self.n_local):
             self._spawn(i)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from core import redact
 from core.config import load_settings
 from workers.process import authkey_for, serve
 
@@ -21,6 +22,7 @@ def main() -> None:
     parser.add_argument("--worker-id", default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
+    redact.install()
     settings = load_settings()
     serve(
         settings,

@@ -74,9 +74,7 @@ def _describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
-def launch_batch(
-    models: dict[ModelRef, Model], batch: WorkBatch, to: Connection
-) -> _Started:
+def launch_batch(models: dict[ModelRef, Model], batch: WorkBatch, to: Connection) -> _Started:
     launched_at = time.time()
     try:
         model = models[ModelRef(batch.model, batch.version)]
@@ -232,9 +230,7 @@ def _serve_batches(
         prev_end = 0.0
         while (started := launched.get()) is not None:
             # It began on the device when the batch before it ended, if that was later.
-            result = finish_batch(
-                models, started, max(started.launched_at, prev_end), report_stats
-            )
+            result = finish_batch(models, started, max(started.launched_at, prev_end), report_stats)
             prev_end = result.compute_end
             result.device = gpu.sample() if gpu is not None else None
             worker_tracing.computed(started.batch, result)

@@ -19,6 +19,7 @@ def build_specs(settings: ModelSettings) -> dict[str, dict[str, ModelSpec]]:
             version="1",
             max_batch_size=settings.sim_max_batch,
             max_input_chars=settings.max_input_chars,
+            max_param_chars=settings.max_param_chars,
             batch_ms=settings.sim_batch_ms,
         ),
         EmbedSpec(
@@ -26,6 +27,7 @@ def build_specs(settings: ModelSettings) -> dict[str, dict[str, ModelSpec]]:
             version="1",
             max_batch_size=settings.embed_max_batch,
             max_input_chars=settings.max_input_chars,
+            max_param_chars=settings.max_param_chars,
             max_tokens=settings.embed_max_tokens,
             tokenizer_dir=settings.embed_model_dir,
         ),

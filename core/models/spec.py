@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.errors import InvalidInput
+from core.limits import check_number, check_text, shown
 
 
 @dataclass(frozen=True)
@@ -32,42 +33,47 @@ class ModelSpec:
     max_batch_size: int
     max_input_chars: int = 20_000
     params: tuple[ParamSpec, ...] = field(default_factory=tuple)
+    max_param_chars: int = 1_000  # one string parameter (settings.max_param_chars)
 
     @property
     def ref(self) -> str:
         return f"{self.name}@{self.version}"
 
     def validate_input(self, value: Any) -> None:
-        """Text models take one non-empty string per request."""
+        """Text models take one non-empty string per request, one that PostgreSQL and
+        Kafka can carry (core/limits.py)."""
         if not isinstance(value, str):
             raise InvalidInput(f"input must be a string, got {type(value).__name__}", field="input")
+        # The length first: the scans below are linear in it.
+        check_text(value, "input", max_chars=self.max_input_chars)
         if not value.strip():
             raise InvalidInput("input must not be empty", field="input")
-        if len(value) > self.max_input_chars:
-            raise InvalidInput(
-                f"input is {len(value)} characters; at most {self.max_input_chars} allowed",
-                field="input",
-            )
 
     def normalize_params(self, params: dict[str, Any] | None) -> dict[str, Any]:
-        """Fill defaults and reject unknown or mistyped parameters."""
+        """Fill defaults and reject unknown, mistyped or unstorable parameters."""
         params = dict(params or {})
         known = {p.name: p for p in self.params}
         unknown = sorted(set(params) - set(known))
         if unknown:
             allowed = ", ".join(sorted(known)) or "none"
+            bad = unknown[0]
+            # The name goes back to the client: quoted, escaped, short.
+            simple = bad if len(bad) <= 64 and bad.isidentifier() else None
             raise InvalidInput(
-                f"unknown parameter {unknown[0]!r} for model {self.name} (allowed: {allowed})",
-                field=f"params.{unknown[0]}",
+                f"unknown parameter {shown(bad)} for model {self.name} (allowed: {allowed})",
+                field=f"params.{simple}" if simple else "params",
             )
         out: dict[str, Any] = {}
         for p in self.params:
             value = params.get(p.name, p.default)
+            where = f"params.{p.name}"
             # bool is an int subclass; do not let True pass as a number or vice versa.
             if not isinstance(value, p.type) or (p.type is not bool and isinstance(value, bool)):
-                raise InvalidInput(
-                    f"parameter {p.name} must be {p.type.__name__}", field=f"params.{p.name}"
-                )
+                raise InvalidInput(f"parameter {p.name} must be {p.type.__name__}", field=where)
+            if isinstance(value, str):
+                check_text(value, where, max_chars=self.max_param_chars)
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                check_number(value, where)
             out[p.name] = value
         return out
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 
 from core.config import settings_from_env
+from core.redact import write_private
 from gristmill.devservices import KafkaCluster, PostgresServer, free_port
 from gristmill.devservices.stack import api_command, scheduler_command
 
@@ -122,9 +123,10 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
         )
         answer = _wait_ready(url, key, "sim", 300, procs)
 
-        (state_dir / "dev.env").write_text(
+        write_private(
+            state_dir / "dev.env",
             f"GRISTMILL_URL={url}\nGRISTMILL_API_KEY={key}\n"
-            f"KAFKA_BOOTSTRAP={env['KAFKA_BOOTSTRAP']}\nDATABASE_URL={env['DATABASE_URL']}\n"
+            f"KAFKA_BOOTSTRAP={env['KAFKA_BOOTSTRAP']}\nDATABASE_URL={env['DATABASE_URL']}\n",
         )
         print(
             f"""

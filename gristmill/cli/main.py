@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from core import redact
 from core.config import load_settings
 from core.metrics import MULTIPROC_ENV, multiprocess_env
 from gristmill.cli.doctor import doctor
@@ -27,6 +28,7 @@ app.command("doctor")(doctor)
 
 def _logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    redact.install()  # no password, key or webhook secret in a log line
 
 
 def _metrics_dir() -> str:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
+from core.redact import write_private
 from gristmill.devservices.kafka import KafkaCluster
 from gristmill.devservices.postgres import PostgresServer
 
@@ -40,7 +41,7 @@ def _up(args: argparse.Namespace) -> int:
             postgres.start()
             lines = [f"KAFKA_BOOTSTRAP={kafka.bootstrap}", f"DATABASE_URL={postgres.url}"]
             # Also leave them in a file so other shells can `source` it.
-            (base / "env").write_text("".join(f"{line}\n" for line in lines))
+            write_private(base / "env", "".join(f"{line}\n" for line in lines))
             print("\n".join(lines), flush=True)
             print(
                 f"# up in {time.monotonic() - started:.1f}s; logs under {base}; Ctrl-C to stop",

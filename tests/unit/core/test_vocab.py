@@ -41,8 +41,15 @@ def test_model_ref_is_the_pair_it_names() -> None:
 
 def test_a_message_keeps_a_plain_string_priority() -> None:
     msg = RequestMessage(
-        request_id="r", tenant_id="t", priority=PriorityClass.PAID, model="sim", version="1",
-        input="x", params={}, deadline=1.0, received_at=0.0,
+        request_id="r",
+        tenant_id="t",
+        priority=PriorityClass.PAID,
+        model="sim",
+        version="1",
+        input="x",
+        params={},
+        deadline=1.0,
+        received_at=0.0,
     )
     back = RequestMessage.decode(msg.encode())
     assert back.priority == "paid" and type(back.priority) is str

@@ -39,8 +39,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return table[name]
 
 
-
-
 @dataclass
 class _Layer:
     qkv_w: torch.Tensor
@@ -131,4 +129,3 @@ class Encoder:
         # Mean over real tokens, summed in fp32 so fp16 rounding does not accumulate.
         m = keep.unsqueeze(-1).to(torch.float32)
         return (x.float() * m).sum(1) / lens.clamp(min=1).unsqueeze(-1).to(torch.float32)
-

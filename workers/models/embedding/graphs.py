@@ -27,7 +27,6 @@ class _Graph:
     normed: torch.Tensor  # the same rows L2-normalized (captured too: no extra launches)
 
 
-
 class CudaGraphs:
     """Captured forwards of ``encoder`` by (rows, padded length), sharing one memory pool."""
 

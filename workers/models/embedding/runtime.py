@@ -52,7 +52,6 @@ GRAPH_SEQ_STEP = 16
 UNIT_ITEMS = 256
 
 
-
 @dataclass(frozen=True)
 class EmbedRuntime:
     """How a worker runs the model (settings.embed_*): not part of what it accepts."""
@@ -68,7 +67,6 @@ class EmbedRuntime:
 
 def round_up(x: int, m: int) -> int:
     return -(-x // m) * m
-
 
 
 def _text_of(value: Any) -> str:
@@ -99,7 +97,6 @@ def pack_rows(
     view = out[: len(rows), :seq]
     view[...] = 0
     view[mask] = flat[src[mask]]
-
 
 
 @dataclass
@@ -133,7 +130,6 @@ class _Launched:
     done: torch.cuda.Event | None
     start: torch.cuda.Event | None
     padded_tokens: int  # what the GPU computed, graph row padding included
-
 
 
 class EmbeddingModel(Model):

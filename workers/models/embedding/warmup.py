@@ -68,9 +68,7 @@ def warmup(model: EmbeddingModel) -> dict[int, float]:
         measure_memory(model, sizes)
         free, _ = torch.cuda.mem_get_info(model.device)
         # Memory this process reserved but does not use is free to it too.
-        free += torch.cuda.memory_reserved(model.device) - torch.cuda.memory_allocated(
-            model.device
-        )
+        free += torch.cuda.memory_reserved(model.device) - torch.cuda.memory_allocated(model.device)
         model.memory_batch_limit = memory_batch_limit(
             model.peak_memory_bytes, model.graph_memory_bytes, free, mb
         )
