@@ -65,6 +65,9 @@ def run(case: Case, factor: float, seconds: float) -> dict[str, Any]:
         workers=case.workers,
         schedulers=case.schedulers,
         api_instances=case.api_instances,
+        # Every scheduler must own partitions of every class: the consumer group gives
+        # a scheduler without one nothing to do, while its workers count as capacity.
+        partitions=2 * case.schedulers,
         seconds=seconds,
         worker_events=events,
     )

@@ -58,6 +58,9 @@ def simulate(
     seconds: float = typer.Option(30.0, min=1.0),
     burst: list[str] = typer.Option([], help="tier:tenant:count@start_s[:rate]"),
     lose_worker: list[str] = typer.Option([], help="at_s:worker_index"),
+    partitions: int = typer.Option(
+        0, help="partitions per class topic (0: as many as schedulers, at least 6)"
+    ),
     key_by_tenant: bool = typer.Option(False, help="key Kafka messages by tenant"),
     seed: int = 1,
     json_out: Path | None = typer.Option(None, "--json", help="write the full result here"),
@@ -84,6 +87,7 @@ def simulate(
         schedulers=schedulers,
         api_instances=api_instances,
         seconds=seconds,
+        partitions=partitions or max(6, schedulers),
         key_by_tenant=key_by_tenant,
         worker_events=events,
         seed=seed,

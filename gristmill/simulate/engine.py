@@ -42,7 +42,8 @@ REF = ModelRef(MODEL, VERSION)
 REF_LABEL = REF.label()
 KEY = BatchKey(MODEL, VERSION)
 N_RANKS = len(PRIORITY_CLASSES)
-DELIVERY_QUANTUM_S = 0.001  # a consumer reads what arrived in the last millisecond at once
+DELIVERY_QUANTUM_S = 0.002  # a consumer reads what arrived in the last 2 ms at once (one fetch)
+VIEW_QUANTUM_S = 0.01  # API instances refreshing this close together see the same view
 
 # Event kinds, in the order simultaneous events run.
 _WORKER, _DONE, _DELIVER, _REPORT, _REFRESH, _WAKE = range(6)
@@ -69,6 +70,7 @@ class _Worker:
     token: int = 0  # bumped when it dies: its pending events are stale
     busy_until: float = 0.0  # when the last batch given to it finishes computing
     computing: deque[InFlight] = field(default_factory=deque)
+    wake_at: float = math.inf  # its pending wake-up (one at a time)
 
 
 class _Scheduler:
@@ -115,6 +117,8 @@ class Simulation:
         self._gap_s = sc.overheads.dispatch_gap_ms / 1000
         self._stream_rank = [PRIORITY_CLASSES.index(st.tier) for st in sc.streams]
         self._stream_timeout = [(st.timeout_ms or sc.slo_ms[st.tier]) / 1000 for st in sc.streams]
+        self._view: LoadView | None = None
+        self._view_at = -math.inf
 
     # ---- the event queue -------------------------------------------------------------
     def _at(self, t: float, kind: int, a: int = 0, payload: object = None) -> None:
@@ -152,7 +156,8 @@ class Simulation:
                 self._done(a, payload)
             elif kind == _WAKE:
                 w = self.workers[a]
-                if payload == w.token and w.alive:
+                if payload == w.token and w.alive and t == w.wake_at:
+                    w.wake_at = math.inf
                     self._kick(w)
             elif kind == _DELIVER:
                 self._deliver(self.scheds[a])
@@ -292,9 +297,13 @@ class Simulation:
         self._backpressure(sched)
         if nxt < math.inf:
             self._schedule_delivery(sched, nxt)
+        # Idle workers ask for work, one after another, until one finds none ready (the
+        # others would find none either; their own wake-ups stand).
         for w in sched.workers:
             if w.alive and not w.computing:
                 self._kick(w)
+                if not w.computing:
+                    break
 
     def _backpressure(self, sched: _Scheduler) -> None:
         was = sched.paused
@@ -313,7 +322,7 @@ class Simulation:
             self._written(step.writes, now)
             if step.start is None:
                 if step.wait_until < math.inf and not w.computing:
-                    self._at(max(step.wait_until, now), _WAKE, w.index, w.token)
+                    self._wake(w, max(step.wait_until, now))
                 break
             entry = step.start
             n = len(entry.batch.items)
@@ -342,7 +351,13 @@ class Simulation:
             # no gap, and the core may queue one more behind it now.
             self._kick(w)
             return
-        self._at(now + self._gap_s, _WAKE, index, w.token)
+        self._wake(w, now + self._gap_s)
+
+    def _wake(self, w: _Worker, t: float) -> None:
+        """Wake ``w`` at ``t`` unless it is already to wake up earlier."""
+        if t < w.wake_at:
+            w.wake_at = t
+            self._at(t, _WAKE, w.index, w.token)
 
     def _written(self, writes: list[Write], now: float) -> None:
         """What the persister would store: results answered, expirations recorded; then
@@ -374,6 +389,7 @@ class Simulation:
         if kind == "loss" and w.alive:
             w.alive = False
             w.token += 1
+            w.wake_at = math.inf
             self.result.worker_lost(now, index)
             # As the service: whatever it held goes back (the computing one counts as an
             # attempt), and the core's retries run on the next free worker.
@@ -387,6 +403,7 @@ class Simulation:
         elif kind == "join" and not w.alive:
             w.alive = True
             w.token += 1
+            w.wake_at = math.inf
             w.busy_until = now
             w.core = sched.core.add_worker(f"w{index}-{w.token}", sched.model_info())
             self.result.worker_joined(now, index)
@@ -394,12 +411,19 @@ class Simulation:
 
     # ---- the API's view ------------------------------------------------------------------
     def _refresh(self, api: _Api) -> None:
+        """The instance reads the live reports. Instances refreshing within the same
+        ``VIEW_QUANTUM_S`` share one combined view (the same rows, read a few ms apart:
+        with a hundred instances and schedulers, combining is most of the work)."""
+        if self.now - self._view_at < VIEW_QUANTUM_S and self._view is not None:
+            api.view = self._view
+            return
         stale = 5.0
         live = [(t, r) for t, r in self.reports.values() if self.now - t < stale]
         if not live:
             return
         view = LoadView.combine(r for _, r in live)
         view.as_of = min(t for t, _ in live)
+        self._view, self._view_at = view, self.now
         api.view = view
 
 
