@@ -20,10 +20,10 @@ measured cost curve and the live worker count; the few constants left are below.
    a burst: ``BACKLOG_ROUNDS`` full batches per worker wait and the last second brought
    more than the workers serve in one.
 4. **Capacity.** Then a request is admitted when the work queued ahead of it drains in
-   time: full batches ahead x the time the workers take per batch, at the capacity that
-   higher classes' arrivals leave (at the high end of their noise: ``P95_Z``), must fit
-   its deadline less its own batch, the wait
-   for a worker to come free (one batch time over the worker count) and the margin.
+   time: the whole batches ahead, at the capacity that higher classes' arrivals (and the
+   other tenants of its class, by round robin) leave, taken at the high end of their
+   noise (``P95_Z``), must fit its deadline less its own batch, the wait for a worker to
+   come free (one batch time over the worker count) and the margin.
    Inside its class a request waits only for its tenant's round-robin share of other
    tenants' queues (decision 9), so the tenant that owns a backlog is the one refused.
 5. **Buffer.** A class whose queue would outgrow the schedulers' buffers is refused,
@@ -42,7 +42,7 @@ from core.load_report import REST, LoadReport, TenantBacklog
 from core.vocab import PRIORITY_CLASSES
 
 # A lower class is refused for this long after a higher one was refused for capacity
-# (the issue's "over any 1 s window": long enough to span a report interval and a
+# (the promise is "over any 1 s window": long enough to span a report interval and a
 # burst's first batches, short enough that capacity freed by a lull is used at once).
 ORDER_WINDOW_S = 1.0
 # Arrival rates are counted over this window: two report periods of every scheduler and
@@ -53,7 +53,7 @@ RATE_WINDOW_S = 5.0
 # the two rates is what a lower class must expect: after a lull of a few seconds the
 # short rate says capacity is free, the traffic comes back at its long-run rate, and
 # whatever was admitted on the lull's strength expires (simulated: 18% of free's
-# admitted requests at 3x capacity on 20 ms batches of 2, none with the long window).
+# admitted requests at 3x capacity on 20 ms batches of 2, 5% with the long window).
 LONG_RATE_WINDOW_S = 30.0
 # One-sided 95% point of a normal: admission promises each tier its SLO at p95, so a
 # rate that decides admission is taken this many standard deviations on the safe side:
