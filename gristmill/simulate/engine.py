@@ -188,7 +188,7 @@ class Simulation:
             if s.count is not None:
                 nxt.append(s.start_s if s.count > 0 else math.inf)
             elif s.rate > 0:
-                nxt.append(s.start_s + rng.expovariate(s.rate))
+                nxt.append(s.start_s + rng.expovariate(s.rate / s.clump))
             else:
                 nxt.append(math.inf)
         second = 0.0
@@ -203,8 +203,10 @@ class Simulation:
                     sent[i] += 1
                     if s.count is not None:
                         t = s.start_s + sent[i] / s.rate if sent[i] < s.count else math.inf
+                    elif sent[i] % s.clump:
+                        t += 1e-6  # the rest of its clump, at once
                     else:
-                        t += rng.expovariate(s.rate)
+                        t += rng.expovariate(s.rate / s.clump)
                 nxt[i] = t if t < s.end_s else math.inf
             chunk.sort()
             yield from chunk

@@ -77,6 +77,9 @@ class Stream:
     timeout_ms: float | None = None  # the caller's deadline; None: the tier's SLO
     weight: float = 1.0
     rate_limit: tuple[float, float] | None = None  # (req/s, burst); None: not limited
+    # Poisson streams only: requests come in clumps of this many at once (the clumps
+    # are Poisson at rate / clump), as a congested client or load balancer sends them.
+    clump: int = 1
 
 
 @dataclass(frozen=True)
