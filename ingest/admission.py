@@ -18,7 +18,8 @@ measured cost curve and the live worker count; the few constants left are below.
    model is overloaded for this class: the classes at or above it arrive faster than
    the workers serve (beyond the noise of a rate measured over ``RATE_WINDOW_S``), or
    a burst: ``BACKLOG_ROUNDS`` full batches per worker wait and the last second brought
-   more than the workers serve in one.
+   more than the workers serve in one, or a backlog that takes longer than the rate
+   window to drain.
 4. **Capacity.** Then a request is admitted when the work queued ahead of it drains in
    time: the whole batches ahead, at the capacity that higher classes' arrivals (and the
    other tenants of its class, by round robin) leave, taken at the high end of their
@@ -456,17 +457,23 @@ class Admission:
         ahead, class_total = queued_ahead(
             view, ref, priority, tenant, weight, mine, age, class_drain
         )
-        room = self.max_buffered * view.schedulers
-        if class_total >= room:
+        # Each class has its own buffer in every scheduler (scheduler/backpressure.py).
+        own_class = view.sums(ref, priority).queued + view.lag.get(priority, 0) + mine
+        if own_class >= self.max_buffered * view.schedulers:
             return Decision(
                 False,
-                retry_after_s=max(1.0, class_total / max(load.items_s, 1e-9)),
+                retry_after_s=max(1.0, own_class / max(load.items_s, 1e-9)),
                 reason="buffer",
                 message=f"overloaded: the schedulers' buffers for {priority} requests are full",
             )
         offered = rates.offered * n
         sigma = math.sqrt(offered * n / rates.offered_span)  # Poisson noise of that, /s
-        overloaded = offered - P95_Z * sigma > load.items_s
+        # A backlog longer to drain than the rate window: whatever built it (arrivals
+        # through other instances, or before this one started) is beyond what the rates
+        # can show, and no stream below capacity builds that much.
+        overloaded = (
+            offered - P95_Z * sigma > load.items_s or class_total > load.items_s * RATE_WINDOW_S
+        )
         if not overloaded and class_total >= BACKLOG_ROUNDS * load.batch * max(1, load.workers):
             # A burst: a backlog of whole rounds of batches, and arrivals over the last
             # second beyond what the workers serve in one (by more than its noise),

@@ -278,3 +278,13 @@ def test_overloaded_a_deadline_shorter_than_two_batches_is_refused_for_it_not_fo
     assert not d.admit and d.reason == "deadline" and d.retry_after_s >= 1
     assert "while this model's workers are saturated" in d.message
     assert decide(a, v, "free", now=5.0, deadline_s=10.0).admit
+
+
+def test_a_backlog_longer_than_the_rate_window_is_overload_whoever_built_it() -> None:
+    # 10,000 queued by a tenant through other instances: this one saw no arrivals, but
+    # 50 s of work cannot be served within a 2 s SLO.
+    a = admission()
+    v = view({"paid": 10_000}, {"paid": {"noisy": [10_000, 1.0]}})
+    d = decide(a, v, "paid", now=1.0, tenant="noisy")
+    assert not d.admit and d.reason == "capacity"
+    assert decide(a, v, "paid", now=1.0, tenant="quiet").admit
