@@ -197,7 +197,7 @@ class TierSettings(_Concern):
         "enterprise": 500_000.0,
     }
     # Admission has no thresholds of its own: it derives them from each request's
-    # deadline, the model's measured cost curve and the live workers (decision 21).
+    # deadline, the model's measured cost curve and the live workers (decision 22).
     # Event-loop lag (ms) at which an API instance starts refusing a tier's new sync
     # requests, and at which it refuses them all (ingest/overload.py, decision 15): its
     # own CPU saturation, which the workers' load reports cannot show.

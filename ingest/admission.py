@@ -5,7 +5,7 @@ Every scheduler reports, four times a second, what its live workers can do per m
 the worker count: scheduler/capacity.py) and what waits (queued requests per model,
 class and largest tenants; what Kafka holds back in paused classes). Each API instance
 combines the reports into a ``LoadView`` and decides every request with ``Admission``
-(decision 21). All thresholds derive from the request's own deadline, the model's
+(decision 22). All thresholds derive from the request's own deadline, the model's
 measured cost curve and the live worker count; the few constants left are below.
 
 1. **Deadline.** A request whose deadline is shorter than the least any request of
@@ -28,7 +28,7 @@ measured cost curve and the live worker count; the few constants left are below.
    Inside its class a request waits only for its tenant's round-robin share of other
    tenants' queues (decision 9), so the tenant that owns a backlog is the one refused.
 5. **Buffer.** A class whose queue would outgrow the schedulers' buffers is refused,
-   so no sync burst is ever held in Kafka behind other tenants (decision 21).
+   so no sync burst is ever held in Kafka behind other tenants (decision 22).
 """
 
 from __future__ import annotations

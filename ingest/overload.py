@@ -96,7 +96,7 @@ def _share(value: float, tier: str, thresholds: dict[str, tuple[float, float]]) 
 class Overload:
     """Both signals; a tier's share to refuse (``share``) is the larger of the two, and
     all of it while any higher tier is being refused (strict order between tiers,
-    decision 21: the ramps overlap, and a lower tier must not get in while a higher one
+    decision 22: the ramps overlap, and a lower tier must not get in while a higher one
     is turned away)."""
 
     def __init__(self) -> None:

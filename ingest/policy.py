@@ -93,7 +93,7 @@ def check_admission(
     model_ref: str,
     timeout_ms: int | None = None,
 ) -> None:
-    """Admit the request or raise 503 with the reason (ingest/admission.py, decision 21).
+    """Admit the request or raise 503 with the reason (ingest/admission.py, decision 22).
     ``timeout_ms``: the caller's own deadline; without one, the tier's SLO."""
     cls_ = TIER_TO_CLASS[tenant.tier]
     timeout = timeout_ms or settings.tier_slo_ms.get(tenant.tier, settings.default_timeout_ms)

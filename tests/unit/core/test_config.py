@@ -43,8 +43,13 @@ def test_linger_and_margin_must_fit_in_the_smallest_slo() -> None:
 
 
 def test_constrained_fields() -> None:
-    for bad in ({"topic_partitions": 0}, {"api_port": 70_000}, {"max_buffered": 0},
-                {"embed_max_tokens": 1_000}, {"max_linger_ms": -1}):
+    for bad in (
+        {"topic_partitions": 0},
+        {"api_port": 70_000},
+        {"max_buffered": 0},
+        {"embed_max_tokens": 1_000},
+        {"max_linger_ms": -1},
+    ):
         with pytest.raises(ValidationError):
             Settings(**bad)  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="default_timeout_ms"):

@@ -13,11 +13,12 @@ import itertools
 import math
 import os
 
+from hypothesis import HealthCheck, Phase, assume, given, note, settings
+from hypothesis import strategies as st
+
 from gristmill.simulate.engine import simulate
 from gristmill.simulate.report import Result
 from gristmill.simulate.scenario import CostCurve, Scenario, Stream
-from hypothesis import HealthCheck, Phase, assume, given, note, settings
-from hypothesis import strategies as st
 
 MAX_RATE = 6_000.0  # offered requests/s the loop simulates at most
 NOISY_CAPACITY = 20.0  # items/s below which arrival noise costs measurable capacity

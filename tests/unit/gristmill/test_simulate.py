@@ -4,6 +4,7 @@ itself for a seed, and reads its command line."""
 from __future__ import annotations
 
 import pytest
+
 from gristmill.simulate.cli import parse_burst, parse_curve, parse_mix
 from gristmill.simulate.engine import simulate
 from gristmill.simulate.scenario import CostCurve, Scenario, Stream, WorkerEvent

@@ -236,7 +236,7 @@ def test_job_batches_start_staggered_across_workers() -> None:
 
 def test_a_sync_backlog_is_held_to_the_stagger_point_once_unless_its_deadline_says_go() -> None:
     # Saturated workers that start together stay together; held once, their starts are
-    # spread for good (decision 21). A request that cannot wait goes at once.
+    # spread for good (decision 22). A request that cannot wait goes at once.
     core = make_core()
     a, b = add_worker(core, wid="a"), add_worker(core, wid="b")
     queue(core, *[item(JOBS) for _ in range(4)])
