@@ -63,7 +63,7 @@ bench-profile: install
 
 # Policy under load (docs/bench/policy.md): tiers at 3x capacity, a noisy tenant, backfill.
 bench-policy: install
-	$(PY) -m bench.overload --factor 3 --seconds 30
+	$(PY) -m bench.overload --shapes 20:2,100:10,500:50 --factor 3 --seconds 40
 	$(PY) -m bench.fairness --burst 50000 --noisy-rate 500 --quiet-rate 20
 	$(PY) -m bench.jobs --backfill 100000 --rate 100 --seconds 20
 

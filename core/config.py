@@ -178,7 +178,7 @@ def _check_tier_order(name: str, values: Mapping[str, object], rises: bool) -> N
 class EdgeSettings(_Concern):
     """What one request may carry and how API keys are checked (core/limits.py,
     ingest/schemas.py, ingest/auth.py). The caps and why they sit where they do:
-    docs/decisions/0022-edge-validation-caps-and-error-mapping.md."""
+    docs/decisions/0025-edge-validation-caps-and-error-mapping.md."""
 
     # A model reference ("name" or "name@version"); echoed in errors, never stored.
     max_model_chars: int = Field(200, ge=1, le=1_000)
@@ -210,7 +210,7 @@ class EdgeSettings(_Concern):
 
 
 class TierSettings(_Concern):
-    """Per-tier promises and limits, and when admission sheds a class (ingest/policy.py)."""
+    """Per-tier promises and limits (ingest/policy.py, ingest/admission.py)."""
 
     # A request's deadline when the caller gives no timeout_ms: its tier's SLO.
     tier_slo_ms: dict[str, PositiveMs] = {"enterprise": 1_000, "paid": 2_000, "free": 5_000}
@@ -230,10 +230,8 @@ class TierSettings(_Concern):
         "paid": 50_000.0,
         "enterprise": 500_000.0,
     }
-    # Shed a class when its predicted queue delay exceeds this (ms); the values and why
-    # they sit where they do: decision 8.
-    shed_delay_ms: dict[str, float] = {"free": 250.0, "paid": 400.0, "enterprise": 450.0}
-    target_utilization: float = Field(0.75, gt=0, le=1)
+    # Admission has no thresholds of its own: it derives them from each request's
+    # deadline, the model's measured cost curve and the live workers (decision 24).
     # Event-loop lag (ms) at which an API instance starts refusing a tier's new sync
     # requests, and at which it refuses them all (ingest/overload.py, decision 15): its
     # own CPU saturation, which the workers' load reports cannot show.
@@ -262,7 +260,6 @@ class TierSettings(_Concern):
         _check_tier_order("tier_rate_rps", self.tier_rate_rps, rises=True)
         _check_tier_order("tier_burst", self.tier_burst, rises=True)
         _check_tier_order("tier_job_items_per_s", self.tier_job_items_per_s, rises=True)
-        _check_tier_order("shed_delay_ms", self.shed_delay_ms, rises=True)
         _check_tier_order("inflight_share", self.inflight_share, rises=True)
         for name in ("loop_lag_shed_ms", "answer_delay_shed_ms"):
             pairs: dict[str, tuple[float, float]] = getattr(self, name)
@@ -420,10 +417,18 @@ class Settings(
 
     def batch_budget(self) -> float:
         """``batch_budget_ms``, or the one the tightest tier SLO implies."""
+        return self.batch_budgets()[0]
+
+    def batch_budgets(self) -> tuple[float, ...]:
+        """The batch budget each tier's SLO implies, tightest first (``batch_budget_ms``
+        alone when set): a model too slow for the tightest sizes its batches for the
+        tightest SLO it can meet (scheduler/costmodel.py)."""
         if self.batch_budget_ms > 0:
-            return self.batch_budget_ms
-        slo = min(self.tier_slo_ms.values(), default=self.default_timeout_ms)
-        return max(1.0, (slo - self.max_linger_ms - self.deadline_margin_ms) / 2)
+            return (self.batch_budget_ms,)
+        slos = sorted(self.tier_slo_ms.values()) or [self.default_timeout_ms]
+        return tuple(
+            max(1.0, (slo - self.max_linger_ms - self.deadline_margin_ms) / 2) for slo in slos
+        )
 
 
 def load_settings() -> Settings:

@@ -4,7 +4,7 @@ Every stage that accepts client data runs these checks before it produces or
 stores anything, so a value that would fail later (in the persister, after the
 client was told "accepted") is refused at the door with a 400 naming the field.
 What fails later, measured against PostgreSQL 15, psycopg 3 and orjson 3
-(docs/decisions/0022-edge-validation-caps-and-error-mapping.md):
+(docs/decisions/0025-edge-validation-caps-and-error-mapping.md):
 
 * U+0000 in any string: ``text`` refuses NUL bytes and ``jsonb`` refuses ``\\u0000``
   (SQLSTATE 22P05), in keys as in values.

@@ -8,7 +8,9 @@ and priority class names, as JSON keeps them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 # In a tenant backlog, the entry that sums the tenants too small to name.
 REST = "*"
@@ -18,9 +20,22 @@ REST = "*"
 TenantBacklog = dict[str, dict[str, dict[str, list[float]]]]
 
 
+class ModelCapacity(TypedDict):
+    """What the live workers of one model can do (scheduler/capacity.py)."""
+
+    # all live workers together, at the batch size batches get: from compute times, or
+    # what they delivered while saturated when that is less
+    items_s: float
+    batch: int  # that batch size
+    batch_ms: float  # its predicted compute time
+    single_ms: float  # compute time of a batch of one
+    workers: int  # live workers serving the model
+
+
 @dataclass
 class LoadReport:
-    capacity: dict[str, float] = field(default_factory=dict)  # model ref -> items/s
+    # model ref -> its record (a bare items/s from a scheduler of an older version)
+    capacity: Mapping[str, ModelCapacity | float] = field(default_factory=dict)
     backlog: dict[str, dict[str, int]] = field(default_factory=dict)  # ref -> class -> n
     lag: dict[str, int] = field(default_factory=dict)  # class -> held back in Kafka (paused)
     tenants: TenantBacklog = field(default_factory=dict)

@@ -9,7 +9,7 @@
   id; the body never holds the exception's text. ``ErrorGuard`` (outermost) makes
   sure of it for everything inside: the fast path, middleware, FastAPI, a stream
   that fails after its first bytes (which can only be logged and cut short).
-See docs/decisions/0022-edge-validation-caps-and-error-mapping.md.
+See docs/decisions/0025-edge-validation-caps-and-error-mapping.md.
 """
 
 from __future__ import annotations

@@ -164,10 +164,10 @@ async def _infer(
     params = accept(spec, body)
     # Policy after validation: a malformed request is a 4xx whatever the load.
     limit_headers = check_rate(st.limiter, st.settings, tenant)
-    check_admission(st.load, st.settings, tenant, spec.ref)
     timeout_ms = body.timeout_ms or st.settings.tier_slo_ms.get(
         tenant.tier, st.settings.default_timeout_ms
     )
+    check_admission(st.load, st.settings, tenant, spec.ref, timeout_ms)
     rid = request_id_for(tenant.id, idempotency_key)
     msg = request_message(
         spec,

@@ -12,7 +12,7 @@ import time
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.config import Settings
-from ingest.admission import LoadView, RecentAdmissions
+from ingest.admission import Admission, LoadView
 from ingest.ratelimit import TenantLimiter
 from results.load import (
     heartbeat_stmt,
@@ -35,7 +35,10 @@ class LoadWatch:
             settings.topic_prefix, f"{socket.gethostname()}-{os.getpid()}"
         )
         self.view: LoadView | None = None
-        self.recent = RecentAdmissions()  # admitted here since the reports were taken
+        # What this instance offered and admitted lately, and which classes it refused.
+        self.admission = Admission(
+            margin_s=settings.deadline_margin_ms / 1000, max_buffered=settings.max_buffered
+        )
 
     async def refresh(self) -> None:
         stale = self.settings.load_report_stale_s

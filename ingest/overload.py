@@ -31,6 +31,8 @@ import math
 import random
 import time
 
+from core.vocab import PRIORITY_CLASSES, TIER_TO_CLASS
+
 
 def shed_share(lag_ms: float, lo_ms: float, hi_ms: float) -> float:
     """Share of new requests to refuse at ``lag_ms``: 0 below ``lo_ms``, 1 from
@@ -92,13 +94,16 @@ def _share(value: float, tier: str, thresholds: dict[str, tuple[float, float]]) 
 
 
 class Overload:
-    """Both signals; a tier's share to refuse (``share``) is the larger of the two."""
+    """Both signals; a tier's share to refuse (``share``) is the larger of the two, and
+    all of it while any higher tier is being refused (strict order between tiers,
+    decision 24: the ramps overlap, and a lower tier must not get in while a higher one
+    is turned away)."""
 
     def __init__(self) -> None:
         self.lag = LoopLag()
         self.answer = AnswerDelay()
 
-    def share(
+    def _own_share(
         self,
         tier: str,
         lag_thresholds: dict[str, tuple[float, float]],
@@ -108,6 +113,19 @@ class Overload:
             _share(self.lag.lag_ms, tier, lag_thresholds),
             _share(self.answer.ms(), tier, answer_thresholds),
         )
+
+    def share(
+        self,
+        tier: str,
+        lag_thresholds: dict[str, tuple[float, float]],
+        answer_thresholds: dict[str, tuple[float, float]],
+    ) -> float:
+        cls_ = TIER_TO_CLASS.get(tier)
+        if cls_ is not None:
+            for higher in PRIORITY_CLASSES[: PRIORITY_CLASSES.index(cls_)]:
+                if self._own_share(higher, lag_thresholds, answer_thresholds) > 0:
+                    return 1.0
+        return self._own_share(tier, lag_thresholds, answer_thresholds)
 
     def should_shed(
         self,

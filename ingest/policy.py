@@ -12,8 +12,7 @@ import time
 
 from core.config import Settings
 from core.errors import RateLimited, Unavailable
-from core.vocab import PRIORITY_CLASSES, TIER_TO_CLASS
-from ingest.admission import decide
+from core.vocab import TIER_TO_CLASS
 from ingest.load_watch import LoadWatch
 from ingest.ratelimit import TenantLimiter, Verdict
 from results.tenants import Tenant
@@ -87,38 +86,28 @@ def charge_job_items(
     )
 
 
-# Window over which higher classes' arrival rate is measured for admission.
-RATE_WINDOW_S = 2.0
-
-
-def check_admission(load: LoadWatch, settings: Settings, tenant: Tenant, model_ref: str) -> None:
-    view = load.view
+def check_admission(
+    load: LoadWatch,
+    settings: Settings,
+    tenant: Tenant,
+    model_ref: str,
+    timeout_ms: int | None = None,
+) -> None:
+    """Admit the request or raise 503 with the reason (ingest/admission.py, decision 24).
+    ``timeout_ms``: the caller's own deadline; without one, the tier's SLO."""
     cls_ = TIER_TO_CLASS[tenant.tier]
-    key = (model_ref, cls_, tenant.id)
-    # Admitted since the reports were taken, by this instance and (assuming an even
-    # spread) as many again by each other live instance.
-    now = time.monotonic()
-    n = load.limiter.instances
-    admitted = load.recent.since(key, view.as_of) * n if view else 0
-    # Higher classes' arrival rate (what this instance admitted over the last seconds).
-    rank = PRIORITY_CLASSES.index(cls_)
-    higher = sum(
-        load.recent.since((model_ref, c), now - RATE_WINDOW_S) for c in PRIORITY_CLASSES[:rank]
-    )
-    higher_rate = higher * n / RATE_WINDOW_S
-    d = decide(
-        view,
+    timeout = timeout_ms or settings.tier_slo_ms.get(tenant.tier, settings.default_timeout_ms)
+    d = load.admission.decide(
+        load.view,
         model_ref,
         cls_,
-        utilization=settings.target_utilization,
-        thresholds_ms=settings.shed_delay_ms,
         tenant=tenant.id,
         weight=tenant.weight,
-        admitted=admitted,
-        age_s=now - view.as_of if view else 0.0,
-        higher_rate=higher_rate,
+        deadline_s=timeout / 1000,
+        now=time.monotonic(),
+        instances=load.limiter.instances,
     )
     if not d.admit:
-        raise Unavailable(d.reason, retry_after_s=d.retry_after_s, reason="predicted_delay")
-    load.recent.add(key, now)
-    load.recent.add((model_ref, cls_), now)
+        # Metrics label: a deadline no batch can meet, or the queue ahead too long.
+        label = "unmeetable_deadline" if d.reason == "deadline" else "predicted_delay"
+        raise Unavailable(d.message, retry_after_s=d.retry_after_s or None, reason=label)

@@ -5,7 +5,9 @@ that changes the computation), so a batch never mixes incompatible requests.
 Inside a key, requests wait in one FIFO per priority rank; a batch takes the
 most urgent ranks first, so sync traffic fills a batch before job items do.
 
-A key is ready to flush when
+A batch holds up to the model's batch target: the most items/s within the batch
+budget on the measured cost curve (scheduler/costmodel.py), at most what the worker
+takes (``max_batch``). A key is ready to flush when
   * it holds a full batch, or
   * its oldest request has lingered ``max_linger_s``, or
   * waiting longer would make its earliest deadline unreachable:
@@ -183,8 +185,12 @@ class Batcher:
         self._by_rank[p.rank] += 1
         self._by_ref_rank[(p.key.ref, p.rank)] += 1
 
+    def limit(self, ref: ModelRef) -> int:
+        """Items a full batch of this model holds now (its measured batch target)."""
+        return self.cost.batch_target(ref, self.max_batch(ref))
+
     def _predicted_s(self, key: BatchKey, count: int) -> float:
-        n = max(1, min(count, self.max_batch(key.ref)))
+        n = max(1, min(count, self.limit(key.ref)))
         return self.cost.predict_ms(key.ref, n) / 1000.0
 
     def _flush_time(self, key: BatchKey, q: _KeyQueue) -> float:
@@ -192,7 +198,7 @@ class Batcher:
             oldest_at=q.oldest_at(),
             earliest_deadline=q.earliest_deadline(),
             count=q.count,
-            max_batch=self.max_batch(key.ref),
+            max_batch=self.limit(key.ref),
             predicted_s=self._predicted_s(key, q.count),
             policy=self.policy,
         )
@@ -237,14 +243,18 @@ class Batcher:
         key = pick[2]
         q = self._queues[key]
         if reason is None:
-            full = q.count >= self.max_batch(key.ref)
+            full = q.count >= self.limit(key.ref)
             reason = (
                 "full"
                 if full
                 else ("linger" if q.oldest_at() + self.policy.max_linger_s <= now else "deadline")
             )
-        items = q.pop(self.max_batch(key.ref))
+        # The target, or a larger size the cost model wants measured while a backlog
+        # can fill it (a slow reading must not pin the batch size for good).
+        items = q.pop(self.cost.batch_size(key.ref, self.max_batch(key.ref), q.count))
         self._forget_taken(key.ref, items)
+        left = sum(self._by_ref_rank[(key.ref, r)] for r in range(self.n_ranks))
+        self.cost.took(key.ref, len(items), now, left)
         return Batch(key=key, items=items, formed_at=now, reason=reason)
 
     def wake_at(self, serves: Callable[[ModelRef], bool]) -> float:
@@ -271,18 +281,25 @@ class Batcher:
         """Whether the requests ranked above ``rank`` that this worker could take may
         wait until ``until`` for a staggered start (see scheduler/stagger.py).
 
-        They may when a batch started now would be filled up with lower-ranked work
-        anyway (their queue holds some and they alone do not fill a batch) and their
-        deadlines allow the wait. Every such request arrived after the last start on
-        another worker (that start took whatever urgent work was queued), so holding
-        to the stagger point never makes one wait longer than that point; starting
-        early would leave the next arrivals a longer gap to the following start.
+        They may, when their deadlines allow the wait, if
+          * a batch started now would be filled up with lower-ranked work anyway (their
+            queue holds some and they alone do not fill a batch): every such request
+            arrived after the last start on another worker (that start took whatever
+            urgent work was queued), so holding to the stagger point never makes one
+            wait longer than that point; starting early would leave the next arrivals a
+            longer gap to the following start; or
+          * they fill a batch by themselves: the workers are saturated, and workers
+            that start together stay together (a burst started them at once); held
+            once to the stagger point, their starts are spread for good, and a request
+            arriving later waits for a worker at most a batch time over the worker
+            count, which admission counts on (ingest/admission.py).
+        A urgent queue smaller than a batch with nothing to fill it goes at once.
         """
         refs = {ref for (ref, r), n in self._by_ref_rank.items() if n and r < rank and serves(ref)}
         for ref in refs:
             counts = [self._by_ref_rank[(ref, r)] for r in range(self.n_ranks)]
             urgent = sum(counts[:rank])
-            if urgent == sum(counts) or urgent >= self.max_batch(ref):
+            if urgent == sum(counts) and urgent < self.limit(ref):
                 return False
         for key, q in self._queues.items():
             if q.count and key.ref in refs:

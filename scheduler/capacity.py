@@ -1,29 +1,48 @@
-"""What a scheduler's live workers can do, from measured batch costs. Pure."""
+"""What a scheduler's live workers can do, from measured batch costs. Pure.
+
+Admission (ingest/admission.py) needs more than items/s: how long a batch takes at the
+size batches get (a request waits out one and runs in one), what a batch of one costs
+(the least latency any request can have) and how many workers share the queue (how
+often one comes free). So each model's entry is a small record.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from core.load_report import ModelCapacity
 from core.vocab import ModelRef
 from scheduler.costmodel import CostModel
 
 
 def best_throughput(cost: CostModel, ref: ModelRef, max_batch: int) -> float:
-    """Items/s of one worker at its best measured batch size (a full batch if unmeasured)."""
-    known = {b: ms for b, ms in cost.known(ref).items() if b <= max_batch and ms > 0}
-    if not known:
-        return max_batch / (cost.predict_ms(ref, max_batch) / 1000)
-    return max(b / (ms / 1000) for b, ms in known.items())
+    """Items/s of one worker at the batch size chosen from its measured curve."""
+    return cost.throughput(ref, max_batch)
 
 
 def capacity_by_model(
     cost: CostModel, worker_refs: Iterable[set[ModelRef]], max_batch: dict[ModelRef, int]
-) -> dict[str, float]:
-    """Sum over live workers, keyed "name@version". A worker serving several models is
-    counted for each (the report is an upper bound per model)."""
-    out: dict[str, float] = {}
+) -> dict[str, ModelCapacity]:
+    """Summed over live workers, keyed "name@version". A worker serving several models
+    is counted for each (the report is an upper bound per model)."""
+    workers: dict[ModelRef, int] = {}
     for refs in worker_refs:
         for ref in refs:
-            key = f"{ref[0]}@{ref[1]}"
-            out[key] = out.get(key, 0.0) + best_throughput(cost, ref, max_batch.get(ref, 1))
+            workers[ref] = workers.get(ref, 0) + 1
+    out: dict[str, ModelCapacity] = {}
+    for ref, n in workers.items():
+        cap = max_batch.get(ref, 1)
+        size = cost.batch_target(ref, cap)
+        batch_ms = cost.predict_ms(ref, size)
+        compute = n * size / (batch_ms / 1000)
+        # What saturated workers delivered, gaps between batches included, when known:
+        # lower tiers get what higher ones leave of it, so a few percent matter.
+        delivered = cost.saturated_rate(ref, n)
+        out[ModelRef(*ref).label()] = ModelCapacity(
+            items_s=min(compute, delivered) if delivered else compute,
+            batch=size,
+            batch_ms=batch_ms,
+            single_ms=cost.predict_ms(ref, 1),
+            workers=n,
+        )
     return out

@@ -30,7 +30,7 @@ from results.schema import RequestRow
 from scheduler.backpressure import BufferBudget, paused_classes
 from scheduler.batcher import Batch, Batcher, FlushPolicy, Pending
 from scheduler.capacity import capacity_by_model
-from scheduler.costmodel import CostModel, best_batch_size
+from scheduler.costmodel import CostModel
 from scheduler.load_report import tenant_backlog
 from scheduler.offsets import OffsetTracker, TopicPartition
 from scheduler.retry import RetryPolicy, plan_failure
@@ -140,19 +140,20 @@ class DispatchCore:
         self,
         *,
         flush: FlushPolicy,
-        batch_budget_ms: float,
+        batch_budget_ms: float | Sequence[float],
         budget: BufferBudget,
         retry: RetryPolicy | None = None,
         rng: random.Random | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
     ):
-        self.batch_budget_ms = batch_budget_ms
         self.max_in_flight = max_in_flight
         self.budget = budget
         self.retry = retry or RetryPolicy()
         self.rng = rng
-        self.cost = CostModel()
-        self.max_batch: dict[ModelRef, int] = {}
+        # The cost curve of each model, learned from every batch; it picks the batch
+        # size within the batch budget of each tier's SLO (scheduler/costmodel.py).
+        self.cost = CostModel(budget_ms=batch_budget_ms)
+        self.max_batch: dict[ModelRef, int] = {}  # the largest batch each model's workers take
         self.batcher = Batcher(
             policy=flush,
             cost=self.cost,
@@ -172,7 +173,7 @@ class DispatchCore:
     def from_settings(cls, settings: Settings, **kw: Any) -> DispatchCore:
         return cls(
             flush=FlushPolicy(settings.max_linger_ms / 1000, settings.deadline_margin_ms / 1000),
-            batch_budget_ms=settings.batch_budget(),
+            batch_budget_ms=settings.batch_budgets(),
             budget=BufferBudget.default(settings.max_buffered, len(PRIORITY_CLASSES)),
             **kw,
         )
@@ -182,30 +183,31 @@ class DispatchCore:
         for m in models:
             ref = ModelRef(m.name, m.version)
             profile = {int(k): v for k, v in m.profile_ms.items()}
-            # The worker's warmup curve picks the batch size (most items/s within the
-            # compute budget the SLOs leave); memory already bounded its max.
-            size = best_batch_size(profile, m.max_batch_size, self.batch_budget_ms)
-            self.max_batch[ref] = min(self.max_batch.get(ref, size), size)
+            # The worker's own limit (memory bounded it at warm-up); the batch size
+            # within it follows the measured curve, which the warm-up only seeds.
+            cap = m.max_batch_size
+            self.max_batch[ref] = min(self.max_batch.get(ref, cap), cap)
             self.cost.seed(ref, profile)
         w = Worker(worker_id, tuple(models), frozenset(ModelRef(m.name, m.version) for m in models))
         self.workers.append(w)
         return w
 
     def live_models(self) -> dict[ModelRef, tuple[int, dict[int, float]]]:
-        """Each model live workers serve: (batch size, warmup profile), for the registry."""
-        return {
-            ModelRef(m.name, m.version): (self.max_batch[ModelRef(m.name, m.version)], m.profile_ms)
-            for w in self.workers
-            if w.alive
-            for m in w.models
-        }
+        """Each model live workers serve: (the largest batch they take, the cost curve as
+        measured now, else the warm-up's), for the registry and the planner."""
+        out: dict[ModelRef, tuple[int, dict[int, float]]] = {}
+        for w in self.workers:
+            if w.alive:
+                for m in w.models:
+                    ref = ModelRef(m.name, m.version)
+                    out[ref] = (self.max_batch[ref], self.cost.known(ref) or m.profile_ms)
+        return out
 
     def may_queue(self, w: Worker) -> bool:
         """Whether a second batch may wait on this busy worker: a full batch of every
         model it serves is predicted short (decision 0012)."""
         return all(
-            self.cost.predict_ms(ref, self.max_batch.get(ref, 1)) <= PIPELINE_MAX_MS
-            for ref in w.refs
+            self.cost.predict_ms(ref, self.batcher.limit(ref)) <= PIPELINE_MAX_MS for ref in w.refs
         )
 
     # ---- what a free worker does next ----------------------------------------------------
@@ -226,10 +228,10 @@ class DispatchCore:
                     return Step(start=self._start(w, r.batch, now), writes=writes)
             hold = self._background_hold(w, now)
             if hold > now and self.batcher.urgent_may_wait(BACKGROUND_RANK, w.serves, hold):
-                # The batch would be filled with job items: spread this worker's start
-                # from the others', so a sync arrival never waits more than a batch time
-                # over the worker count (one that cannot wait, or that fills a batch,
-                # ends the hold: urgent_may_wait says no).
+                # The batch would be filled with job items, or the workers are saturated:
+                # spread this worker's start from the others', so a sync arrival never
+                # waits more than a batch time over the worker count (one that cannot
+                # wait ends the hold: urgent_may_wait says no).
                 return Step(wait_until=hold, writes=writes)
             batch = self.batcher.take(now, w.serves)
             if batch is None:

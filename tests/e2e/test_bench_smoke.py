@@ -47,11 +47,13 @@ def test_policy_benchmarks_smoke(
 
     monkeypatch.setenv("KAFKA_BOOTSTRAP", services.bootstrap)
     monkeypatch.setenv("DATABASE_URL", services.database_url)
-    assert overload.main(["--factor", "0.5", "--seconds", "2", "--out", str(tmp_path)]) == 0
-    report = json.loads(next(tmp_path.glob("overload-*.json")).read_text())
+    argv = ["--shapes", "100:10", "--factor", "0.5", "--seconds", "2", "--out", str(tmp_path)]
+    assert overload.main(argv) == 0
+    report = json.loads(next(tmp_path.glob("overload-100ms-*.json")).read_text())
     assert {r["tier"] for r in report["tiers"]} == {"free", "paid", "enterprise"}
     assert all(r["lost"] == 0 for r in report["tiers"])
-    assert next(tmp_path.glob("overload-*.png")).stat().st_size > 1000
+    assert set(report["simulated"]["tiers"]) == {"free", "paid", "enterprise"}
+    assert next(tmp_path.glob("overload-100ms-*.png")).stat().st_size > 1000
 
     argv = ["--burst", "100", "--noisy-rate", "50", "--quiet-rate", "5", "--quiet-seconds", "1"]
     assert fairness.main([*argv, "--out", str(tmp_path)]) == 0

@@ -12,12 +12,12 @@ def test_plain_and_json_fields_are_read_like_the_process_reads_them() -> None:
     s = settings_from_env(
         {
             "GRISTMILL_WORKERS": "3",
-            "GRISTMILL_SHED_DELAY_MS": '{"free": 250, "paid": 400, "enterprise": 450}',
+            "GRISTMILL_TIER_SLO_MS": '{"free": 6000, "paid": 2500, "enterprise": 900}',
             "KAFKA_BOOTSTRAP": "127.0.0.1:19092",
         }
     )
     assert s.workers == 3
-    assert s.shed_delay_ms == {"free": 250.0, "paid": 400.0, "enterprise": 450.0}
+    assert s.tier_slo_ms == {"free": 6000, "paid": 2500, "enterprise": 900}
     assert s.kafka_bootstrap == "127.0.0.1:19092"
 
 
@@ -26,8 +26,6 @@ def test_a_tier_out_of_order_names_the_field_and_both_tiers() -> None:
         Settings(tier_slo_ms={"enterprise": 3_000, "paid": 2_000, "free": 5_000})
     msg = str(err.value)
     assert "tier_slo_ms" in msg and "paid" in msg and "enterprise" in msg
-    with pytest.raises(ValidationError, match="shed_delay_ms: free"):
-        Settings(shed_delay_ms={"free": 500.0, "paid": 400.0, "enterprise": 450.0})
     with pytest.raises(ValidationError, match="tier_rate_rps"):
         Settings(tier_rate_rps={"free": 300.0, "paid": 200.0})
 
@@ -48,7 +46,7 @@ def test_constrained_fields() -> None:
     for bad in (
         {"topic_partitions": 0},
         {"api_port": 70_000},
-        {"target_utilization": 1.5},
+        {"max_buffered": 0},
         {"embed_max_tokens": 1_000},
         {"max_linger_ms": -1},
     ):
@@ -62,3 +60,4 @@ def test_the_defaults_and_the_environment_still_agree() -> None:
     s = settings_from_env({"DATABASE_URL": "postgresql://x/y", "GRISTMILL_MAX_LINGER_MS": "10"})
     assert s.database_url == "postgresql://x/y" and s.max_linger_ms == 10
     assert s.batch_budget() == (1_000 - 10 - 20) / 2
+    assert s.batch_budgets() == ((1_000 - 30) / 2, (2_000 - 30) / 2, (5_000 - 30) / 2)

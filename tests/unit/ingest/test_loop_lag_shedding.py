@@ -5,6 +5,7 @@ really held up."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 
@@ -45,6 +46,25 @@ def test_lowest_tier_is_shed_first() -> None:
     assert not o.should_shed("enterprise", TIERS, PATH, draw=0.0001)
     o.lag.lag_ms = 1000.0
     assert all(o.should_shed(t, TIERS, PATH, draw=0.9999) for t in ("free", "paid", "enterprise"))
+
+
+def test_a_lower_tier_gets_nothing_while_a_higher_one_is_refused() -> None:
+    o = Overload()
+    o.lag.lag_ms = 80.0  # past paid's lower threshold (75): paid partly shed
+    assert 0 < o.share("paid", TIERS, PATH) < 1
+    assert o.share("free", TIERS, PATH) == 1.0  # its own ramp would say 0.3
+    assert o.share("enterprise", TIERS, PATH) == 0.0
+
+
+@given(st.floats(0, 400), st.floats(0, 400))
+def test_shares_never_fall_with_the_tier(lag: float, answer: float) -> None:
+    o = Overload()
+    o.lag.lag_ms = lag
+    o.answer._ms, o.answer._at = answer, time.monotonic()
+    shares = [o.share(t, TIERS, PATH) for t in ("enterprise", "paid", "free")]
+    assert shares == sorted(shares)
+    for higher, lower in itertools.pairwise(shares):
+        assert higher == 0 or lower == 1
 
 
 def test_unknown_tier_uses_the_strictest_thresholds() -> None:

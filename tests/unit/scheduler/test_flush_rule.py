@@ -243,12 +243,16 @@ def test_sync_alone_never_waits_for_the_stagger() -> None:
     assert not b.urgent_may_wait(3, ALL, 0.05)
 
 
-def test_sync_that_fills_a_batch_goes_at_once() -> None:
+def test_a_backlog_of_sync_work_may_wait_once_for_the_stagger_point() -> None:
+    # Saturated workers that started together would stay together: spreading them costs
+    # one hold, within the deadlines.
     b = make_batcher(max_batch=2)
     b.add(pending(rank=3, at=0.0))
     for _ in range(2):
         b.add(pending(rank=0, at=0.0, deadline=5.0))
-    assert not b.urgent_may_wait(3, ALL, 0.05)
+    assert b.urgent_may_wait(3, ALL, 0.05)
+    b.add(pending(rank=0, at=0.0, deadline=0.16))
+    assert not b.urgent_may_wait(3, ALL, 0.05)  # one of them cannot wait
 
 
 def test_sync_whose_deadline_is_near_goes_at_once() -> None:

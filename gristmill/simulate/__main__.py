@@ -1,0 +1,5 @@
+"""``python -m gristmill.simulate``: the same as ``gristmill simulate``."""
+
+from gristmill.simulate.cli import main
+
+main()
