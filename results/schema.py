@@ -9,6 +9,7 @@ from typing import Any, TypedDict
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -55,6 +56,8 @@ api_keys = Table(
     Column("prefix", Text, nullable=False),  # first characters, to recognise a key in listings
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("revoked_at", DateTime(timezone=True)),
+    # Admin scope: operator routes (ingest/admin_auth.py); tenant keys cannot reach them.
+    Column("admin", Boolean, nullable=False, server_default="false"),
 )
 
 models = Table(

@@ -87,15 +87,26 @@ def get_tenant(conn: Connection, name: str) -> Tenant:
     )
 
 
-def issue_key(conn: Connection, tenant: Tenant) -> tuple[str, str]:
-    """Returns (key id, the key in clear): the only moment the clear key exists."""
+def issue_key(conn: Connection, tenant: Tenant, *, admin: bool = False) -> tuple[str, str]:
+    """Returns (key id, the key in clear): the only moment the clear key exists.
+    ``admin``: the key may also reach operator routes (ingest/admin_auth.py)."""
     key = new_key()
     row = conn.execute(
         api_keys.insert()
-        .values(tenant_id=tenant.id, key_hash=hash_key(key), prefix=key[:10])
+        .values(tenant_id=tenant.id, key_hash=hash_key(key), prefix=key[:10], admin=admin)
         .returning(api_keys.c.id)
     ).one()
     return row.id, key
+
+
+def admin_lookup_stmt(key: str) -> Select[tuple[bool, str, str]]:
+    """Whether an active key has the admin scope, with its tenant and prefix (the actor
+    an audit trail names)."""
+    return (
+        select(api_keys.c.admin, tenants.c.name, api_keys.c.prefix)
+        .join(tenants, api_keys.c.tenant_id == tenants.c.id)
+        .where(api_keys.c.key_hash == hash_key(key), api_keys.c.revoked_at.is_(None))
+    )
 
 
 def list_keys(conn: Connection, tenant_name: str | None = None) -> list[dict[str, object]]:
@@ -107,6 +118,7 @@ def list_keys(conn: Connection, tenant_name: str | None = None) -> list[dict[str
             api_keys.c.prefix,
             api_keys.c.created_at,
             api_keys.c.revoked_at,
+            api_keys.c.admin,
         )
         .join(api_keys, api_keys.c.tenant_id == tenants.c.id)
         .order_by(tenants.c.name, api_keys.c.created_at)

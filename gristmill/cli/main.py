@@ -180,7 +180,12 @@ def tenants_set(
 
 
 @tenants_app.command("add-key")
-def tenants_add_key(name: str) -> None:
+def tenants_add_key(
+    name: str,
+    admin: bool = typer.Option(
+        False, help="the key may also reach operator routes (dashboard, model registry)"
+    ),
+) -> None:
     """Issue another API key for an existing tenant."""
     from core.errors import GristmillError
     from results.db import make_engine
@@ -188,10 +193,10 @@ def tenants_add_key(name: str) -> None:
 
     with make_engine(load_settings().database_url).begin() as conn:
         try:
-            key_id, key = issue_key(conn, get_tenant(conn, name))
+            key_id, key = issue_key(conn, get_tenant(conn, name), admin=admin)
         except GristmillError as exc:
             _fail(exc.message)
-    typer.echo(f"key id {key_id}", err=True)
+    typer.echo(f"key id {key_id}" + (" (admin scope)" if admin else ""), err=True)
     typer.echo(key)
 
 
@@ -207,7 +212,8 @@ def tenants_list() -> None:
             typer.echo(f"{t.name}\t{t.tier}\t{t.id}")
             for k in (k for k in keys if k["name"] == t.name):
                 state = f"revoked {k['revoked_at']:%Y-%m-%d}" if k["revoked_at"] else "active"
-                typer.echo(f"    key {k['id']}  {k['prefix']}...  {state}")
+                scope = "  admin" if k["admin"] else ""
+                typer.echo(f"    key {k['id']}  {k['prefix']}...  {state}{scope}")
 
 
 @tenants_app.command("revoke")
