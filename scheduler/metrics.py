@@ -40,6 +40,7 @@ from core.metrics import (
     LATENCY_BUCKETS,
     RATIO_BUCKETS,
     STAGES,
+    observe_many,
     stage_histogram,
 )
 from core.protocol import WorkResult
@@ -223,7 +224,11 @@ def committed(lane: str, seconds: float, ok: bool) -> None:
 
 
 def persisted(rows: list[RequestRow], now: float | None = None) -> None:
-    """Rows are committed: every stage each request went through, and its outcome."""
+    """Rows are committed: every stage each request went through, and its outcome.
+
+    Values are gathered per model and class and observed in one step per stage
+    (``observe_many``): a scheduler feeding a GPU persists tens of thousands of rows a
+    second, and four ``observe`` calls per row cost more than building the row."""
     now = time.time() if now is None else now
     epoch: dict[int, float] = {}  # rows of a batch share their datetimes: convert each once
 
@@ -236,6 +241,7 @@ def persisted(rows: list[RequestRow], now: float | None = None) -> None:
         return t
 
     finished: dict[tuple[str, str, str, str], int] = {}
+    stages: dict[tuple[str, str, str], tuple[list[float], ...]] = {}
     for r in rows:
         labels = (r["model"], r["model_version"], r["priority"])
         fkey = (*labels, r["status"])
@@ -243,18 +249,26 @@ def persisted(rows: list[RequestRow], now: float | None = None) -> None:
         consumed = at(r["consumed_at"])
         if consumed is None:
             continue
-        queue, batch_wait, compute, persist = _stages.get(labels) or _stage_children(labels)
-        queue.observe(max(0.0, consumed - r["received_at"].timestamp()))
+        values = stages.get(labels)
+        if values is None:
+            values = stages[labels] = ([], [], [], [])
+        queue, batch_wait, compute, persist = values
+        queue.append(max(0.0, consumed - r["received_at"].timestamp()))
         batched, start, end = (
             at(r["batched_at"]),
             at(r["compute_start_at"]),
             at(r["compute_end_at"]),
         )
         if batched is not None:
-            batch_wait.observe(max(0.0, batched - consumed))
+            batch_wait.append(max(0.0, batched - consumed))
         if start is not None and end is not None:
-            compute.observe(max(0.0, end - start))
-            persist.observe(max(0.0, now - end))
+            compute.append(max(0.0, end - start))
+            persist.append(max(0.0, now - end))
+    for labels, values in stages.items():
+        for child, observed in zip(
+            _stages.get(labels) or _stage_children(labels), values, strict=True
+        ):
+            observe_many(child, observed)
     for (m, v, cls_, status), n in finished.items():
         _child(FINISHED, m, v, cls_, str(status)).inc(n)
 

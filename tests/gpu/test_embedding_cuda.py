@@ -19,10 +19,15 @@ from core.models.embedding import EmbedSpec  # noqa: E402
 
 
 def _model(device: str, **kw: Any) -> Any:
+    from core.config import load_settings
     from workers.models.embedding.runtime import EmbeddingModel, EmbedRuntime
 
-    spec = EmbedSpec(name="all-minilm-l6-v2", version="1", max_batch_size=512)
-    return EmbeddingModel(spec, EmbedRuntime(device=device, **kw))
+    # GRISTMILL_EMBED_MODEL_DIR: the weights carried to the GPU machine.
+    model_dir = load_settings().embed_model_dir
+    spec = EmbedSpec(
+        name="all-minilm-l6-v2", version="1", max_batch_size=512, tokenizer_dir=model_dir
+    )
+    return EmbeddingModel(spec, EmbedRuntime(device=device, model_dir=model_dir, **kw))
 
 
 @pytest.fixture(scope="module")

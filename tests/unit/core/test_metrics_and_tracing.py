@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from core import tracing
 from core.config import Settings
@@ -77,3 +78,37 @@ def test_trace_context_is_read_from_kafka_headers() -> None:
     assert tracing.context_from_headers([("traceparent", b"garbage")]) is None
     assert tracing.context_from_headers([("other", b"x")]) is None
     assert tracing.context_from_headers(None) is None
+
+
+def test_observe_many_records_what_one_observe_per_value_records() -> None:
+    """observe_many adds to the library's own bucket and sum values: if a new
+    prometheus_client stores them differently, this fails."""
+    import random
+
+    from core.metrics import observe_many
+
+    rng = random.Random(7)
+    values = [rng.choice([0.0, 0.001, 0.002, 5.0, 30.0, 31.0]) for _ in range(50)]
+    values += [rng.expovariate(5.0) for _ in range(500)]
+    one, many = CollectorRegistry(), CollectorRegistry()
+    h1 = Histogram("x_seconds", "x", ["m"], buckets=LATENCY_BUCKETS, registry=one)
+    h2 = Histogram("x_seconds", "x", ["m"], buckets=LATENCY_BUCKETS, registry=many)
+    for v in values:
+        h1.labels("a").observe(v)
+    observe_many(h2.labels("a"), values[:100])
+    observe_many(h2.labels("a"), values[100:])
+    observe_many(h2.labels("a"), [])
+
+    def sampled(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
+        snap = snapshot(registry)
+        return {
+            (name, s.labels.get("le", "")): s.value
+            for name, samples in snap.samples.items()
+            if not name.endswith("_created")
+            for s in samples
+        }
+
+    a, b = sampled(one), sampled(many)
+    assert a.keys() == b.keys() and len(a) == len(LATENCY_BUCKETS) + 3  # +Inf, count, sum
+    for key, value in a.items():
+        assert b[key] == pytest.approx(value), key
