@@ -76,6 +76,7 @@ class _Curve:
     sizes: dict[int, _Size] = field(default_factory=dict)
     batches: int = 0  # batches measured online
     probed_at: dict[int, int] = field(default_factory=dict)  # size -> ``batches`` then
+    probing: set[int] = field(default_factory=set)  # sizes of probes not measured yet
     cache: dict[int, float] | None = None  # size -> estimate, rebuilt after a change
     # Batches taken while another full batch still waited (time, items): the workers
     # were saturated, so their pace is the throughput the model really gets, gaps
@@ -116,7 +117,18 @@ class CostModel:
         if size < 1 or ms <= 0:
             return
         curve = self._curves.setdefault(model, _Curve())
-        curve.sizes.setdefault(size, _Size()).samples.append(ms)
+        s = curve.sizes.setdefault(size, _Size())
+        if size in curve.probing:
+            curve.probing.discard(size)
+            est = s.estimate() if s.samples else None
+            if est is not None and ms < NEAR_BEST * est:
+                # A probe found this size faster than its kept samples say: they are from
+                # a slower time (a busy host, workers starting together) that probes, one
+                # every REPROBE_EVERY batches, would take minutes to outvote. Start again
+                # from this reading; if the size now wins, its own batches re-measure it
+                # at once, so an optimistic reading is corrected within a few batches.
+                s.samples.clear()
+        s.samples.append(ms)
         curve.batches += 1
         self._changed(model, curve)
 
@@ -241,6 +253,7 @@ class CostModel:
         if not trusted and last is not None and curve.batches == last:
             return 0  # one probe at a time: wait for its measurement
         curve.probed_at[size] = curve.batches
+        curve.probing.add(size)
         return size
 
     def took(self, model: ModelRef, size: int, now: float, left: int) -> None:

@@ -407,6 +407,14 @@ def run_workers(
         ),
     }
     out["gpu_ms"] = gpu_ms
+    # What the scheduler's cost model learned online and the batch size it chose.
+    ref = ModelRef(info.name, info.version)
+    out["cost_known_ms"] = {str(k): v for k, v in core.cost.known(ref).items()}
+    out["batch_target"] = core.cost.batch_target(ref, max_batch)
+    sizes: dict[int, int] = {}
+    for r in window:
+        sizes[r["n"]] = sizes.get(r["n"], 0) + 1
+    out["batch_sizes"] = {str(k): v for k, v in sorted(sizes.items())}
     out["marks"] = [(r["t_launch"], r["t_enqueued"], r["t_done"]) for r in window if "t_done" in r]
     if n_workers == 1 and window and not shared_socket:
         out["late_launch"] = late_launches(out.pop("marks"))

@@ -206,6 +206,34 @@ def test_a_confirmed_slow_size_is_probed_again_only_now_and_then() -> None:
     assert probes == 1
 
 
+def test_a_disturbed_spell_does_not_keep_the_batch_small_once_a_probe_sees_it_passed() -> None:
+    # The GPU worker's curve: 512 in 7 ms, 1,024 in 12.5 ms (the largest is fastest).
+    c = CostModel(budget_ms=465)
+    c.seed(REF, {256: 4.0, 512: 7.0, 1024: 12.5})
+    assert c.batch_target(REF, 1024) == 1024
+    for _ in range(SAMPLES_KEPT):  # a spell of slow readings (three schedulers starting)
+        c.observe(REF, 1024, 30.0)
+    assert c.batch_target(REF, 1024) == 512
+    sizes = []
+    for _ in range(2 * CONFIRMED):  # the spell is over: the real curve again
+        n = c.batch_size(REF, 1024, queued=5000)
+        sizes.append(n)
+        c.observe(REF, n, 12.5 if n == 1024 else 7.0)
+    # The first take probes 1,024; its reading replaces the spell's, and 1,024 is the
+    # target again from the next batch on (not after SAMPLES_KEPT // 2 + 1 probes,
+    # REPROBE_EVERY batches apart).
+    assert sizes[0] == 1024
+    assert c.batch_target(REF, 1024) == 1024 and sizes[1:] == [1024] * (len(sizes) - 1)
+
+
+def test_a_slower_probe_keeps_the_samples_it_is_outvoted_by() -> None:
+    c = CostModel(budget_ms=465)
+    c.seed(REF, {1: 10.0, 4: 20.0})
+    for _ in range(CONFIRMED):
+        c.observe(REF, c.batch_size(REF, 64, queued=100), 200.0)  # 8 is slow
+    assert c.batch_target(REF, 64) == 4 and c.measured(REF, 8) == CONFIRMED
+
+
 def test_a_probe_that_could_not_fit_the_budget_is_not_made() -> None:
     c = CostModel(budget_ms=100)
     c.seed(REF, {1: 10.0, 8: 60.0})
