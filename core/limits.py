@@ -35,7 +35,6 @@ from core.errors import InvalidInput
 
 INT32_MAX = 2**31 - 1
 INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
 UINT64_MAX = 2**64 - 1  # the largest integer orjson writes
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

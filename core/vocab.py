@@ -86,13 +86,6 @@ FINISHED_JOB_STATUSES = frozenset(
 )
 
 
-class SubmitState(StrEnum):
-    """Phase of a job's two-phase submission (``jobs.submit_state``, decision 10)."""
-
-    SUBMITTING = "submitting"  # recorded; its items are still being produced to Kafka
-    SUBMITTED = "submitted"  # every item is in Kafka
-
-
 class ModelRef(NamedTuple):
     """One version of one model. A tuple, so ``(name, version)`` pairs compare and
     hash equal to it."""

@@ -15,11 +15,6 @@ from core.vocab import ModelRef
 from scheduler.costmodel import CostModel
 
 
-def best_throughput(cost: CostModel, ref: ModelRef, max_batch: int) -> float:
-    """Items/s of one worker at the batch size chosen from its measured curve."""
-    return cost.throughput(ref, max_batch)
-
-
 def capacity_by_model(
     cost: CostModel, worker_refs: Iterable[set[ModelRef]], max_batch: dict[ModelRef, int]
 ) -> dict[str, ModelCapacity]:

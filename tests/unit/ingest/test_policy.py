@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ingest.ratelimit import TenantLimiter, TokenBucket
-from scheduler.capacity import best_throughput, capacity_by_model
+from scheduler.capacity import capacity_by_model
 from scheduler.costmodel import CostModel
 
 
@@ -53,7 +53,7 @@ def test_capacity_follows_workers_and_reports_the_batch_shape() -> None:
     cost = CostModel()
     ref = ("sim", "1")
     cost.seed(ref, {1: 100.0, 100: 100.0})
-    assert best_throughput(cost, ref, 100) == pytest.approx(1000.0)
+    assert cost.throughput(ref, 100) == pytest.approx(1000.0)
     two = capacity_by_model(cost, [{ref}, {ref}], {ref: 100})
     one = capacity_by_model(cost, [{ref}], {ref: 100})
     assert two == {
