@@ -302,6 +302,42 @@ class JobSettings(_Concern):
         return self
 
 
+class RetentionSettings(_Concern):
+    """How long the request log keeps what, and how it is cut (results/retention.py,
+    results/sweeper.py; docs/decisions/0024-partitioned-request-log.md)."""
+
+    # Days a request's row stays in the log (a tenant's log_retention_days overrides it).
+    request_log_retention_days: int = Field(30, ge=1, le=3650)
+    # Width of one time partition of the log tables (hours; whole days name them by day).
+    request_log_partition_hours: int = Field(24, ge=1, le=24 * 31)
+    # Partitions are made this far ahead of now (hours): the sweep may stop this long
+    # (every process down, or the leader stuck) before a row finds no partition.
+    request_log_ahead_hours: int = Field(72, ge=1)
+    # The sweeper's pass: how often (seconds), and the rows one DELETE takes (short
+    # transactions that never hold a writer up; docs/bench/store.md measures them).
+    sweep_interval_s: float = Field(60.0, gt=0)
+    sweep_batch_rows: int = Field(5_000, ge=1)
+    # Time one pass may spend deleting before it yields to the next (seconds).
+    sweep_budget_s: float = Field(20.0, gt=0)
+    # Bounds of a job's output_expires_after (seconds), as OpenAI's batches: 1 h..30 d.
+    min_output_expires_s: int = Field(3_600, ge=1)
+    max_output_expires_s: int = Field(30 * 86_400, ge=1)
+
+    @model_validator(mode="after")
+    def _ahead(self) -> Self:
+        if self.request_log_ahead_hours < self.request_log_partition_hours:
+            raise ValueError(
+                f"request_log_ahead_hours ({self.request_log_ahead_hours}) must be at least "
+                f"request_log_partition_hours ({self.request_log_partition_hours})"
+            )
+        if self.min_output_expires_s > self.max_output_expires_s:
+            raise ValueError(
+                f"min_output_expires_s ({self.min_output_expires_s}) must not exceed "
+                f"max_output_expires_s ({self.max_output_expires_s})"
+            )
+        return self
+
+
 class SchedulerSettings(_Concern):
     """The batching scheduler (scheduler/)."""
 
@@ -361,6 +397,9 @@ class ModelSettings(_Concern):
     max_param_chars: int = Field(1_000, ge=1)
     sim_batch_ms: float = Field(100.0, ge=0)
     sim_max_batch: int = Field(100, ge=1)
+    # Benchmarks of the result store: sim answers with a float32 vector of this many
+    # values (the embedding model's shape: 384) instead of its digest; 0: the digest.
+    sim_vector_dim: int = Field(0, ge=0, le=65_536)
     embed_max_batch: int = Field(256, ge=1)
     # Inputs are truncated to this many tokens ([CLS]/[SEP] included); the model's
     # position table holds 512.
@@ -394,6 +433,7 @@ class Settings(
     EdgeSettings,
     TierSettings,
     JobSettings,
+    RetentionSettings,
     SchedulerSettings,
     WorkerSettings,
     ModelSettings,
