@@ -26,6 +26,9 @@ MAX_KEY_LENGTH = 255
 class Claim:
     first: bool  # this call is the first with the key
     first_deadline: datetime | None = None  # when the first attempt's caller gave up
+    # When the first attempt was received: a resend carries it, so the request keeps
+    # one row (the request log's key includes received_at). None: an old claim.
+    first_received: datetime | None = None
 
 
 async def claim(
@@ -36,6 +39,7 @@ async def claim(
     request_id: str,
     body_hash: str,
     deadline: float,
+    received: float,
 ) -> Claim:
     stmt = (
         insert(idempotency_keys)
@@ -45,6 +49,7 @@ async def claim(
             request_id=request_id,
             body_hash=body_hash,
             deadline_at=ts(deadline),
+            received_at=ts(received),
         )
         .on_conflict_do_nothing()
         .returning(idempotency_keys.c.request_id)
@@ -54,9 +59,11 @@ async def claim(
             return Claim(first=True)
         row = (
             await conn.execute(
-                select(idempotency_keys.c.body_hash, idempotency_keys.c.deadline_at).where(
-                    idempotency_keys.c.tenant_id == tenant_id, idempotency_keys.c.key == key
-                )
+                select(
+                    idempotency_keys.c.body_hash,
+                    idempotency_keys.c.deadline_at,
+                    idempotency_keys.c.received_at,
+                ).where(idempotency_keys.c.tenant_id == tenant_id, idempotency_keys.c.key == key)
             )
         ).one()
     if row.body_hash != body_hash:
@@ -64,7 +71,7 @@ async def claim(
             "Idempotency-Key was already used with a different request body",
             field="Idempotency-Key",
         )
-    return Claim(first=False, first_deadline=row.deadline_at)
+    return Claim(first=False, first_deadline=row.deadline_at, first_received=row.received_at)
 
 
 async def expire_old(engine: AsyncEngine, ttl_h: int) -> int:

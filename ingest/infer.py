@@ -22,12 +22,14 @@ from core.vocab import TIER_TO_CLASS, RequestStatus
 from ingest import metrics
 from ingest.idempotency import claim
 from ingest.policy import check_admission, check_rate
+from ingest.refusal_log import TIMEOUTS, Timeout
 from ingest.schemas import ERROR_RESPONSES, InferAnswer, InferBody, RequestRecord, parse_infer
 from ingest.state import AppState, get_state
 from ingest.tracing import annotate
 from ingest.waiters import RESULT_COLUMNS
 from results.schema import requests
 from results.tenants import Tenant
+from results.vectors import EncodingFormat, answer_output
 
 router = APIRouter()
 
@@ -48,7 +50,7 @@ def result_body(row: dict[str, Any], total_ms: float | None = None) -> dict[str,
         total_ms = _ms(row["received_at"], row["persisted_at"])
     return {
         "request_id": str(row["request_id"]),
-        "output": row["output"],
+        "output": answer_output(row["output"], row.get("output_vector"), EncodingFormat.FLOAT),
         "model": row["model"],
         "model_version": row["model_version"],
         "batch_size": row["batch_size"],
@@ -192,6 +194,7 @@ async def _infer(
                 request_id=rid,
                 body_hash=msg.body_hash,
                 deadline=deadline,
+                received=received,
             )
             if not c.first:
                 done = await st.waiter.fetch([rid])
@@ -201,6 +204,8 @@ async def _infer(
                 # gave up, in which case it may never have reached Kafka: send it again
                 # (same request id, so at most one result row either way).
                 send = c.first_deadline is not None and c.first_deadline < datetime.now(UTC)
+                if c.first_received is not None:  # its row's key: the first attempt's time
+                    msg.received_at = c.first_received.timestamp()
         if send:
             topic = request_topic(st.settings, msg.priority)
             await st.producer.produce(topic, msg.encode(), headers=tracing.headers())
@@ -210,6 +215,7 @@ async def _infer(
                 asyncio.shield(fut), timeout=max(0.0, deadline - time.time())
             )
         except TimeoutError as exc:
+            TIMEOUTS.record(Timeout(rid, tenant.id, msg.received_at, time.time()))
             raise DeadlineExceeded(
                 f"no result within timeout_ms={timeout_ms}; the request stays accepted "
                 f"and its result can be fetched at /v1/requests/{rid}"

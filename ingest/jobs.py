@@ -24,6 +24,7 @@ from ingest.state import AppState, get_state
 from results.jobs import counts, item_status, items_stmt, job_status
 from results.schema import job_items, jobs, requests
 from results.tenants import Tenant
+from results.vectors import EncodingFormat, answer_output
 
 router = APIRouter()
 
@@ -107,7 +108,9 @@ def item_view(r: Any, j: Any, now: datetime) -> dict[str, Any]:
         "index": r.item_index,
         "custom_id": r.custom_id,
         "status": status,
-        "output": r.output if status == "succeeded" else None,
+        "output": answer_output(r.output, r.output_vector, EncodingFormat.FLOAT)
+        if status == "succeeded"
+        else None,
         "error": r.error,
         "attempts": r.attempts or 0,
     }

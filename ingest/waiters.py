@@ -39,6 +39,7 @@ RESULT_COLUMNS = (
     requests.c.request_id,
     requests.c.status,
     requests.c.output,
+    requests.c.output_vector,
     requests.c.error,
     requests.c.model,
     requests.c.model_version,

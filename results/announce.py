@@ -6,7 +6,9 @@ answers of sync requests written by this transaction: everything the API needs t
 ``ids`` are requests whose answer is not inlined (a result too large for a payload, or a
 redelivered request whose row was written earlier): their waiter fetches the row.
 Timestamps travel as epoch seconds and come back as the aware datetimes a fetched row
-has. PostgreSQL caps a payload at 8000 bytes; payloads are cut to stay below it.
+has; a vector output travels as ``output_vector`` in base64 (its stored float32 bytes,
+results/vectors.py) and comes back as those bytes. PostgreSQL caps a payload at 8000
+bytes; payloads are cut to stay below it.
 See docs/decisions/0003-results-announced-by-notify.md.
 """
 
@@ -18,9 +20,12 @@ from typing import Any
 
 import orjson
 
+from results.vectors import from_base64
+
 # Below PostgreSQL's 8000-byte cap, with room for the envelope.
 PAYLOAD_MAX = 7000
 # A result larger than this is announced by id: a few such would fill a payload alone.
+# A 384-value embedding (2,048 base64 characters) and its times fit.
 INLINE_MAX = 3000
 
 # The request log's times an answer reports; persisted_at is the database's own.
@@ -32,15 +37,23 @@ def _epoch(d: datetime | None) -> float | None:
     return None if d is None else d.timestamp()
 
 
-def inline_result(row: Mapping[str, Any], persisted_at: datetime, output_json: str | None) -> bytes:
+def inline_result(
+    row: Mapping[str, Any],
+    persisted_at: datetime,
+    output_json: str | None,
+    vector_b64: str | None = None,
+) -> bytes:
     """One answer as JSON; ``output_json`` is the output as already written to the
-    request log (so the answer decodes to what a fetch of the row would)."""
+    request log and ``vector_b64`` its vector's stored bytes in base64 (so the answer
+    decodes to what a fetch of the row would)."""
     out: dict[str, Any] = {k: row[k] for k in PLAIN}
     out["request_id"] = str(out["request_id"])
     for k in TIMES:
         out[k] = _epoch(row[k])
     out["persisted_at"] = persisted_at.timestamp()
     out["output"] = None if output_json is None else orjson.Fragment(output_json)
+    if vector_b64 is not None:
+        out["output_vector"] = vector_b64
     return orjson.dumps(out)
 
 
@@ -82,5 +95,7 @@ def parse(payload: str) -> tuple[list[dict[str, Any]], list[str]]:
         for k in (*TIMES, "persisted_at"):
             v = r[k]
             r[k] = None if v is None else datetime.fromtimestamp(v, UTC)
+        vector = r.get("output_vector")
+        r["output_vector"] = None if vector is None else from_base64(vector)
         rows.append(r)
     return rows, data["ids"]

@@ -80,6 +80,7 @@ def items_stmt(job_id: str, start: int, limit: int) -> Select[Any]:
             job_items.c.attempt,
             requests.c.status,
             requests.c.output,
+            requests.c.output_vector,
             requests.c.error,
             requests.c.attempts,
         )

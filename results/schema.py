@@ -18,11 +18,12 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     Table,
     Text,
     func,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import BYTEA, JSONB, UUID
 
 from core.vocab import TIERS, RequestStatus
 
@@ -40,6 +41,9 @@ tenants = Table(
     Column("rate_rps", Float),
     Column("burst", Float),
     Column("job_items_per_s", Float),
+    # Days its rows stay in the request log; NULL: the deployment's default
+    # (results/retention.py).
+    Column("log_retention_days", Integer),
     CheckConstraint(
         f"tier in ({', '.join(repr(str(t)) for t in TIERS)})", name="tenants_tier_check"
     ),
@@ -70,7 +74,10 @@ models = Table(
     Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
-# The request log and result store: exactly one row per request id.
+# The request log and result store: exactly one row per request id. Partitioned by
+# range of received_at (results/partitions.py); the key includes it, and every message
+# of one request carries the same received_at, so a redelivery meets its first row
+# (docs/decisions/0024-partitioned-request-log.md).
 requests = Table(
     "requests",
     metadata,
@@ -82,14 +89,16 @@ requests = Table(
     Column("params", JSONB, nullable=False, server_default="{}"),
     Column("input", JSONB(none_as_null=True)),  # NULL for job items (kept in job_items)
     Column("status", Text, nullable=False),  # a RequestStatus
-    Column("output", JSONB(none_as_null=True)),
+    Column("output", JSONB(none_as_null=True)),  # NULL for a vector output
+    # A vector output as little-endian float32 (results/vectors.py); NULL otherwise.
+    Column("output_vector", BYTEA),
     Column("error", Text),
     Column("attempts", Integer, nullable=False, server_default="1"),
     Column("batch_id", UUID(as_uuid=False)),
     Column("batch_size", Integer),
     Column("job_id", UUID(as_uuid=False)),
     Column("item_index", Integer),
-    Column("received_at", DateTime(timezone=True), nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False, primary_key=True),
     Column("produced_at", DateTime(timezone=True)),
     Column("consumed_at", DateTime(timezone=True)),
     Column("batched_at", DateTime(timezone=True)),
@@ -106,8 +115,9 @@ requests = Table(
     ),
     Index("requests_tenant_received", "tenant_id", "received_at"),
     Index("requests_job_item", "job_id", "item_index"),
+    Index("requests_received_brin", "received_at", postgresql_using="brin"),
+    postgresql_partition_by="RANGE (received_at)",
 )
-
 
 
 class RequestRow(TypedDict):
@@ -123,6 +133,7 @@ class RequestRow(TypedDict):
     input: Any
     status: RequestStatus
     output: Any
+    output_vector: bytes | None
     error: str | None
     attempts: int
     batch_id: str | None
@@ -163,6 +174,7 @@ batches = Table(
     Column("compute_end_at", DateTime(timezone=True)),
     Column("compute_ms", Float),
     Column("persisted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("batches_formed", "formed_at"),
 )
 
 idempotency_keys = Table(
@@ -176,6 +188,10 @@ idempotency_keys = Table(
     # in case the first attempt died between claiming the key and reaching Kafka.
     Column("deadline_at", DateTime(timezone=True), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The first attempt's received_at: a resent request keeps it, so its row lands where
+    # the first attempt's would (the request log's partition key). NULL: claimed before
+    # the column existed.
+    Column("received_at", DateTime(timezone=True)),
     Index("idempotency_keys_created", "created_at"),
 )
 
@@ -211,6 +227,11 @@ jobs = Table(
     Column("webhook_next_at", DateTime(timezone=True)),
     Column("webhook_delivered_at", DateTime(timezone=True)),
     Column("webhook_error", Text),
+    # output_expires_after (OpenAI's batches): its items' results and inputs are deleted
+    # at this time (results/sweeper.py), then output_expired_at is set. NULL: they live
+    # as long as the tenant's request log retention.
+    Column("output_expires_at", DateTime(timezone=True)),
+    Column("output_expired_at", DateTime(timezone=True)),
 )
 
 job_items = Table(
@@ -241,4 +262,34 @@ scheduler_load = Table(
     # the largest tenants' queues per model ref and class (results.load.REST: the rest)
     Column("tenant_backlog", JSONB, nullable=False, server_default="{}"),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# Refused requests (401, 429, 503, 504), counted per second, tenant, tier, status and
+# reason by each API process and written about once a second (ingest/refusal_log.py):
+# an overload never becomes a row per refusal. Partitioned by range of ``at``.
+refusals = Table(
+    "refusals",
+    metadata,
+    Column("at", DateTime(timezone=True), nullable=False),  # the second (truncated)
+    Column("tenant_id", UUID(as_uuid=False)),  # NULL: no tenant (a bad key)
+    Column("tier", Text),
+    Column("status", SmallInteger, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("count", Integer, nullable=False),
+    Index("refusals_at", "at"),
+    Index("refusals_tenant_at", "tenant_id", "at"),
+    postgresql_partition_by="RANGE (at)",
+)
+
+# When an API instance gave up on a sync request (its 504): a row stored after this
+# time is a late answer (the view late_answers). Partitioned like the request log and
+# keyed like it, so it joins a request's row in one partition.
+answer_timeouts = Table(
+    "answer_timeouts",
+    metadata,
+    Column("request_id", UUID(as_uuid=False), primary_key=True),
+    Column("received_at", DateTime(timezone=True), primary_key=True),
+    Column("tenant_id", UUID(as_uuid=False), nullable=False),
+    Column("gave_up_at", DateTime(timezone=True), nullable=False),
+    postgresql_partition_by="RANGE (received_at)",
 )

@@ -187,6 +187,7 @@ def _failed_row(
         "input": None,
         "status": RequestStatus.FAILED,
         "output": None,
+        "output_vector": None,
         "error": f"the request message could not be read: {reason}",
         "attempts": 1,
         "batch_id": None,

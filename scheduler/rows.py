@@ -12,6 +12,7 @@ from core.vocab import RequestStatus
 from results.db import ts
 from results.faults import storable
 from results.schema import RequestRow
+from results.vectors import is_vector_batch, rows_as_bytes
 from scheduler.batcher import Batch, Pending
 from scheduler.dispatch import Write
 
@@ -47,6 +48,7 @@ def request_row(
         "input": None if m.job_id else input_text(m.input),
         "status": status,
         "output": output,
+        "output_vector": None,
         "error": error,
         "attempts": m.attempt + 1,
         "batch_id": batch.batch_id if batch else None,
@@ -109,10 +111,16 @@ def succeeded_rows(
     """``request_row(p, status=RequestStatus.SUCCEEDED, ...)`` for ``items`` of a computed
     batch (all of them by default), in one pass: what a batch shares is worked out once,
     and times its requests share (consumed in one fetch, produced in the same
-    millisecond) are converted once."""
+    millisecond) are converted once. An array of outputs (an embedding model's) becomes
+    one float32 vector per row, converted for the whole batch at once."""
     items = batch.items if items is None else items
     if len(outputs) != len(items):
         raise ValueError(f"{len(outputs)} outputs for {len(items)} requests")
+    vectors: Sequence[bytes | None]
+    if is_vector_batch(outputs):
+        vectors, outputs = rows_as_bytes(outputs), [None] * len(items)
+    else:
+        vectors = [None] * len(items)
     fromts = datetime.fromtimestamp
     seen: dict[float, datetime] = {}
 
@@ -127,7 +135,7 @@ def succeeded_rows(
     batch_id, size = batch.batch_id, len(batch.items)
     batched, start, end = ts(batch.formed_at), ts(compute_start), ts(compute_end)
     rows: list[RequestRow] = []
-    for p, out in zip(items, outputs, strict=True):
+    for p, out, vector in zip(items, outputs, vectors, strict=True):
         m = p.msg
         rows.append(
             {
@@ -140,6 +148,7 @@ def succeeded_rows(
                 "input": None if m.job_id else input_text(m.input),
                 "status": RequestStatus.SUCCEEDED,
                 "output": out,
+                "output_vector": vector,
                 "error": None,
                 "attempts": m.attempt + 1,
                 "batch_id": batch_id,

@@ -6,11 +6,13 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 
 from results import announce
 from results.store import announcements
+from results.vectors import from_floats, to_floats
 
 T0 = datetime(2026, 11, 26, 12, 0, 0, 123456, tzinfo=UTC)
 
@@ -83,8 +85,31 @@ def test_the_store_inlines_new_sync_answers_and_names_the_rest() -> None:
     outputs = ['"small"', '"again"', orjson.dumps("y" * 5000).decode(), '"job"']
     # RETURNING gives back only rows written now: the redelivered one's row existed.
     returned = [(r["request_id"], r["job_id"], "succeeded", T0) for r in (new, big, job)]
-    [payload] = announcements([new, redelivered, big, job], outputs, returned)
+    [payload] = announcements([new, redelivered, big, job], outputs, [None] * 4, returned)
     rows, ids = announce.parse(payload)
     assert [r["request_id"] for r in rows] == [new["request_id"]]
-    assert rows[0]["output"] == "small"
+    assert rows[0]["output"] == "small" and rows[0]["output_vector"] is None
     assert ids == [redelivered["request_id"], big["request_id"]]  # no job item announced
+
+
+def test_an_embedding_rides_inline_as_its_stored_bytes() -> None:
+    """A 384-value vector (1,536 bytes, 2,048 in base64) fits an inline answer; the
+    waiter gets back exactly the bytes the row holds."""
+    values = [((-1) ** i) * i / 7 for i in range(384)]
+    vector = from_floats(values)
+    r = row(5)
+    returned = [(r["request_id"], None, "succeeded", T0)]
+    [payload] = announcements([r], [None], [vector], returned)
+    [got], ids = announce.parse(payload)
+    assert ids == [] and got["output"] is None and got["output_vector"] == vector
+    assert to_floats(got["output_vector"]) == [float(np.float32(v)) for v in values]
+    assert len(payload.encode()) < announce.INLINE_MAX + 100
+
+
+def test_two_embeddings_share_a_payload_and_a_batch_stays_under_the_cap() -> None:
+    rs = [row(100 + i) for i in range(256)]
+    vec = from_floats([0.5] * 384)
+    returned = [(r["request_id"], None, "succeeded", T0) for r in rs]
+    payloads = announcements(rs, [None] * 256, [vec] * 256, returned)
+    assert len(payloads) == 128
+    assert all(len(p.encode()) < 8000 for p in payloads)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import orjson
 
 from core.vocab import RequestStatus
 from results.faults import NUL_ESCAPE
+from results.vectors import to_floats
 from scheduler.batcher import Batch, BatchKey
 from scheduler.dispatch import Write
 from scheduler.rows import unstorable, write_rows
@@ -80,3 +82,33 @@ def test_a_refused_batch_row_keeps_its_status() -> None:
     assert brow is not None and "\x00" in brow["batch_key"]
     out = unstorable(brow, "NUL")
     assert out["status"] == "succeeded" and out["batch_key"] == f"sim@1[salt=a{NUL_ESCAPE}b]"
+
+
+def test_an_array_of_outputs_becomes_one_float32_vector_per_row() -> None:
+    items = [pending(key=KEY) for _ in range(3)]
+    batch = Batch(KEY, items, 1.0, "full")
+    outputs = np.arange(3 * 384, dtype=np.float32).reshape(3, 384) / 1000
+    rows, _ = write_rows(
+        Write(1, RequestStatus.SUCCEEDED, items, batch=batch, outputs=outputs, compute=(1, 2))
+    )
+    assert all(r["output"] is None for r in rows)
+    for r, want in zip(rows, outputs, strict=True):
+        assert r["output_vector"] is not None and len(r["output_vector"]) == 384 * 4
+        assert to_floats(r["output_vector"]) == want.tolist()
+
+
+def test_json_outputs_have_no_vector_and_recorded_rows_neither() -> None:
+    p = pending(key=KEY)
+    (row,), _ = write_rows(
+        Write(
+            1,
+            RequestStatus.SUCCEEDED,
+            [p],
+            batch=Batch(KEY, [p], 1.0, "full"),
+            outputs=[[0.5, 0.25]],
+            compute=(1, 2),
+        )
+    )
+    assert row["output"] == [0.5, 0.25] and row["output_vector"] is None
+    (failed,), _ = write_rows(Write(0, RequestStatus.FAILED, [p], error="x"))
+    assert failed["output_vector"] is None
