@@ -178,3 +178,13 @@ def set_plan(
         conn.execute(update(tenants).where(tenants.c.id == t.id).values(**values))
         _announce(conn, f"tenant:{t.id}")
     return get_tenant(conn, name)
+
+
+def set_log_retention(conn: Connection, name: str, days: int | None) -> int | None:
+    """Days the tenant's requests stay in the request log (None: the default,
+    ``request_log_retention_days``); applied by the sweeper's next pass."""
+    if days is not None and not 1 <= days <= 3650:
+        raise InvalidInput("log retention must be 1..3650 days", field="log_retention_days")
+    t = get_tenant(conn, name)
+    conn.execute(update(tenants).where(tenants.c.id == t.id).values(log_retention_days=days))
+    return days

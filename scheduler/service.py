@@ -8,7 +8,9 @@ Threads, each with one job:
   * per worker a dispatcher and a receiver (scheduler/worker_threads.py);
   * the persister's pool (scheduler/persister.py) stores the core's planned writes and
     reports their offsets done;
-  * a heartbeat reports load and refreshes the cancelled jobs and the model registry.
+  * a heartbeat reports load and refreshes the cancelled jobs and the model registry;
+  * the sweeper keeps the log tables' partitions and retention, if this scheduler
+    leads (results/sweeper.py).
 They share the core under one condition variable (decision 0018).
 """
 
@@ -38,6 +40,7 @@ from results.faults import first_line
 from results.jobs import cancelled_unfinished_stmt
 from results.load import forget_scheduler, process_id, report_scheduler
 from results.store import persist
+from results.sweeper import Sweeper
 from scheduler import metrics, tracing
 from scheduler.batcher import Pending
 from scheduler.deadletter import DeadLetters
@@ -213,6 +216,11 @@ class SchedulerService:
         core_tracing.setup(self.settings, "gristmill-scheduler")
         self.pool.start()
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
+        # Retention and partitions: every scheduler offers, one leads (advisory lock).
+        sweeper = Sweeper(make_engine(self.settings.database_url, pool_size=1), self.settings)
+        threading.Thread(
+            target=sweeper.run, args=(self.stopping,), daemon=True, name="sweeper"
+        ).start()
         for lane in self.lanes:
             lane.start(self.stopping)
         log.info("scheduler running")

@@ -45,14 +45,19 @@ def _fail(message: str) -> None:
 
 
 @app.command()
-def migrate(topics: bool = typer.Option(True, help="also create the Kafka topics")) -> None:
+def migrate(
+    topics: bool = typer.Option(True, help="also create the Kafka topics"),
+    revision: str = typer.Option(
+        "head", help="stop at this revision (an online upgrade runs in two steps: decision 24)"
+    ),
+) -> None:
     """Apply database migrations (Alembic) and create missing Kafka topics."""
     from core.topics import ensure_topics
     from gristmill.migrate import migrate_database
 
     settings = load_settings()
-    migrate_database(settings)
-    typer.echo("database schema is at head")
+    migrate_database(settings, revision)
+    typer.echo(f"database schema is at {revision}")
     if topics:
         created = ensure_topics(settings)
         typer.echo(f"kafka topics ready ({len(created)} created)")
@@ -177,6 +182,45 @@ def tenants_set(
         f"{t.name}: tier {t.tier}, weight {t.weight}, rate {t.rate_rps or 'tier'} rps, "
         f"burst {t.burst or 'tier'}, job items {t.job_items_per_s or 'tier'}/s"
     )
+
+
+@tenants_app.command("retention")
+def tenants_retention(
+    name: str, days: int = typer.Argument(..., help="days in the request log; 0: the default")
+) -> None:
+    """How long a tenant's requests stay in the request log."""
+    from core.errors import GristmillError
+    from results.db import make_engine
+    from results.tenants import set_log_retention
+
+    with make_engine(load_settings().database_url).begin() as conn:
+        try:
+            set_log_retention(conn, name, days or None)
+        except GristmillError as exc:
+            _fail(exc.message)
+    typer.echo(f"{name}: request log retention {days or 'default'} days")
+
+
+@app.command()
+def sweep() -> None:
+    """One pass of the sweeper now: partitions made and dropped, expired job outputs,
+    short tenant retentions and old idempotency keys deleted (schedulers run it each
+    minute; this waits for nothing and refuses while another instance holds it)."""
+    import json
+
+    from results.db import make_engine
+    from results.sweeper import Sweeper
+
+    _logging("WARNING")
+    settings = load_settings()
+    sweeper = Sweeper(make_engine(settings.database_url, pool_size=1), settings)
+    if not sweeper.try_lead():
+        _fail("another instance is sweeping right now; try again in a minute")
+    try:
+        report = sweeper.sweep()
+    finally:
+        sweeper.release()
+    typer.echo(json.dumps(report.as_dict(), indent=2))
 
 
 @tenants_app.command("add-key")
