@@ -31,6 +31,7 @@ from ingest.producer import AsyncProducer
 from ingest.ratelimit import InflightLimiter, TenantLimiter
 from ingest.readiness import Readiness
 from ingest.schemas import ERROR_RESPONSES, infer_request_schema
+from ingest.request_log_flush import flush_loop, flush_once
 from ingest.state import AppState, get_state
 from ingest.tracing import traced
 from ingest.waiters import ResultWaiter
@@ -113,6 +114,7 @@ def create_app(settings: Settings) -> FastAPI:
             asyncio.create_task(state.load.run()),
             asyncio.create_task(state.overload.lag.run()),
             asyncio.create_task(metrics.publish_loop(state)),
+            asyncio.create_task(flush_loop(engine)),  # refusal counts, answer timeouts
         ]
         try:
             yield
@@ -121,6 +123,8 @@ def create_app(settings: Settings) -> FastAPI:
                 task.cancel()
             with contextlib.suppress(Exception):  # the database may be the thing that is gone
                 await state.load.leave()
+            with contextlib.suppress(Exception):
+                await flush_once(engine, everything=True)
             await waiter.stop()
             await state.auth.stop()
             state.producer.close()

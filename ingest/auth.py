@@ -35,6 +35,7 @@ from core.errors import GristmillError, Unauthorized, Unavailable
 from ingest.http import error_response
 from results.db import libpq_url
 from results.tenants import KEYS_CHANNEL, Tenant, hash_key, lookup_stmt, well_formed
+from ingest.refusal_log import current_tenant
 
 log = logging.getLogger("gristmill.ingest.auth")
 
@@ -160,6 +161,7 @@ class Authenticator:
         tenant = await asyncio.shield(pending)
         if tenant is None:
             raise Unauthorized("unknown or revoked API key")
+        current_tenant.set((tenant.id, tenant.tier))  # refusals from here are its own
         return tenant
 
     # --- revocations ---

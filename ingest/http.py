@@ -44,6 +44,7 @@ from core.errors import (
     Unavailable,
 )
 from core.limits import shown
+from ingest.refusal_log import note_refusal
 
 log = logging.getLogger("gristmill.ingest")
 
@@ -52,6 +53,7 @@ _REFERENCE = "_gristmill_reference"
 
 
 def error_response(err: GristmillError) -> ORJSONResponse:
+    note_refusal(err)  # the request log's refusal counts (ingest/refusal_log.py)
     headers = dict(err.headers)
     if err.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
