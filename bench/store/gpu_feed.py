@@ -1,0 +1,213 @@
+"""The persist path's own CPU at GPU rate, with PostgreSQL left out (issue 19 item 5).
+
+PostgreSQL cannot run on the GPU machine, so the store is measured in two halves. This
+script is the scheduler's half: everything the persister does for a batch before the
+bytes leave for the database, at the rate a GPU produces results:
+
+* ``write_rows`` (scheduler/rows.py): a request-log row per item, the batch's vectors
+  converted to float32 bytes in one pass;
+* ``column_arrays`` (results/store.py) and the driver's binary encoding of every
+  parameter (psycopg's own dumpers, as ``cur.execute`` runs them);
+* for sync batches, the announcements (results/announce.py): every answer inlined.
+
+Batches come from ``--source``: ``synthetic`` (default: random float32 rows of the
+model's shape, made ahead, so only the persist path is timed; runs anywhere) or
+``model`` (the real embedding model on CUDA in a worker process, fed token ids as the
+API tier makes them: the GPU's own rate, the persist threads racing it). ``--threads``
+persist threads (the persister's pool: 3) share the work as they do in the scheduler.
+
+The other half, PostgreSQL's, is measured on the CPU machine by bench/store/persist.py
+(rows/s through Kafka and the scheduler into a real database, and PostgreSQL's CPU per
+row); docs/bench/store.md puts the two together.
+
+    python3 -m bench.store.gpu_feed --seconds 20 --out $OUT/gpu_feed.json
+    GRISTMILL_EMBED_MODEL_DIR=.modelcache/all-minilm-l6-v2 \\
+        python3 -m bench.store.gpu_feed --source model --out $OUT/gpu_feed_model.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from psycopg.adapt import PyFormat, Transformer
+
+from core.messages import RequestMessage
+from core.vocab import RequestStatus
+from results.store import _OUTPUT, _VECTOR, announcements, column_arrays
+from scheduler.batcher import Batch, BatchKey, Pending
+from scheduler.dispatch import Write
+from scheduler.rows import write_rows
+
+DIM = 384
+MODEL = "all-minilm-l6-v2"
+
+
+def _pending(n: int, priority: str, key: BatchKey) -> list[Pending]:
+    now = time.time()
+    job = str(uuid.uuid4()) if priority == "jobs" else None
+    out = []
+    for i in range(n):
+        m = RequestMessage(
+            request_id=str(uuid.uuid4()),
+            tenant_id="5f1c0f7e-4f3a-4a39-9c53-6f0c3f6e2a11",
+            priority=priority,
+            model=MODEL,
+            version="1",
+            input=f"a sentence to embed, number {i}",
+            params={"normalize": True},
+            deadline=now + 60,
+            received_at=now,
+            job_id=job,
+            item_index=i if job else None,
+            extra={"produced_at": now},
+        )
+        out.append(Pending(m, key, 1, ("gristmill.requests." + priority, i % 6), i, now))
+    return out
+
+
+def persist_cpu(w: Write, tx: Any) -> int:
+    """Everything the persister does with a batch's result before the database (``tx``: a
+    psycopg Transformer, the driver's own parameter encoding)."""
+    rows, _ = write_rows(w)
+    arrays = column_arrays(rows)
+    tx.dump_sequence(arrays, [PyFormat.BINARY] * len(arrays))
+    if w.items[0].msg.job_id is None:
+        returned = [(r["request_id"], None, "succeeded", r["received_at"]) for r in rows]
+        announcements(rows, arrays[_OUTPUT], arrays[_VECTOR], returned)
+    return len(rows)
+
+
+def _gpu_worker(out: Any, batch: int, seconds: float) -> None:
+    """A worker process: the embedding model on CUDA, fed token ids, as fast as it goes."""
+    from core.config import Settings
+    from core.models.catalog import build_specs
+    from core.models.text_tokenizer import shared_tokenizer
+    from core.models.token_ids import tokenized_input
+    from workers.models.loader import load_model
+
+    settings = Settings(embed_max_batch=batch)
+    spec = build_specs(settings)[MODEL]["1"]
+    model = load_model(spec, settings)
+    model.warmup()
+    tok = shared_tokenizer(settings.embed_model_dir or None, 256)
+    assert tok is not None
+    texts = [f"a sentence to embed about the number {i} and what follows" for i in range(batch)]
+    inputs = [tokenized_input(t, tok.encode(t).ids) for t in texts]
+    end = time.time() + seconds
+    while time.time() < end:
+        vecs = model.predict(inputs, {"normalize": True})
+        out.put(np.asarray(vecs, dtype=np.float32))
+    out.put(None)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    key = BatchKey(MODEL, "1", (("normalize", True),))
+    work: queue.Queue[tuple[list[Pending], Any] | None] = queue.Queue(maxsize=args.threads * 4)
+    done = [0] * args.threads
+    stop = threading.Event()
+
+    def persist_thread(k: int) -> None:
+        tx = Transformer()
+        while True:
+            item = work.get()
+            if item is None:
+                return
+            items, outputs = item
+            batch = Batch(key, items, time.time(), "full")
+            now = time.time()
+            w = Write(
+                0,
+                RequestStatus.SUCCEEDED,
+                items,
+                batch=batch,
+                outputs=outputs,
+                compute=(now, now),
+                worker_id="gpu",
+                batch_row=True,
+            )
+            done[k] += persist_cpu(w, tx)
+
+    threads = [threading.Thread(target=persist_thread, args=(k,)) for k in range(args.threads)]
+    for t in threads:
+        t.start()
+    priority = "jobs" if args.kind == "job" else "paid"
+    pendings = [_pending(args.batch, priority, key) for _ in range(8)]
+    cpu0 = os.times()
+    if args.source == "synthetic":
+        rng = np.random.default_rng(0)
+        outs = [rng.standard_normal((args.batch, DIM)).astype(np.float32) for _ in range(8)]
+        t0 = time.perf_counter()
+        i = 0
+        while time.perf_counter() - t0 < args.seconds:
+            work.put((pendings[i % 8], outs[i % 8]))
+            i += 1
+        produced = i * args.batch
+    else:
+        ctx = mp.get_context("spawn")
+        q: Any = ctx.Queue(maxsize=8)
+        proc = ctx.Process(target=_gpu_worker, args=(q, args.batch, args.seconds + 60))
+        proc.start()
+        first = q.get()  # warm-up done: time from the first result
+        t0 = time.perf_counter()
+        i = 0
+        produced = 0
+        got = first
+        while got is not None and time.perf_counter() - t0 < args.seconds:
+            work.put((pendings[i % 8], got))
+            produced += len(got)
+            i += 1
+            got = q.get()
+        proc.terminate()
+    for _ in threads:
+        work.put(None)
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    cpu1 = os.times()
+    stop.set()
+    cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    rows = sum(done)
+    return {
+        "source": args.source,
+        "kind": args.kind,
+        "batch": args.batch,
+        "threads": args.threads,
+        "seconds": round(wall, 2),
+        "rows": rows,
+        "rows_per_s": round(rows / wall, 1),
+        "offered_rows_per_s": round(produced / wall, 1),
+        "cpu_s": round(cpu, 2),
+        "cpu_us_per_row": round(cpu / rows * 1e6, 2),
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--source", choices=("synthetic", "model"), default="synthetic")
+    ap.add_argument("--kind", choices=("job", "sync"), default="job")
+    ap.add_argument("--batch", type=int, default=1024, help="rows a batch (the GPU's 1024)")
+    ap.add_argument("--threads", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
