@@ -304,7 +304,7 @@ class JobSettings(_Concern):
 
 class RetentionSettings(_Concern):
     """How long the request log keeps what, and how it is cut (results/retention.py,
-    results/sweeper.py; docs/decisions/0024-partitioned-request-log.md)."""
+    results/sweeper.py; docs/decisions/0029-compact-results-and-a-partitioned-request-log.md)."""
 
     # Days a request's row stays in the log (a tenant's log_retention_days overrides it).
     request_log_retention_days: int = Field(30, ge=1, le=3650)

@@ -8,7 +8,7 @@ partition exists, and a partition is dropped whole once all of it is older than 
 longest retention anyone asked for: retention costs no DELETE and leaves no dead rows
 for vacuum. A tenant that asked for a shorter retention has its older rows deleted in
 small batches by the sweeper (results/sweeper.py).
-See docs/decisions/0024-partitioned-request-log.md.
+See docs/decisions/0029-compact-results-and-a-partitioned-request-log.md.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ models = Table(
 # The request log and result store: exactly one row per request id. Partitioned by
 # range of received_at (results/partitions.py); the key includes it, and every message
 # of one request carries the same received_at, so a redelivery meets its first row
-# (docs/decisions/0024-partitioned-request-log.md).
+# (docs/decisions/0029-compact-results-and-a-partitioned-request-log.md).
 requests = Table(
     "requests",
     metadata,

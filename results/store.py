@@ -8,8 +8,8 @@ same transaction, so PostgreSQL delivers it exactly when the rows become visible
 carries the sync answers themselves (results/announce.py). See
 docs/decisions/0003-results-announced-by-notify.md.
 
-The write is shaped by what it costs per row (docs/decisions/0023-compact-result-
-storage.md, docs/bench/store.md): vector outputs go in as float32 bytes
+The write is shaped by what it costs per row (docs/decisions/0029-compact-results-and-a-
+partitioned-request-log.md, docs/bench/store.md): vector outputs go in as float32 bytes
 (results/vectors.py), every column as one array in PostgreSQL's binary format (text
 arrays of timestamps and bytes cost the driver 30 to 40 us a row to format and the
 server as much to parse), through one cached statement whatever the batch size; all
@@ -62,7 +62,7 @@ def _array_param(pgtype: str) -> str:
 
 
 # ON CONFLICT without a target: the key alone can conflict, and the statement works on
-# the partitioned log and on the single table before it (docs/decisions/0024).
+# the partitioned log and on the single table before it (docs/decisions/0029).
 _INSERT_REQUESTS = (
     f"INSERT INTO requests ({', '.join(c for c, _ in _REQUEST_COLUMNS)}) "
     f"SELECT * FROM unnest({', '.join(_array_param(t) for _, t in _REQUEST_COLUMNS)}) "

@@ -9,7 +9,7 @@ and reused for the announcement and for every reader. ``float`` answers decode t
 a JSON list. Float32 is lossless for what the models produce (float32 on CPU, float16
 on GPU widened to float32); a float64 array is rounded to float32 (about 7 significant
 digits). Analysts decode with ``gristmill_vector(output_vector)`` (docs/analysts.md).
-See docs/decisions/0023-compact-result-storage.md.
+See docs/decisions/0029-compact-results-and-a-partitioned-request-log.md.
 
 numpy is not imported here: the API (which decodes) does not depend on it; rows are
 made from the array the worker sent, through its own methods.

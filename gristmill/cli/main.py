@@ -48,7 +48,7 @@ def _fail(message: str) -> None:
 def migrate(
     topics: bool = typer.Option(True, help="also create the Kafka topics"),
     revision: str = typer.Option(
-        "head", help="stop at this revision (an online upgrade runs in two steps: decision 24)"
+        "head", help="stop at this revision (an online upgrade runs in two steps: decision 29)"
     ),
 ) -> None:
     """Apply database migrations (Alembic) and create missing Kafka topics."""

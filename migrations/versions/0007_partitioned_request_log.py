@@ -15,10 +15,10 @@ longer than a catalog change:
    partition's; then daily partitions from the cutover, three days of them.
 
 The old table's rows are then dropped with it, as one partition, once they are all
-older than the retention. docs/decisions/0024-partitioned-request-log.md.
+older than the retention. docs/decisions/0029-compact-results-and-a-partitioned-request-log.md.
 
-Revision ID: partitioned_request_log
-Revises: compact_results
+Revision ID: 0007
+Revises: 0006
 """
 
 import re
@@ -28,8 +28,8 @@ from datetime import UTC, datetime, timedelta
 import sqlalchemy as sa
 from alembic import op
 
-revision = "partitioned_request_log"
-down_revision = "compact_results"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 

@@ -7,10 +7,10 @@ idempotency keys; the refusal counts and answer timeouts tables, partitioned by 
 Old code keeps working after this revision (its upsert still finds the request_id
 key), and the code of this revision works before the next one, which partitions the
 request log: upgrade a running system by migrating to this revision, rolling the
-schedulers and APIs, then migrating to head (docs/decisions/0024).
+schedulers and APIs, then migrating to head (docs/decisions/0029).
 
-Revision ID: compact_results
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 """
 
 from datetime import UTC, datetime, timedelta
@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import BYTEA
 
-revision = "compact_results"
-down_revision = "0004"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 

@@ -7,14 +7,14 @@ partitions. The hourly aggregates are SQL functions of a time window
 partitions and uses the indexes, where a view grouped by hour would have to aggregate
 the whole log before a filter on its hour could apply.
 
-Revision ID: analyst_views
-Revises: partitioned_request_log
+Revision ID: 0008
+Revises: 0007
 """
 
 from alembic import op
 
-revision = "analyst_views"
-down_revision = "partitioned_request_log"
+revision = "0008"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
