@@ -30,8 +30,8 @@ from ingest.overload import Overload
 from ingest.producer import AsyncProducer
 from ingest.ratelimit import InflightLimiter, TenantLimiter
 from ingest.readiness import Readiness
-from ingest.schemas import ERROR_RESPONSES, infer_request_schema
 from ingest.request_log_flush import flush_loop, flush_once
+from ingest.schemas import ERROR_RESPONSES, infer_request_schema
 from ingest.state import AppState, get_state
 from ingest.tracing import traced
 from ingest.waiters import ResultWaiter

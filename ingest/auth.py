@@ -33,9 +33,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from core.config import Settings
 from core.errors import GristmillError, Unauthorized, Unavailable
 from ingest.http import error_response
+from ingest.refusal_log import current_tenant
 from results.db import libpq_url
 from results.tenants import KEYS_CHANNEL, Tenant, hash_key, lookup_stmt, well_formed
-from ingest.refusal_log import current_tenant
 
 log = logging.getLogger("gristmill.ingest.auth")
 
@@ -149,6 +149,7 @@ class Authenticator:
         now = time.monotonic()
         hit = self.found.get(key, now)
         if hit is not None:
+            current_tenant.set((hit[0].id, hit[0].tier))  # refusals from here are its own
             return hit[0]
         if self.missing.get(key, now):
             raise Unauthorized("unknown or revoked API key")

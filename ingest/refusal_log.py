@@ -3,7 +3,7 @@
 Refusals (401, 429, 503, 504) are counted per second, tenant, tier, status and reason
 in the API process and written about once a second (ingest/request_log_flush.py), so
 an overload of N refusals a second costs one small insert a second, not N rows. The
-reason is a short word from a fixed list (``reason_of``), never the error's text.
+reason is the error's own short word (``reason_of``), never the error's text.
 A sync request the API gave up on (its 504) is remembered individually (request id,
 received_at, when): the request log's late_answers view tells a 504 whose result was
 stored later from one answered in time. Both buffers are bounded: past their cap,
@@ -18,13 +18,7 @@ import time
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from core.errors import (
-    DeadlineExceeded,
-    GristmillError,
-    RateLimited,
-    Unauthorized,
-    Unavailable,
-)
+from core.errors import GristmillError
 
 # The statuses recorded as refusals.
 REFUSED = frozenset({401, 429, 503, 504})
@@ -40,29 +34,9 @@ current_tenant: ContextVar[tuple[str, str] | None] = ContextVar("current_tenant"
 
 
 def reason_of(err: GristmillError) -> str:
-    """A refusal's reason, from a fixed vocabulary (a label, never free text)."""
-    msg = err.message
-    if isinstance(err, Unauthorized):
-        return "bad_key"
-    if isinstance(err, RateLimited):
-        return "job_item_rate" if msg.startswith("job item") else "rate_limit"
-    if isinstance(err, DeadlineExceeded):
-        return "expired_before_compute" if "before a worker" in msg else "deadline"
-    if isinstance(err, Unavailable):
-        if msg.startswith("overloaded: this API instance"):
-            return "api_overloaded"
-        if "API instance is at capacity" in msg:
-            return "api_capacity"
-        if msg.startswith("overloaded:"):
-            return "predicted_delay"
-        if "no worker is serving" in msg:
-            return "no_worker"
-        if "Kafka" in msg or "ingest queue" in msg:
-            return "kafka"
-        if "database" in msg:
-            return "database"
-        return "unavailable"
-    return err.code
+    """A refusal's reason: the error's own word (core/errors.py), the label its
+    Prometheus counter carries too, so the log and the metrics agree."""
+    return err.reason
 
 
 @dataclass(frozen=True, slots=True)

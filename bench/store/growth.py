@@ -126,7 +126,7 @@ INSERT INTO refusals (at, tenant_id, tier, status, reason, count)
 SELECT date_trunc('second', %(t0)s::timestamptz + k * 100 * %(step_us)s * interval '1 microsecond'),
        (%(tenant_ids)s::uuid[])[1 + (k %% 7)], 'paid',
        (ARRAY[429, 503, 503, 504])[1 + (k %% 4)],
-       (ARRAY['rate_limit', 'predicted_delay', 'api_overloaded', 'deadline'])[1 + (k %% 4)],
+       (ARRAY['tenant_rate', 'predicted_delay', 'instance_overload', 'deadline'])[1 + (k %% 4)],
        1 + (k %% 50)
 FROM generate_series(%(a)s::bigint / 100, %(b)s::bigint / 100 - 1) AS k
 """

@@ -162,8 +162,8 @@ def test_refusals_are_counted_per_tenant_and_reason(system: System, engine: Engi
             json={"model": "sim", "input": "x"},
         )
         assert bad.status_code == 401
-    wait_for(lambda: refused(engine, 429, "rate_limit", t.id) == limited, 10)
-    wait_for(lambda: refused(engine, 401, "bad_key", None) >= 4, 10)
+    wait_for(lambda: refused(engine, 429, "tenant_rate", t.id) == limited, 10)
+    wait_for(lambda: refused(engine, 401, "unauthorized", None) >= 4, 10)
     with engine.connect() as conn:  # a handful of rows, not one per refusal
         rows = conn.execute(
             text("SELECT count(*) FROM refusals WHERE tenant_id = :t"), {"t": t.id}
