@@ -96,7 +96,9 @@ class Stack:
             "GRISTMILL_CONSUMER_GROUP": f"gm-bench-{run}",
             "GRISTMILL_TOPIC_PARTITIONS": "3",
             "GRISTMILL_ALLOW_WEAK_DURABILITY": "true",  # one broker
-            "GRISTMILL_SIM_BATCH_MS": "0",
+            # Near zero, not zero: a batch cost of 0 ms divides by zero in the capacity
+            # report (scheduler/capacity.py).
+            "GRISTMILL_SIM_BATCH_MS": "0.01",
             "GRISTMILL_SIM_MAX_BATCH": str(BATCH),
             "GRISTMILL_SIM_VECTOR_DIM": str(DIM),
             "PYTHONUNBUFFERED": "1",
@@ -216,9 +218,14 @@ def kafka_pids(stack: Stack) -> list[int]:
 def sample(stack: Stack, sched: int, dsn: str) -> dict[str, Any]:
     """One look at progress and every process group's CPU seconds."""
     with psycopg.connect(dsn, autocommit=True) as conn:
+        # Summed over the log's partitions: a partitioned table counts and holds nothing
+        # itself (the log before it was partitioned has no tree: the table alone).
         inserted, rel, wal = conn.execute(
-            "SELECT coalesce((SELECT n_tup_ins FROM pg_stat_user_tables "
-            "WHERE relname = 'requests'), 0), pg_total_relation_size('requests'), "
+            "WITH t AS (SELECT relid FROM pg_partition_tree('requests') "
+            "UNION SELECT 'requests'::regclass) "
+            "SELECT coalesce((SELECT sum(s.n_tup_ins) FROM pg_stat_user_tables s "
+            "JOIN t ON t.relid = s.relid), 0), "
+            "(SELECT sum(pg_total_relation_size(relid)) FROM t), "
             "pg_current_wal_lsn() - '0/0'::pg_lsn"
         ).fetchone()  # type: ignore[misc]
     workers = children(sched)
