@@ -149,7 +149,10 @@ class Sweeper:
     def release(self) -> None:
         if self._leader is not None:
             with contextlib.suppress(Exception):
-                self._leader.close()  # the session ends: PostgreSQL frees the lock
+                # Closed, not returned to the pool (where its session, and so the lock,
+                # would live on): the session ends and PostgreSQL frees the lock.
+                self._leader.invalidate()
+                self._leader.close()
             self._leader = None
 
     def run(self, stopping: threading.Event) -> None:
