@@ -19,7 +19,7 @@ At each size:
   the plan read: index names, and any sequential scan of a log partition.
 
     flock /tmp/gristmill-heavy.lock .venv/bin/python -m bench.store.growth \\
-        --out docs/bench/store           # ~40 min, ~16 GB of disk at 10 M rows
+        --out docs/bench/store           # ~7 min here, ~16 GB of disk at 10 M rows
     .venv/bin/python -m bench.store.growth --plot docs/bench/store/growth.json
 """
 
