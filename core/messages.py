@@ -15,15 +15,8 @@ from typing import Any
 
 import orjson
 
-# Stable namespace so a (tenant, Idempotency-Key) pair always maps to one request id.
+# Stable namespace for the request ids of job items.
 _IDEMPOTENCY_NS = uuid.UUID("0b5c0f7e-4f3a-4a39-9c53-6f0c3f6e2a11")
-
-
-def request_id_for(tenant_id: str, idempotency_key: str | None) -> str:
-    """A retried request with the same key gets the same id, hence the same result row."""
-    if idempotency_key is None:
-        return str(uuid.uuid4())
-    return str(uuid.uuid5(_IDEMPOTENCY_NS, f"{tenant_id}\x00{idempotency_key}"))
 
 
 def job_item_request_id(job_id: str, index: int, attempt: int = 0) -> str:
