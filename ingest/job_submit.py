@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gristmill.ingest.jobs")
 
-_FIRST_PAGE_ROWS = 1_000  # item rows read for Kafka in the first page of a publish
+_FIRST_PAGE_ROWS = 100  # item rows read for Kafka in the first page of a publish
 _PAGE_BYTES = 4 << 20  # later pages are sized to about this many bytes of messages
 _QUEUE_KIB = 16 << 10  # 16 MiB: a local broker keeps up with far less in flight
 _HEARTBEAT_S = 2.0  # a publishing job's heartbeat, well inside submit_stale_s

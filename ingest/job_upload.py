@@ -22,7 +22,7 @@ import orjson
 from starlette.requests import ClientDisconnect
 
 from core.errors import InvalidInput, PayloadTooLarge, RequestTimeout
-from core.messages import job_item_request_id
+from core.messages import job_item_request_ids
 from core.models.spec import ModelSpec
 from ingest.job_schemas import JobItem, check_custom_id, refuse_nul, validate
 
@@ -106,6 +106,7 @@ class ItemStager:
         self, job_id: str, spec: ModelSpec, *, max_items: int, max_line: int, folder: str
     ):
         self.job_id = job_id
+        self._request_id = job_item_request_ids(job_id)
         self.spec = spec
         self.max_items = max_items
         self.count = 0
@@ -127,7 +128,7 @@ class ItemStager:
             raise InvalidInput(f"{where}: {exc.message}", field=f"{where}.input") from exc
         value = orjson.dumps(item.input).decode()
         cid = "\\N" if item.custom_id is None else copy_text(item.custom_id)
-        rid = job_item_request_id(self.job_id, self.count)
+        rid = self._request_id(self.count)
         row = f"{self.job_id}\t{self.count}\t{cid}\t{copy_text(value)}\t{rid}\n"
         self._out.append(row)
         self._out_size += len(row)

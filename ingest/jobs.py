@@ -14,7 +14,7 @@ from fastapi.responses import ORJSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from core.errors import InvalidInput, NotFound, PayloadTooLarge
-from core.messages import job_item_request_id
+from core.messages import job_item_request_ids
 from ingest import job_quota, metrics
 from ingest.idempotency import check_key
 from ingest.job_limits import acquire, check_reads, slot
@@ -107,7 +107,11 @@ async def submit_job(
     cap = st.settings.max_job_json_bytes if json_body else st.settings.max_job_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > cap:
-        raise PayloadTooLarge(f"request body exceeds {cap} bytes")
+        raise PayloadTooLarge(
+            f"a JSON job body may be at most {cap} bytes; upload large jobs as JSONL"
+            if json_body
+            else f"a job upload may be at most {cap} bytes"
+        )
     await job_quota.refuse_if_in_debt(st.engine, st.settings, tenant)  # before reading a byte
     async with slot(st.uploads, tenant.id, "uploads"):
         if json_body:
@@ -275,9 +279,8 @@ async def retry_job(
             raise InvalidInput("every item already succeeded; nothing to retry", field="items")
         await job_quota.charge(conn, st.settings, tenant, len(redo))
         attempt = j.attempt + 1
-        await items_db.give_new_request_ids(
-            conn, jid, attempt, redo, [job_item_request_id(jid, i, attempt) for i in redo]
-        )
+        rid = job_item_request_ids(jid, attempt)
+        await items_db.give_new_request_ids(conn, jid, attempt, redo, [rid(i) for i in redo])
         await jobs_db.start_attempt(conn, j, attempt, now, succeeded=j.total_items - len(redo))
     await st.jobs.publish(jid)
     return ORJSONResponse(job_summary(await own_job(st, tenant, jid), now), status_code=202)

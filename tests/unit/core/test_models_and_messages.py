@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from core.config import Settings
 from core.errors import InvalidInput
-from core.messages import RequestMessage, body_hash, job_item_request_id
+from core.messages import RequestMessage, body_hash, job_item_request_id, job_item_request_ids
 from core.models.catalog import build_specs, latest
 from core.models.sim import SimSpec, sim_output
 from workers.models.sim import SimModel
@@ -49,6 +51,16 @@ def test_latest_version_is_numeric_aware() -> None:
     a = SimSpec(name="sim", version="2", max_batch_size=1)
     b = SimSpec(name="sim", version="10", max_batch_size=1)
     assert latest({"2": a, "10": b}) is b
+
+
+def test_job_item_request_ids_are_uuid5_of_job_index_and_attempt() -> None:
+    ns = uuid.UUID("0b5c0f7e-4f3a-4a39-9c53-6f0c3f6e2a11")
+    for job in ("j", str(uuid.uuid4())):
+        for attempt in (0, 1, 12):
+            ids = job_item_request_ids(job, attempt)
+            for index in (0, 1, 9, 10, 99_999, 2**31 - 1):
+                want = str(uuid.uuid5(ns, f"job\x00{job}\x00{index}\x00{attempt}"))
+                assert ids(index) == job_item_request_id(job, index, attempt) == want
 
 
 def test_job_item_request_id_is_stable_per_job_index_and_attempt() -> None:
