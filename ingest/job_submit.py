@@ -302,9 +302,11 @@ class _Deliveries:
         self.pending = 0
         self.errors: list[str] = []
 
-    def sent(self) -> None:
+    def sent(self, n: int) -> None:
+        """``n`` messages are about to be produced (counted first: another thread's poll
+        may serve their acknowledgements before the last of them is produced)."""
         with self._lock:
-            self.pending += 1
+            self.pending += n
 
     def on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
         with self._lock:
@@ -366,14 +368,15 @@ class JobPublisher:
         after, rows = -1, _FIRST_PAGE_ROWS
         while page := unsent_page(self.engine, job_id, after, rows):
             page_bytes = 0
+            acks.sent(len(page))
             for index, value, request_id, job_attempt in page:
                 msg = RequestMessage(
-                    request_id=str(request_id),
+                    request_id=request_id,
                     tenant_id=str(job.tenant_id),
                     priority="jobs",
                     model=job.model,
                     version=job.model_version,
-                    input=value,
+                    input=orjson.Fragment(value),  # already JSON: written as it is
                     params=job.params,
                     deadline=job.expires_at.timestamp(),
                     received_at=job.created_at.timestamp(),
@@ -405,7 +408,6 @@ class JobPublisher:
                 self._producer.produce(
                     topic, value=value, key=msg.request_id, on_delivery=acks.on_delivery
                 )
-                acks.sent()
                 return len(value)
             except BufferError:  # the producer's queue is full: let it drain
                 self._producer.poll(0.05)

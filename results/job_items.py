@@ -74,12 +74,13 @@ async def give_new_request_ids(
 
 def unsent_page(
     engine: Engine, job_id: str, after: int, limit: int
-) -> list[tuple[int, Any, Any, int]]:
-    """(item_index, input, request_id, attempt) of up to ``limit`` items after index
-    ``after`` whose current attempt has no result yet, in input order. Each page is its
-    own short read: publishing a million items holds no transaction open."""
+) -> list[tuple[int, str, str, int]]:
+    """(item_index, input as JSON text, request_id, attempt) of up to ``limit`` items
+    after index ``after`` whose current attempt has no result yet, in input order. Each
+    page is its own short read: publishing a million items holds no transaction open.
+    The input stays JSON text: it goes into the Kafka message as it is."""
     q = text(
-        "SELECT i.item_index, i.input, i.request_id, i.attempt FROM job_items i "
+        "SELECT i.item_index, i.input::text, i.request_id::text, i.attempt FROM job_items i "
         "WHERE i.job_id = :job_id AND i.item_index > :after AND NOT EXISTS "
         "(SELECT 1 FROM requests r WHERE r.request_id = i.request_id) "
         "ORDER BY i.item_index LIMIT :n"
