@@ -19,6 +19,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from urllib.parse import urlsplit
 
 from core.errors import InvalidInput
+from core.limits import check_text
 
 IPAddress = IPv4Address | IPv6Address
 
@@ -149,6 +150,7 @@ def parse_destination(url: object, field: str = "webhook_url") -> Destination:
         raise InvalidInput(
             f"{field} must not contain spaces or control characters (NUL among them)", field=field
         )
+    check_text(url, field)  # lone surrogates (core/limits.py)
     try:
         parts = urlsplit(url)
         port = parts.port

@@ -19,29 +19,25 @@ from datetime import UTC, datetime
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from core.errors import IdempotencyConflict, InvalidInput
+from core.config import Settings
+from core.errors import IdempotencyConflict
+from core.limits import check_header_token
 from results.idempotency import claim_key, release_key, sweep_batch
 
 log = logging.getLogger("gristmill.ingest.idempotency")
 
-MAX_KEY_LENGTH = 255
 # Rows deleted per sweep transaction: short locks, and the table's churn spread out.
 SWEEP_BATCH = 5_000
 # Seconds between sweeps: keys then live at most a minute past their 24 hours.
 SWEEP_INTERVAL_S = 60.0
 
 
-def check_key(key: str | None) -> str | None:
-    """The header's value, or a 400 naming it."""
+def check_key(settings: Settings, key: str | None) -> str | None:
+    """The header's value (1..max_idempotency_key_chars visible ASCII), or a 400 naming
+    it; checked before the body is read."""
     if key is None:
         return None
-    if not 0 < len(key) <= MAX_KEY_LENGTH:
-        raise InvalidInput(
-            f"Idempotency-Key must be 1..{MAX_KEY_LENGTH} characters", field="Idempotency-Key"
-        )
-    if "\x00" in key:
-        raise InvalidInput("Idempotency-Key contains a NUL character", field="Idempotency-Key")
-    return key
+    return check_header_token(key, "Idempotency-Key", max_chars=settings.max_idempotency_key_chars)
 
 
 @dataclass(frozen=True)

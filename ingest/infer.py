@@ -14,13 +14,13 @@ from fastapi.responses import ORJSONResponse
 from core import tracing
 from core.config import Settings
 from core.errors import DeadlineExceeded, ModelError, NotFound, Unavailable
-from core.limits import canonical_uuid, check_header_token, shown
+from core.limits import canonical_uuid, shown
 from core.messages import RequestMessage, body_hash
 from core.models.spec import ModelSpec
 from core.topics import request_topic
 from core.vocab import TIER_TO_CLASS, RequestStatus
 from ingest import metrics
-from ingest.idempotency import claim, release
+from ingest.idempotency import check_key, claim, release
 from ingest.policy import check_admission, check_rate
 from ingest.schemas import ERROR_RESPONSES, InferAnswer, InferBody, RequestRecord, parse_infer
 from ingest.state import AppState, get_state
@@ -63,10 +63,7 @@ def result_body(row: dict[str, Any], total_ms: float | None = None) -> dict[str,
 
 def check_headers(settings: Settings, idempotency_key: str | None) -> None:
     """What the request's own headers carry, checked before its body is read."""
-    if idempotency_key is not None:
-        check_header_token(
-            idempotency_key, "Idempotency-Key", max_chars=settings.max_idempotency_key_chars
-        )
+    check_key(settings, idempotency_key)
 
 
 def accept(spec: ModelSpec, body: InferBody) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.errors import InvalidInput, SchemaViolation
+from core.limits import SHOWN_CHARS, check_json, check_text, shown
 
 MAX_CUSTOM_ID = 255  # characters
 # Metadata is a label set for the tenant's own bookkeeping, with OpenAI's batch limits:
@@ -55,6 +56,12 @@ T = TypeVar("T", bound=BaseModel)
 _INDEX = re.compile(r"[0-9]+")
 
 
+def key_part(key: str) -> str:
+    """A key the client chose, as a field path shows it: itself when short and
+    printable, else quoted and cut short."""
+    return key if key and len(key) <= SHOWN_CHARS and key.isprintable() else shown(key)
+
+
 def validate(data: Any, schema: type[T], where: str = "") -> T:
     """``data`` as ``schema``, or a 422 naming the field (``where`` prefixes it)."""
     if not isinstance(data, dict):
@@ -65,48 +72,24 @@ def validate(data: Any, schema: type[T], where: str = "") -> T:
         err = exc.errors()[0]
         loc = where
         for part in err["loc"]:
-            loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
+            if isinstance(part, int):
+                loc += f"[{part}]"
+                continue
+            # A key the client chose (an unknown field) is quoted and cut short.
+            name = (
+                str(part)
+                if len(str(part)) <= SHOWN_CHARS and str(part).isprintable()
+                else shown(part)
+            )
+            loc += f".{name}" if loc else name
         loc = loc or "body"
         msg = "field is required" if err["type"] == "missing" else err["msg"]
         raise SchemaViolation(f"{loc}: {msg}", field=loc) from exc
 
 
-def nul_path(value: Any, path: str) -> str | None:
-    """The field under ``path`` holding a NUL character (in a string or a key), if any:
-    PostgreSQL's text and JSONB cannot store one. (To move to the shared validation
-    module at the edge once it exists.)"""
-    if isinstance(value, str):
-        return path if "\x00" in value else None
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if "\x00" in k:
-                return path
-            found = nul_path(v, f"{path}.{k}")
-            if found is not None:
-                return found
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            found = nul_path(v, f"{path}[{i}]")
-            if found is not None:
-                return found
-    return None
-
-
-def refuse_nul(value: Any, path: str) -> None:
-    found = nul_path(value, path)
-    if found is not None:
-        raise InvalidInput(f"{found} contains a NUL character (U+0000)", field=found)
-
-
 def check_custom_id(custom_id: str | None, where: str) -> None:
-    if custom_id is None:
-        return
-    field = f"{where}.custom_id"
-    if len(custom_id) > MAX_CUSTOM_ID:
-        raise InvalidInput(
-            f"{field} may be at most {MAX_CUSTOM_ID} characters", field=field
-        )
-    refuse_nul(custom_id, field)
+    if custom_id is not None:
+        check_text(custom_id, f"{where}.custom_id", max_chars=MAX_CUSTOM_ID)
 
 
 def check_metadata(metadata: dict[str, str] | None) -> None:
@@ -123,10 +106,10 @@ def check_metadata(metadata: dict[str, str] | None) -> None:
             )
         if len(v) > METADATA_MAX_VALUE:
             raise InvalidInput(
-                f"metadata.{k} may be at most {METADATA_MAX_VALUE} characters",
-                field=f"metadata.{k}",
+                f"metadata.{key_part(k)} may be at most {METADATA_MAX_VALUE} characters",
+                field=f"metadata.{key_part(k)}",
             )
-    refuse_nul(metadata, "metadata")
+    check_json(metadata, "metadata", max_depth=1)  # NUL, surrogates, in keys and values
 
 
 def parse_index(raw: str | None, name: str, *, default: int, low: int, high: int) -> int:

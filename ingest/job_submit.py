@@ -32,12 +32,13 @@ from confluent_kafka import KafkaError, Message, Producer
 from core.config import Settings
 from core.errors import IdempotencyConflict, InvalidInput, PayloadTooLarge, Unavailable
 from core.kafka import producer_config
+from core.limits import check_object
 from core.messages import RequestMessage
 from core.models.spec import ModelSpec
 from core.topics import request_topic
 from ingest import job_quota
 from ingest.destinations import AllowList, check_addresses, parse_destination
-from ingest.job_schemas import JobBody, JobOptions, check_metadata, refuse_nul, validate
+from ingest.job_schemas import JobBody, JobOptions, check_metadata, validate
 from ingest.job_upload import ItemStager, Staged, body_chunks
 from ingest.webhook_client import NotResolved, resolve
 from results.db import make_engine
@@ -103,10 +104,15 @@ async def check_options(st: AppState, opts: JobOptions) -> Options:
     """The model, params, window and webhook destination, or the 4xx naming the field."""
     s = st.settings
     spec = await st.catalog.resolve(opts.model)
-    refuse_nul(opts.params, "params")
+    if opts.params is not None:  # as /v1/infer's (ingest/schemas.py): storable, capped
+        check_object(
+            opts.params, "params", max_bytes=s.max_params_bytes, max_depth=s.max_json_depth
+        )
     params = spec.normalize_params(opts.params)
-    window = s.default_completion_window_s if opts.completion_window_s is None else (
-        opts.completion_window_s
+    window = (
+        s.default_completion_window_s
+        if opts.completion_window_s is None
+        else (opts.completion_window_s)
     )
     if not 0 < window <= s.max_completion_window_s:
         raise InvalidInput(
@@ -137,6 +143,7 @@ def _stager(st: AppState, spec: ModelSpec, job_id: str) -> ItemStager:
         spec,
         max_items=s.max_job_items,
         max_line=s.max_body_bytes,
+        max_depth=s.max_json_depth,
         folder=s.upload_dir,
     )
 

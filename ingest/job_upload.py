@@ -22,9 +22,10 @@ import orjson
 from starlette.requests import ClientDisconnect
 
 from core.errors import InvalidInput, PayloadTooLarge, RequestTimeout
+from core.limits import check_json
 from core.messages import job_item_request_ids
 from core.models.spec import ModelSpec
-from ingest.job_schemas import JobItem, check_custom_id, refuse_nul, validate
+from ingest.job_schemas import JobItem, check_custom_id, validate
 
 _WRITE_BUFFER = 256 << 10  # characters of rows buffered before a write to the staged file
 
@@ -103,9 +104,17 @@ class ItemStager:
     results.job_items.COPY_ITEMS) into a temp file. Synchronous: run it off the loop."""
 
     def __init__(
-        self, job_id: str, spec: ModelSpec, *, max_items: int, max_line: int, folder: str
+        self,
+        job_id: str,
+        spec: ModelSpec,
+        *,
+        max_items: int,
+        max_line: int,
+        max_depth: int,
+        folder: str,
     ):
         self.job_id = job_id
+        self.max_depth = max_depth  # nesting of a non-string input (settings.max_json_depth)
         self._request_id = job_item_request_ids(job_id)
         self.spec = spec
         self.max_items = max_items
@@ -121,7 +130,8 @@ class ItemStager:
         if self.count >= self.max_items:
             raise PayloadTooLarge(f"a job may hold at most {self.max_items} items")
         check_custom_id(item.custom_id, where)
-        refuse_nul(item.input, f"{where}.input")
+        if not isinstance(item.input, str):  # a string is the model's to check, length first
+            check_json(item.input, f"{where}.input", max_depth=self.max_depth)
         try:
             self.spec.validate_input(item.input)
         except InvalidInput as exc:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -14,6 +13,7 @@ from fastapi.responses import ORJSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from core.errors import InvalidInput, NotFound, PayloadTooLarge
+from core.limits import canonical_uuid, shown
 from core.messages import job_item_request_ids
 from ingest import job_quota, metrics
 from ingest.idempotency import check_key
@@ -41,18 +41,20 @@ FOLLOW_POLL_S = 0.5  # how often a follow=true stream looks for newly finished i
 
 
 def canonical_id(raw: str) -> str:
-    """A job id in canonical form; anything that is not a UUID is a job nobody has."""
-    try:
-        return str(uuid.UUID(raw))
-    except ValueError as exc:
-        raise NotFound(f"no job {raw}") from exc
+    """A job id in canonical form; anything else is a job nobody has (ids are matched
+    strictly: core/limits.py)."""
+    canonical = canonical_uuid(raw)
+    if canonical is None:
+        raise NotFound(f"no job {shown(raw)}; ids are canonical UUIDs")
+    return canonical
 
 
 async def own_job(st: AppState, tenant: Tenant, raw_id: str) -> Any:
     """The tenant's job; another tenant's job is a 404 like one that does not exist."""
-    j = await jobs_db.get_job(st.engine, tenant.id, canonical_id(raw_id))
+    jid = canonical_id(raw_id)
+    j = await jobs_db.get_job(st.engine, tenant.id, jid)
     if j is None:
-        raise NotFound(f"no job {raw_id}")
+        raise NotFound(f"no job {jid}")
     return j
 
 
@@ -96,7 +98,7 @@ async def submit_job(
 ) -> ORJSONResponse:
     st = get_state(request)
     tenant = await st.auth.authenticate(authorization)
-    key = check_key(idempotency_key)
+    key = check_key(st.settings, idempotency_key)
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
     if ctype != "application/json" and ctype not in JSONL_TYPES:
         raise InvalidInput(
@@ -268,7 +270,7 @@ async def retry_job(
         # (results/jobs.py, record_job_results), so old attempts are never counted in it.
         j = await jobs_db.lock_job(conn, tenant.id, jid)
         if j is None:
-            raise NotFound(f"no job {job_id}")
+            raise NotFound(f"no job {jid}")
         status = jobs_db.job_status(j, now)
         if status not in jobs_db.FINISHED_STATUSES:
             raise InvalidInput(

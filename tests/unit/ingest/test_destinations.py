@@ -112,6 +112,7 @@ def test_allow_list_permits_only_its_networks() -> None:
         ("http://exa\x00mple.com/", "control"),
         ("http://example.com/\x00", "control"),
         ("http://example.com/ x", "spaces"),
+        ("http://example.com/\ud800", "surrogate"),
         ("http:///path", "no host"),
         ("http://user:pw@example.com/", "credentials"),
         ("http://example.com:99999/", "not a valid URL"),

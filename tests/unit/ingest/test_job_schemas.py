@@ -13,7 +13,6 @@ from ingest.job_schemas import (
     JobItem,
     check_custom_id,
     check_metadata,
-    nul_path,
     parse_index,
     validate,
 )
@@ -67,13 +66,6 @@ def test_item_errors_name_the_item() -> None:
     assert e2.value.field == "items[0]"
 
 
-def test_nul_is_found_in_strings_keys_and_nesting() -> None:
-    assert nul_path("a\x00", "input") == "input"
-    assert nul_path({"k": ["ok", {"x": "b\x00"}]}, "params") == "params.k[1].x"
-    assert nul_path({"k\x00": 1}, "metadata") == "metadata"
-    assert nul_path({"k": [1, 2.5, None, True, "fine"]}, "p") is None
-
-
 def test_metadata_caps() -> None:
     check_metadata({"run": "t1"})
     check_metadata(None)
@@ -83,6 +75,7 @@ def test_metadata_caps() -> None:
         ({"k": "v" * 513}, "metadata.k"),
         ({"k": "v\x00"}, "metadata.k"),
         ({"k\x00": "v"}, "metadata"),
+        ({"k": "v\ud800"}, "metadata.k"),
     ]:
         with pytest.raises(InvalidInput) as e:
             check_metadata(md)

@@ -78,7 +78,7 @@ def test_copy_text_escapes_what_copy_reads_specially() -> None:
 
 def stager(max_items: int = 1000, tmp: str = "") -> ItemStager:
     return ItemStager("00000000-0000-0000-0000-000000000001", SPEC, max_items=max_items,
-                      max_line=1 << 20, folder=tmp)
+                      max_line=1 << 20, max_depth=32, folder=tmp)
 
 
 def rows(staged_file: object) -> list[list[str]]:
