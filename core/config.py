@@ -283,10 +283,10 @@ class JobSettings(_Concern):
     default_completion_window_s: int = Field(86_400, gt=0)
     max_completion_window_s: int = Field(7 * 86_400, gt=0)
     # A JSON job body is parsed whole in memory, so it is capped far below a JSONL upload,
-    # which is staged on disk line by line (decision 21).
+    # which is staged on disk line by line (decision 26).
     max_job_json_bytes: int = Field(16_777_216, ge=1)
     # Uploads (JSON or JSONL) one API instance stages at once, and one tenant of them:
-    # each holds a temp file of up to max_job_bytes and one line in memory (decision 21).
+    # each holds a temp file of up to max_job_bytes and one line in memory (decision 26).
     max_uploads: int = Field(8, ge=1)
     max_uploads_per_tenant: int = Field(2, ge=1)
     # An upload whose client sends nothing for this long is answered 408 (seconds), and
@@ -305,7 +305,7 @@ class JobSettings(_Concern):
     # The whole delivery (resolve, connect, TLS, send, read the answer) has this long.
     webhook_timeout_s: float = Field(10.0, gt=0)
     # Networks webhooks may reach although they are internal (loopback, private...):
-    # CIDRs, e.g. ["127.0.0.0/8", "::1/128"] for local development (decision 22).
+    # CIDRs, e.g. ["127.0.0.0/8", "::1/128"] for local development (decision 27).
     webhook_allow_networks: list[str] = []
 
     @field_validator("webhook_allow_networks")

@@ -1,5 +1,5 @@
 """Where a webhook may be sent: public addresses only, unless an operator allows a
-network (decision 22). Pure: no resolution happens here; callers pass what a name
+network (decision 27). Pure: no resolution happens here; callers pass what a name
 resolved to.
 
 A tenant must not be able to make our servers reach what only they can reach: the

@@ -1,4 +1,4 @@
-"""The per-tenant limits on the job API's reads and held-open work (decision 21).
+"""The per-tenant limits on the job API's reads and held-open work (decision 26).
 
 Reads (job status, item pages, result streams, cancel) draw on a bucket of their
 own with the tenant's request rate: a tenant may poll as fast as it may submit

@@ -1,5 +1,5 @@
 """Making a job durable: stage and validate every item, record the job, then put it
-in Kafka (decisions 10 and 21).
+in Kafka (decisions 10 and 26).
 
 1. The body is read at the client's pace into a temp file, each item validated as
    it arrives (ingest/job_upload.py); no database connection is held meanwhile.

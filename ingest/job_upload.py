@@ -1,4 +1,4 @@
-"""Staging a job's items before anything is written to PostgreSQL (decision 21).
+"""Staging a job's items before anything is written to PostgreSQL (decision 26).
 
 An upload arrives at the client's pace, which may be slow or may stop. It is read
 into a temp file, validated item by item as it comes, in the COPY text format; only

@@ -1,5 +1,5 @@
 """Sending one webhook: to a checked address, within one deadline, reading a bounded
-answer, and telling the outcome as a status class (decision 22).
+answer, and telling the outcome as a status class (decision 27).
 
 The connection goes to the address that was just resolved and checked, never to a
 name resolved again by the HTTP library: a name whose DNS answer changes between the

@@ -5,7 +5,7 @@ Each API instance runs ``webhook_loop``. A pass claims due deliveries under a le
 database transaction open, and records each outcome as a status class. The body is
 signed with HMAC-SHA256 using the job's secret (returned once, at submission):
 header ``Gristmill-Signature: t=<unix seconds>,v1=<hex hmac of "<t>.<body>">``.
-Where a webhook may go, and how one is sent: decision 22, ingest/destinations.py,
+Where a webhook may go, and how one is sent: decision 27, ingest/destinations.py,
 ingest/webhook_client.py.
 """
 

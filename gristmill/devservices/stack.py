@@ -31,7 +31,7 @@ from results.db import make_engine
 from results.tenants import create_tenant, issue_key, set_plan
 
 REPO = Path(__file__).resolve().parents[2]  # repo root: processes run from here
-# A system on loopback sends webhooks to receivers on loopback (decision 22).
+# A system on loopback sends webhooks to receivers on loopback (decision 27).
 LOOPBACK_WEBHOOKS = '["127.0.0.0/8", "::1/128"]'
 
 
