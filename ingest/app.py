@@ -24,11 +24,12 @@ from ingest.auth import Authenticator, AuthGate
 from ingest.catalog import ModelCatalog
 from ingest.fast_path import InferFastPath
 from ingest.http import BodyLimit, ErrorGuard, install_error_handlers
+from ingest.idempotency import sweeper
 from ingest.job_submit import JobPublisher
 from ingest.load_watch import LoadWatch
 from ingest.overload import Overload
 from ingest.producer import AsyncProducer
-from ingest.ratelimit import InflightLimiter, TenantLimiter
+from ingest.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
 from ingest.readiness import Readiness
 from ingest.schemas import ERROR_RESPONSES, infer_request_schema
 from ingest.state import AppState, get_state
@@ -46,10 +47,10 @@ async def finish_stale_submissions(state: AppState, interval_s: float = 5.0) -> 
     while True:
         await asyncio.sleep(interval_s)
         try:
-            job_id = await asyncio.to_thread(state.jobs.claim_stale)
+            job_id = await state.jobs.claim_stale()
             if job_id is not None:
                 log.warning("finishing the submission of job %s left by another instance", job_id)
-                await asyncio.to_thread(state.jobs.publish, job_id)
+                await state.jobs.publish(job_id)
         except Exception as exc:  # Kafka or PostgreSQL away: the next pass retries
             log.warning("stale submission pass failed: %s", exc)
 
@@ -95,6 +96,10 @@ def create_app(settings: Settings) -> FastAPI:
             inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
             load=LoadWatch(engine, settings, limiter),
             overload=Overload(),
+            uploads=SlotLimiter(settings.max_uploads, settings.max_uploads_per_tenant),
+            follows=SlotLimiter(
+                settings.max_follow_streams, settings.max_follow_streams_per_tenant
+            ),
         )
         readiness = Readiness(
             engine,
@@ -110,6 +115,7 @@ def create_app(settings: Settings) -> FastAPI:
             asyncio.create_task(readiness.run()),
             asyncio.create_task(webhook_loop(engine, settings)),
             asyncio.create_task(finish_stale_submissions(state)),
+            asyncio.create_task(sweeper(engine, settings.idempotency_ttl_h)),
             asyncio.create_task(state.load.run()),
             asyncio.create_task(state.overload.lag.run()),
             asyncio.create_task(metrics.publish_loop(state)),

@@ -1,30 +1,49 @@
 """Idempotency-Key handling (after the IETF httpapi Idempotency-Key draft).
 
-The request id is derived from (tenant, key), so every retry names the same
-result row. The key is also claimed in PostgreSQL with a fingerprint of the
-body: the same key with another body is a 422; the same body is a retry that
-gets the first answer (waiting for it if it is still in flight).
+A key is claimed in PostgreSQL with the request id it names and a fingerprint of
+the body: the same key with another body is a 422; the same body is a retry that
+gets the first answer (waiting for it if it is still in flight). A claim whose
+request never reached Kafka is released, so the client's retry sends it at once.
+Keys live ``idempotency_ttl_h`` hours (24, as documented): a sweeper, run by one
+instance at a time, deletes older claims in batches, and a key reused after that is
+a new request with a new request id.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
-from sqlalchemy import delete, func, select
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from core.config import Settings
 from core.errors import IdempotencyConflict
-from results.db import ts
-from results.schema import idempotency_keys
+from core.limits import check_header_token
+from results.idempotency import claim_key, release_key, sweep_batch
 
-MAX_KEY_LENGTH = 255
+log = logging.getLogger("gristmill.ingest.idempotency")
+
+# Rows deleted per sweep transaction: short locks, and the table's churn spread out.
+SWEEP_BATCH = 5_000
+# Seconds between sweeps: keys then live at most a minute past their 24 hours.
+SWEEP_INTERVAL_S = 60.0
+
+
+def check_key(settings: Settings, key: str | None) -> str | None:
+    """The header's value (1..max_idempotency_key_chars visible ASCII), or a 400 naming
+    it; checked before the body is read."""
+    if key is None:
+        return None
+    return check_header_token(key, "Idempotency-Key", max_chars=settings.max_idempotency_key_chars)
 
 
 @dataclass(frozen=True)
 class Claim:
-    first: bool  # this call is the first with the key
+    first: bool  # this call is the first with the key (or the key had expired)
+    request_id: str  # the request the key names: the one to send, fetch or wait for
     first_deadline: datetime | None = None  # when the first attempt's caller gave up
 
 
@@ -36,43 +55,61 @@ async def claim(
     request_id: str,
     body_hash: str,
     deadline: float,
+    ttl_h: float = 24.0,
 ) -> Claim:
-    stmt = (
-        insert(idempotency_keys)
-        .values(
-            tenant_id=tenant_id,
-            key=key,
-            request_id=request_id,
-            body_hash=body_hash,
-            deadline_at=ts(deadline),
-        )
-        .on_conflict_do_nothing()
-        .returning(idempotency_keys.c.request_id)
+    """Claim ``key`` for ``request_id`` (a fresh id); a retry gets the first request's."""
+    c = await claim_key(
+        engine,
+        tenant_id=tenant_id,
+        key=key,
+        request_id=request_id,
+        body_hash=body_hash,
+        deadline_at=datetime.fromtimestamp(deadline, tz=UTC),
+        ttl_h=ttl_h,
     )
-    async with engine.begin() as conn:
-        if (await conn.execute(stmt)).first() is not None:
-            return Claim(first=True)
-        row = (
-            await conn.execute(
-                select(idempotency_keys.c.body_hash, idempotency_keys.c.deadline_at).where(
-                    idempotency_keys.c.tenant_id == tenant_id, idempotency_keys.c.key == key
-                )
-            )
-        ).one()
-    if row.body_hash != body_hash:
+    if c.first:
+        return Claim(True, c.request_id)
+    if c.body_hash != body_hash:
         raise IdempotencyConflict(
             "Idempotency-Key was already used with a different request body",
             field="Idempotency-Key",
         )
-    return Claim(first=False, first_deadline=row.deadline_at)
+    return Claim(False, c.request_id, c.deadline_at)
 
 
-async def expire_old(engine: AsyncEngine, ttl_h: int) -> int:
-    """Keys are kept at least ``ttl_h`` hours; older ones may be reused."""
-    async with engine.begin() as conn:
-        res = await conn.execute(
-            delete(idempotency_keys).where(
-                idempotency_keys.c.created_at < func.now() - func.make_interval(0, 0, 0, 0, ttl_h)
-            )
-        )
-        return int(res.rowcount or 0)
+async def release(engine: AsyncEngine, *, tenant_id: str, key: str, request_id: str) -> None:
+    """The claimed request did not reach Kafka: free the key for the client's retry.
+    With the database away too, the claim stays: a retry then resends after the first
+    attempt's deadline, as before."""
+    try:
+        await release_key(engine, tenant_id=tenant_id, key=key, request_id=request_id)
+    except (SQLAlchemyError, OSError) as exc:
+        log.warning("could not release an idempotency key: %s", exc)
+
+
+async def sweep_expired(engine: AsyncEngine, ttl_h: float) -> int:
+    """Delete every claim (and free every job key) older than ``ttl_h`` hours, batch
+    by batch. Returns how many went; 0 when another instance is sweeping."""
+    total = 0
+    while True:
+        n = await sweep_batch(engine, ttl_h, SWEEP_BATCH)
+        if n is None:
+            return total
+        total += n
+        if n < SWEEP_BATCH:
+            return total
+        await asyncio.sleep(0)  # let requests in between batches
+
+
+async def sweeper(engine: AsyncEngine, ttl_h: float, interval_s: float = SWEEP_INTERVAL_S) -> None:
+    """Every API instance runs this; the advisory lock lets one sweep at a time."""
+    while True:
+        try:
+            n = await sweep_expired(engine, ttl_h)
+            if n:
+                log.info("expired %d idempotency keys", n)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the database away: the next pass tries again
+            log.warning("idempotency sweep failed: %s", exc)
+        await asyncio.sleep(interval_s)

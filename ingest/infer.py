@@ -4,29 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import ORJSONResponse
-from sqlalchemy import select
 
 from core import tracing
 from core.config import Settings
 from core.errors import DeadlineExceeded, ModelError, NotFound, Unavailable
-from core.limits import canonical_uuid, check_header_token, shown
-from core.messages import RequestMessage, body_hash, request_id_for
+from core.limits import canonical_uuid, shown
+from core.messages import RequestMessage, body_hash
 from core.models.spec import ModelSpec
 from core.topics import request_topic
 from core.vocab import TIER_TO_CLASS, RequestStatus
 from ingest import metrics
-from ingest.idempotency import claim
+from ingest.idempotency import check_key, claim, release
 from ingest.policy import check_admission, check_rate
 from ingest.schemas import ERROR_RESPONSES, InferAnswer, InferBody, RequestRecord, parse_infer
 from ingest.state import AppState, get_state
 from ingest.tracing import annotate
-from ingest.waiters import RESULT_COLUMNS
-from results.schema import requests
+from results.requests import fetch_request
 from results.tenants import Tenant
 
 router = APIRouter()
@@ -64,10 +63,7 @@ def result_body(row: dict[str, Any], total_ms: float | None = None) -> dict[str,
 
 def check_headers(settings: Settings, idempotency_key: str | None) -> None:
     """What the request's own headers carry, checked before its body is read."""
-    if idempotency_key is not None:
-        check_header_token(
-            idempotency_key, "Idempotency-Key", max_chars=settings.max_idempotency_key_chars
-        )
+    check_key(settings, idempotency_key)
 
 
 def accept(spec: ModelSpec, body: InferBody) -> dict[str, Any]:
@@ -168,7 +164,7 @@ async def _infer(
         tenant.tier, st.settings.default_timeout_ms
     )
     check_admission(st.load, st.settings, tenant, spec.ref, timeout_ms)
-    rid = request_id_for(tenant.id, idempotency_key)
+    rid = str(uuid.uuid4())  # with an Idempotency-Key, the claim may name an earlier one
     msg = request_message(
         spec,
         body,
@@ -180,30 +176,41 @@ async def _infer(
         idempotency_key=idempotency_key,
     )
     deadline = msg.deadline
+    c = None
+    if idempotency_key is not None:
+        c = await claim(
+            st.engine,
+            tenant_id=tenant.id,
+            key=idempotency_key,
+            request_id=rid,
+            body_hash=msg.body_hash,
+            deadline=deadline,
+            ttl_h=st.settings.idempotency_ttl_h,
+        )
+        rid = msg.request_id = c.request_id
     annotate(rid, spec.ref, tenant.tier)
     fut = st.waiter.register(rid)
     try:
         send = True
-        if idempotency_key is not None:
-            c = await claim(
-                st.engine,
-                tenant_id=tenant.id,
-                key=idempotency_key,
-                request_id=rid,
-                body_hash=msg.body_hash,
-                deadline=deadline,
-            )
-            if not c.first:
-                done = await st.waiter.fetch([rid])
-                if done:
-                    return ORJSONResponse(result_body(done[0]), headers=limit_headers)
-                # Still in flight: wait for the first attempt, unless its caller already
-                # gave up, in which case it may never have reached Kafka: send it again
-                # (same request id, so at most one result row either way).
-                send = c.first_deadline is not None and c.first_deadline < datetime.now(UTC)
+        if c is not None and not c.first:
+            done = await st.waiter.fetch([rid])
+            if done:
+                return ORJSONResponse(result_body(done[0]), headers=limit_headers)
+            # Still in flight: wait for the first attempt, unless its caller already
+            # gave up, in which case it may never have reached Kafka: send it again
+            # (same request id, so at most one result row either way).
+            send = c.first_deadline is not None and c.first_deadline < datetime.now(UTC)
         if send:
             topic = request_topic(st.settings, msg.priority)
-            await st.producer.produce(topic, msg.encode(), headers=tracing.headers())
+            try:
+                await st.producer.produce(topic, msg.encode(), headers=tracing.headers())
+            except Unavailable:
+                if c is not None and c.first and idempotency_key is not None:
+                    # Nothing reached Kafka: the client's retry sends it again at once.
+                    await release(
+                        st.engine, tenant_id=tenant.id, key=idempotency_key, request_id=rid
+                    )
+                raise
             metrics.admitted(tenant.tier)
         try:
             row = await asyncio.wait_for(
@@ -240,18 +247,9 @@ async def get_request(
     canonical = canonical_uuid(request_id)
     if canonical is None:
         raise NotFound(f"no request {shown(request_id)}; ids are canonical UUIDs")
-    request_id = canonical
-    async with st.engine.connect() as conn:
-        row = (
-            await conn.execute(
-                select(*RESULT_COLUMNS).where(
-                    requests.c.request_id == request_id, requests.c.tenant_id == tenant.id
-                )
-            )
-        ).first()
-    if row is None:
-        raise NotFound(f"no finished request {request_id} for this tenant (it may still be queued)")
-    data = dict(row._mapping)
+    data = await fetch_request(st.engine, tenant.id, canonical)
+    if data is None:
+        raise NotFound(f"no finished request {canonical} for this tenant (it may still be queued)")
     return ORJSONResponse(
         {
             "status": data["status"],

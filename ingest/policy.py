@@ -46,46 +46,6 @@ def check_rate(limiter: TenantLimiter, settings: Settings, tenant: Tenant) -> di
     return headers
 
 
-def check_job_items(limiter: TenantLimiter, settings: Settings, tenant: Tenant) -> dict[str, str]:
-    """May this tenant submit a job now? Refused while a big earlier job's items are
-    still being paid off (the bucket is in debt); the items are charged once the
-    job is recorded (``charge_job_items``), whatever its size."""
-    rate = tenant.job_items_per_s or settings.tier_job_items_per_s[tenant.tier]
-    v = limiter.check(
-        tenant.id,
-        "job_items",
-        rate=rate,
-        burst=rate * 60,
-        n=0,
-        now=time.monotonic(),
-        allow_debt=True,
-    )
-    headers = ratelimit_headers(v)
-    if not v.allowed:
-        raise RateLimited(
-            f"job item rate of {rate:g} items/s exceeded; wait before the next job",
-            retry_after_s=v.retry_after_s,
-            headers=headers,
-        )
-    return headers
-
-
-def charge_job_items(
-    limiter: TenantLimiter, settings: Settings, tenant: Tenant, items: int
-) -> None:
-    """Charge an accepted job's items (it was admitted when the bucket had tokens)."""
-    rate = tenant.job_items_per_s or settings.tier_job_items_per_s[tenant.tier]
-    limiter.check(
-        tenant.id,
-        "job_items",
-        rate=rate,
-        burst=rate * 60,
-        n=items,
-        now=time.monotonic(),
-        allow_debt=True,
-    )
-
-
 def check_admission(
     load: LoadWatch,
     settings: Settings,

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
@@ -211,6 +212,25 @@ jobs = Table(
     Column("webhook_next_at", DateTime(timezone=True)),
     Column("webhook_delivered_at", DateTime(timezone=True)),
     Column("webhook_error", Text),
+    Index(
+        "jobs_webhook_due",
+        "webhook_next_at",
+        postgresql_where=text("webhook_next_at IS NOT NULL AND webhook_delivered_at IS NULL"),
+    ),
+    Index(
+        "jobs_idempotency_created",
+        "created_at",
+        postgresql_where=text("idempotency_key IS NOT NULL"),
+    ),
+)
+
+# Each tenant's job-item token bucket (results/job_quota.py).
+job_item_budgets = Table(
+    "job_item_budgets",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=False), primary_key=True),
+    Column("tokens", Float),  # NULL: never charged; negative: a large job's debt
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
 job_items = Table(

@@ -49,7 +49,8 @@ _INSERT_REQUESTS = (
         else f"%s::{'text' if t == 'uuid' else t}[]" + ("::uuid[]" if t == "uuid" else "")
         for _, t in _REQUEST_COLUMNS
     )
-    + ") ON CONFLICT (request_id) DO NOTHING RETURNING request_id, job_id, status, persisted_at"
+    + ") ON CONFLICT (request_id) DO NOTHING "
+    "RETURNING request_id, job_id, status, persisted_at, item_index"
 )
 _OUTPUT = [c for c, _ in _REQUEST_COLUMNS].index("output")
 
@@ -86,8 +87,10 @@ def write_results(
     arrays = _column_arrays(request_rows)
     cur.execute(_INSERT_REQUESTS, arrays)
     rows = cur.fetchall()
-    written = [str(rid) for rid, _, _, _ in rows]
-    record_job_results(conn, ((None if j is None else str(j), st) for _, j, st, _ in rows))
+    written = [str(rid) for rid, *_ in rows]
+    record_job_results(
+        conn, ((str(rid), None if j is None else str(j), i, st) for rid, j, st, _, i in rows)
+    )
     for payload in announcements(request_rows, arrays[_OUTPUT], rows):
         conn.execute(select(func.pg_notify(RESULTS_CHANNEL, payload)))
     return written
@@ -102,7 +105,7 @@ def announcements(
     announced by id and fetched. Job items have no waiter (job results are read by
     polling the job's rows): announcing thousands a second would only keep every API
     instance busy."""
-    persisted_at = {str(rid): at for rid, _, _, at in returned}
+    persisted_at = {str(rid): at for rid, _, _, at, *_ in returned}
     inline: list[bytes] = []
     by_id: list[str] = []
     for row, output in zip(request_rows, outputs, strict=True):

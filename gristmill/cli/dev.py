@@ -23,7 +23,7 @@ import httpx
 from core.config import settings_from_env
 from core.redact import write_private
 from gristmill.devservices import KafkaCluster, PostgresServer, free_port
-from gristmill.devservices.stack import api_command, scheduler_command
+from gristmill.devservices.stack import LOOPBACK_WEBHOOKS, api_command, scheduler_command
 
 
 def _child(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -74,6 +74,7 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
     env = dict(os.environ)
     # A local broker and a throwaway database: allowed below production durability.
     env.setdefault("GRISTMILL_ALLOW_WEAK_DURABILITY", "true")
+    env.setdefault("GRISTMILL_WEBHOOK_ALLOW_NETWORKS", LOOPBACK_WEBHOOKS)
     kafka: KafkaCluster | None = None
     pg: PostgresServer | None = None
     procs: list[subprocess.Popen[bytes]] = []

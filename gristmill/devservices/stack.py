@@ -31,6 +31,8 @@ from results.db import make_engine
 from results.tenants import create_tenant, issue_key, set_plan
 
 REPO = Path(__file__).resolve().parents[2]  # repo root: processes run from here
+# A system on loopback sends webhooks to receivers on loopback (decision 27).
+LOOPBACK_WEBHOOKS = '["127.0.0.0/8", "::1/128"]'
 
 
 def api_command(port: int, processes: int = 1, forwarded_allow_ips: str = "") -> list[str]:
@@ -245,6 +247,7 @@ def build_system(
         "PYTHONUNBUFFERED": "1",
         # One broker and a throwaway database: below the durability a deployment needs.
         "GRISTMILL_ALLOW_WEAK_DURABILITY": "true",
+        "GRISTMILL_WEBHOOK_ALLOW_NETWORKS": LOOPBACK_WEBHOOKS,
         **(extra_env or {}),
     }
     system = System(services=services, env=env, workdir=workdir)
