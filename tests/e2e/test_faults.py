@@ -191,7 +191,9 @@ def test_sigterm_api_answers_what_it_had_and_leaves(rig: Rig, engine: Engine) ->
 
     ledger, result, t0 = under_load(rig, engine, sigterm_a, rate=40.0)
     assert_clean(result)
-    assert rcs == [0] and took[0] < 10, (rcs, took)
+    # uvicorn re-raises the signal once its graceful shutdown is done, so the exit status
+    # says "terminated by SIGTERM" (-15) rather than 0; either way it exited by itself.
+    assert rcs[0] in (0, -signal.SIGTERM) and took[0] < 10, (rcs, took)
     # In flight at the signal (sent well before it, not answered by then): answered,
     # not cut off. Requests sent after it find the port closed and go elsewhere.
     in_flight = [o for o in ledger.outcomes if o.api == 0 and o.sent_at < t0 - 0.5 < t0 < o.done_at]
