@@ -308,6 +308,7 @@ Press Ctrl-C to stop."""
                 with contextlib.suppress(FileNotFoundError):
                     (state_dir / RECORD_FILE).unlink()
             os.close(lock)
+        lifeline().close()  # its watchdog exits too before we do
 
 
 def _shutdown(

@@ -72,7 +72,9 @@ def stop_leftovers(
 ) -> None:
     """Stop whatever an earlier run left; raise StateDirError if something survives."""
     owner, targets = read_record(state_dir / RECORD_FILE)
-    targets.append(PgData(str((services / "postgres" / "data").resolve()), "PostgreSQL"))
+    pg = PgData(str((services / "postgres" / "data").resolve()), "PostgreSQL")
+    if all(t.key != pg.key for t in targets):  # a run that predates its record, say
+        targets.append(pg)
     running, survivors = stop(targets, grace_s=grace_s)
     for what in running:
         say(f"stopped a leftover of an earlier run{f' (pid {owner})' if owner else ''}: {what}")

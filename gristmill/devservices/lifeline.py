@@ -224,6 +224,17 @@ class Lifeline:
                 self.release(t)
         return result
 
+    def close(self, timeout_s: float = GRACE_S + KILL_WAIT_S + 1.0) -> None:
+        """Cut the lifeline now and wait for the watchdog to exit (it first stops whatever
+        is still held), so that nothing of ours outlives the command's own exit."""
+        with self._lock:
+            proc = self._proc
+            self._reset()
+            self._held.clear()
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout_s)
+
     def kill_now(self) -> None:
         """SIGKILL everything held, without waiting or locking: safe in a signal handler
         (the orderly stops that were waiting on these processes then return)."""

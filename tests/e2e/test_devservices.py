@@ -142,6 +142,7 @@ _SYSTEM_SCRIPT = textwrap.dedent(
             rig_cm = running_rig(services, workdir / "system", schedulers=1, apis=1, workers=1)
             system = rig_cm.__enter__().system
         else:
+            (workdir / "system").mkdir()
             system = build_system(services, workdir / "system")
             system.start_scheduler(workers=1, models="sim")
             system.url = system.start_api()
