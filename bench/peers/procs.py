@@ -1,6 +1,6 @@
 """Process bookkeeping for the benchmark: CPU seconds of a process tree, who listens on a
 port, and stopping exactly the processes we started (never by name), also when the
-benchmark itself is killed (the lifeline, decision 22)."""
+benchmark itself is killed (the lifeline, decision 28)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ migrates; creates a ``dev`` tenant with a fresh key; starts the API and a
 scheduler with its workers; checks one request end to end; prints how to call
 it and writes ``.gristmill/dev.env``.
 
-Stopping (decision 22): Ctrl-C or SIGTERM stops everything in order, within
+Stopping (decision 28): Ctrl-C or SIGTERM stops everything in order, within
 ``APPS_GRACE_S`` + ``SERVICES_GRACE_S`` at most; another Ctrl-C at least half a
 second later stops everything at once. If this process dies without stopping
 (SIGKILL, the OOM killer), the lifeline's watchdog stops what it started within

@@ -1,7 +1,7 @@
 """What an earlier run left in a state directory, found and stopped before a new start.
 
 The lifeline's watchdog normally stops everything within seconds of a run's death
-(decision 22); this is for when it could not (it was killed too, or the run predates
+(decision 28); this is for when it could not (it was killed too, or the run predates
 it). A run keeps, in its state directory:
 
 * ``dev.lock``: an exclusive ``flock`` while it runs; the kernel drops it when the run's

@@ -1,5 +1,5 @@
 """The lifeline: whatever a Gristmill command starts ends when that command ends, however
-it ends (decision 22).
+it ends (decision 28).
 
 A command that starts services (``gristmill dev``, a test session, a benchmark, a chaos
 run) starts one small watchdog process and keeps the write end of a pipe to it. Every

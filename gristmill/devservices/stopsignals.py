@@ -1,5 +1,5 @@
 """SIGINT and SIGTERM for a command that runs services: the first asks for an orderly
-stop, another one later asks to stop at once (decision 22).
+stop, another one later asks to stop at once (decision 28).
 
 Two signals that arrive within ``REPEAT_S`` of each other are one request: ``make``
 forwards SIGTERM to its child, so a SIGTERM to the process group of ``make dev`` reaches
