@@ -45,11 +45,11 @@ from gristmill.devservices.stopsignals import StopSignals
 from scheduler.service import SHUTDOWN_DRAIN_S
 
 # SIGTERM to SIGKILL for the API and the scheduler: the scheduler drains what it has
-# queued (SHUTDOWN_DRAIN_S, 10 s), then finishes the batch in flight, persists it and
-# commits its offsets; 10 s more covers that on a busy machine (whole orderly stops of
-# a loaded `gristmill dev` with the sim model measured 4-5 s on the 2-core dev box).
-# Killed later than that, its unfinished requests are read again by the next run's
-# scheduler (at-least-once): nothing accepted is lost.
+# consumed (SHUTDOWN_DRAIN_S, 10 s), then finishes the batches on its workers, persists
+# them and commits its offsets; 10 s more covers that for batches of a few seconds (a
+# loaded dev system with the sim model stops API and scheduler in 5.0 s on the shared
+# 2-core box, decision 28). Killed later than that, its unfinished requests are read
+# again by the partitions' next owner (at-least-once): nothing accepted is lost.
 APPS_GRACE_S = SHUTDOWN_DRAIN_S + 10.0
 # Kafka gets its own controlled-shutdown bound; PostgreSQL's fast shutdown the same.
 SERVICES_GRACE_S = KAFKA_STOP_GRACE_S
@@ -108,12 +108,15 @@ class _Apps:
 
     def stop(self, now: threading.Event) -> None:
         targets = [g for g in self.held.values() if g is not None]
+        started = time.monotonic()
         # SIGTERM to each group (uvicorn's processes stop, the scheduler drains, its
         # workers ignore it and wait for their scheduler), SIGKILL after the grace.
         _, survivors = stop(targets, grace_s=APPS_GRACE_S, give_up=now.is_set)
         for p in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(1)
+        if targets:
+            _say(f"API and scheduler stopped in {time.monotonic() - started:.1f} s")
         if survivors:
             _say(f"still running after SIGKILL: {'; '.join(survivors)}")
         for g in targets:
