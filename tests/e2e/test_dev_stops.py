@@ -16,13 +16,16 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
+from gristmill.cli.dev import APPS_GRACE_S, SERVICES_GRACE_S
 from gristmill.devservices import free_port
+from gristmill.devservices.lifeline import KILL_WAIT_S
 from tests.e2e.proctree import Tree, kafka_ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -36,7 +39,9 @@ READY_S = 300.0
 class Dev:
     """One ``gristmill dev`` (optionally under make, as ``make dev`` runs it)."""
 
-    def __init__(self, state: Path, port: int, *, via_make: bool = False) -> None:
+    def __init__(
+        self, state: Path, port: int, *, via_make: bool = False, env: dict[str, str] | None = None
+    ) -> None:
         self.state, self.port = state, port
         self.out = state.parent / f"dev-{time.monotonic_ns()}.out"
         cmd = [sys.executable, "-m", "gristmill", "dev", "--state-dir", str(state)]
@@ -45,8 +50,10 @@ class Dev:
             makefile = state.parent / "Makefile"
             makefile.write_text("dev:\n\t" + " ".join(cmd) + "\n")
             cmd = ["make", "-s", "-f", str(makefile), "dev"]
+        extra = env or {}
         env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP", "DATABASE_URL")}
         env["PYTHONPATH"] = str(REPO)
+        env.update(extra)
         with self.out.open("wb") as out:
             # Its own process group: the group signals below reach only this run.
             self.proc = subprocess.Popen(
@@ -171,16 +178,29 @@ def runs() -> Iterator[list[Dev]]:
             dev.cleanup()
 
 
-def _start(runs: list[Dev], workdir: Path, port: int, **kw: bool) -> Dev:
-    dev = Dev(workdir / "state", port, **kw)
+def _start(
+    runs: list[Dev],
+    workdir: Path,
+    port: int,
+    *,
+    via_make: bool = False,
+    env: dict[str, str] | None = None,
+) -> Dev:
+    dev = Dev(workdir / "state", port, via_make=via_make, env=env)
     runs.append(dev)
     dev.wait_ready()
     return dev
 
 
-def _assert_clean(dev: Dev, what: str) -> None:
+def _assert_clean(dev: Dev, what: str) -> float:
+    """Seconds until nothing of ``dev`` ran and no port of it listened (printed: the
+    numbers decision 28 quotes come from ``pytest -rP`` of this file)."""
+    started = time.monotonic()
     left = dev.tree.leftovers_after(LEFTOVER_LIMIT_S)
+    took = time.monotonic() - started
     assert not left, f"{what}: still running {LEFTOVER_LIMIT_S:.0f} s later: {left}"
+    print(f"{what}: nothing left after {took:.1f} s")
+    return took
 
 
 def test_kill9_idle_leaves_nothing_and_the_next_start_succeeds(
@@ -238,6 +258,50 @@ def test_make_dev_group_sigterm_then_sigkill_under_load(workdir: Path, runs: lis
     assert "stopped in" in again.text()
 
 
+@pytest.mark.parametrize("batch_ms", [100, 2000], ids=["sim", "slow-model"])
+def test_an_orderly_stop_under_load_is_bounded(
+    workdir: Path, runs: list[Dev], batch_ms: int
+) -> None:
+    """One Ctrl-C while the scheduler holds a backlog: it drains (at most SHUTDOWN_DRAIN_S),
+    finishes its batches, persists and commits before its grace runs out. The slow model
+    (2 s a batch of 100) holds more than the drain's 10 s of work, so the drain runs out
+    and the batches on the worker, the one running and the one queued, come after it."""
+    env = {"GRISTMILL_SIM_BATCH_MS": str(batch_ms)}
+    if batch_ms > 500:  # deadlines a 2 s batch can meet (admission refuses the rest)
+        env["GRISTMILL_TIER_SLO_MS"] = '{"enterprise": 10000, "paid": 20000, "free": 30000}'
+    dev = _start(runs, workdir, free_port(), env=env)
+    load = Load(dev)
+    dev.snapshot()
+    try:
+        started = time.monotonic()
+        os.kill(dev.dev_pid, signal.SIGINT)
+        rc = dev.wait_exit(APPS_GRACE_S + SERVICES_GRACE_S + 2 * KILL_WAIT_S + 15)
+        took = time.monotonic() - started
+    finally:
+        load.close()
+    assert rc == 0, dev.text()[-3000:]
+    assert not dev.tree.running() and not dev.tree.held_ports()
+    text = dev.text()
+    apps_s = float(text.split("API and scheduler stopped in ")[1].split(" s")[0])
+    # The scheduler finished its own stop (drain, last batch, persist, commit) before
+    # the grace ran out, rather than being killed.
+    log = (dev.state / "logs" / "scheduler.log").read_text()
+    assert "scheduler stopped:" in log
+    assert apps_s < APPS_GRACE_S, f"the scheduler needed its SIGKILL ({apps_s:.1f} s)"
+    scheduler_s = _logged_at(log, "scheduler stopped:") - _logged_at(log, "scheduler stopping")
+    print(
+        f"orderly stop under load: the scheduler's own stop {scheduler_s:.1f} s, "
+        f"API and scheduler {apps_s:.1f} s, all {took:.1f} s"
+    )
+
+
+def _logged_at(log: str, text: str) -> float:
+    """When the last line containing ``text`` was logged (epoch s; logging's asctime)."""
+    line = [line for line in log.splitlines() if text in line][-1]
+    stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    return stamp.timestamp()
+
+
 def test_second_ctrl_c_stops_a_busy_system_at_once(workdir: Path, runs: list[Dev]) -> None:
     dev = _start(runs, workdir, free_port())
     load = Load(dev)
@@ -255,6 +319,7 @@ def test_second_ctrl_c_stops_a_busy_system_at_once(workdir: Path, runs: list[Dev
     assert not dev.tree.running(), f"left after the second Ctrl-C: {dev.tree.running()}"
     _assert_clean(dev, "a second Ctrl-C")
     assert took < 10, f"the second Ctrl-C took {took:.1f} s"
+    print(f"a second Ctrl-C: gristmill dev exited {took:.1f} s later")
 
 
 def test_leftovers_of_a_run_whose_watchdog_died_too(workdir: Path, runs: list[Dev]) -> None:
