@@ -27,6 +27,7 @@ from pathlib import Path
 from core.protocol import Hello, WorkBatch, WorkResult
 from core.redact import write_private
 from core.vocab import ModelRef
+from scheduler.spawner import Spawner
 
 log = logging.getLogger("gristmill.scheduler.workers")
 
@@ -159,6 +160,7 @@ class WorkerPool:
         self._stopping = threading.Event()
         self._no_restarts = threading.Event()
         self._listener: Listener | None = None
+        self._spawner = Spawner()  # workers die with this process, not with a thread
 
     def start(self) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -190,7 +192,7 @@ class WorkerPool:
             "--worker-id",
             f"{os.getpid()}-w{i}",
         ]
-        self._procs[i] = subprocess.Popen(cmd, env=env)
+        self._procs[i] = self._spawner.popen(cmd, env)
         log.info("spawned worker %d (pid %d)", i, self._procs[i].pid)  # type: ignore[union-attr]
 
     def stop_restarts(self) -> None:
