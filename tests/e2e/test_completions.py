@@ -242,3 +242,36 @@ def test_a_scheduler_killed_mid_generation_loses_no_stream(
             )
         ).all()
     assert len(rows) == n_streams and {r.status for r in rows} == {"succeeded"}
+
+
+def test_a_job_of_generation_items_gives_each_its_own_continuation(
+    lm_system: System, reference: object
+) -> None:
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(24)]
+    r = httpx.post(
+        f"{lm_system.url}/v1/jobs",
+        json={
+            "model": MODEL,
+            "items": [{"custom_id": f"g{i}", "input": p} for i, p in enumerate(prompts)],
+            "params": {"max_tokens": 30, "temperature": 0},
+        },
+        headers=lm_system.headers(),
+        timeout=60,
+    )
+    assert r.status_code == 202, r.text
+    job_id = r.json()["job_id"]
+    deadline = time.time() + 180
+    while True:
+        j = httpx.get(f"{lm_system.url}/v1/jobs/{job_id}", headers=lm_system.headers()).json()
+        if j["status"] in ("completed", "failed", "cancelled", "expired") and j["finished_at"]:
+            break
+        assert time.time() < deadline, j
+        time.sleep(0.5)
+    assert j["status"] == "completed" and j["counts"]["succeeded"] == len(prompts), j
+    got = httpx.get(
+        f"{lm_system.url}/v1/jobs/{job_id}/results", headers=lm_system.headers(), timeout=60
+    )
+    results = [orjson.loads(line) for line in got.content.splitlines() if line]
+    assert [x["custom_id"] for x in results] == [f"g{i}" for i in range(len(prompts))]
+    for x in results:
+        assert x["output"]["text"] == reference(prompts[x["index"]], 30)  # type: ignore[operator]
