@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,7 +31,7 @@ from sqlalchemy import and_, exists, select
 from core import tracing
 from core.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound
 from core.limits import canonical_uuid, check_text, shown
-from core.messages import RequestMessage, request_id_for
+from core.messages import RequestMessage
 from core.models.causal_lm import CausalLMSpec, generation_params
 from core.models.token_ids import tokenized_input
 from core.topics import request_topic
@@ -149,7 +150,7 @@ async def create_completion(
     )
     spec.check_fits(len(ids), params["max_tokens"])
     limit_headers = check_rate(st.limiter, st.settings, tenant)
-    rid = request_id_for(tenant.id, idempotency_key)
+    rid = str(uuid.uuid4())  # Idempotency-Key: checked, not yet honoured (decision 32)
     msg = _message(st, spec, tenant, rid, tokenized_input(prompt, ids), params, received)
     fut = st.waiter.register(rid)
     topic = request_topic(st.settings, msg.priority)

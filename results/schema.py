@@ -110,7 +110,6 @@ requests = Table(
 )
 
 
-
 # A generating request's tokens so far, one row per flush of the scheduler that runs it
 # (scheduler/generation/service.py, decision 32): what its stream delivered, read by a
 # stream that reconnects and by the next owner after a crash. Deleted in the

@@ -1,16 +1,16 @@
 """A generating request's streamed tokens, kept until its final row is written, so a
 stream resumes after a dropped connection or a scheduler restart (decision 32).
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0007
+Revises: 0006
 """
 
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
-revision = "0005"
-down_revision = "0004"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
