@@ -41,6 +41,7 @@ from results import modelregistry
 from results.faults import first_line
 from results.generation import finished, read_streamed, write_flush
 from results.schema import RequestRow
+from scheduler import metrics
 from scheduler.batcher import Pending
 from scheduler.generation.config import PolicyConfig
 from scheduler.generation.engine import Engine as StepEngine
@@ -85,6 +86,11 @@ class WorkerRunner:
         if result.output is None:
             raise StepFailed(result.error or "the step failed")
         return result.output
+
+
+def info_blocks(h: WorkerHandle) -> int:
+    info = h.hello.models[0].generation
+    return 0 if info is None else info.num_blocks
 
 
 def policy_config(info: GenerationInfo) -> PolicyConfig:
@@ -154,6 +160,7 @@ class GenerationService:
         self.info: GenerationInfo | None = None
         self.handles: list[WorkerHandle] = []
         self.steps = 0
+        self._preempted = 0
         self._threads = [
             threading.Thread(target=self._step_loop, name="gen-steps", daemon=True),
             threading.Thread(target=self._flush_loop, name="gen-flush", daemon=True),
@@ -250,6 +257,7 @@ class GenerationService:
                         engine = StepEngine(policy, WorkerRunner(cmd, self.spec), clock=time.time)
                     runner = WorkerRunner(cmd, self.spec)
                     engine.runner = runner
+                    metrics.GEN_KV_TOTAL.labels(self.spec.name).set(info_blocks(cmd))
                 elif isinstance(cmd, list):
                     self._drop(engine, set(cmd), waiting)
                 else:
@@ -276,6 +284,13 @@ class GenerationService:
                 self._fail_running(engine, str(exc))
                 continue
             self.steps += 1
+            st = engine.last
+            if st is not None:
+                preempted = engine.policy.preemptions - self._preempted
+                self._preempted = engine.policy.preemptions
+                metrics.generation_step(
+                    self.spec.name, st.step_s, st.sampled, st.tokens, st.kv_used, preempted
+                )
             if events:
                 with self.lock:
                     self.outbox.add(events)
@@ -376,5 +391,10 @@ class GenerationService:
                 log.warning("generation flush failed (retrying): %s", first_line(exc))
                 if self.stopping.wait(0.5):
                     return
+        metrics.persisted(rows)
+        for e, _ in ended:
+            f = e.finished
+            if f.first_token_at is not None:
+                metrics.generation_ttft(self.spec.name, f.first_token_at - f.arrived_at)
         if offsets:
             self.done(offsets, len(rows))
