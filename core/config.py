@@ -392,6 +392,17 @@ class WorkerSettings(_Concern):
     # Padded tokens per sub-batch: past the GPU's launch-bound knee, small enough to keep
     # padding waste and activation memory low (docs/bench/gpu.md).
     embed_bucket_tokens: int = Field(32_768, gt=0)
+    # The causal LM (gristmill-lm, decision 23): where it runs, the KV cache's memory
+    # (per scheduler it serves), and one step's limits. On this CPU: 64 MiB holds 65,536
+    # tokens of context; 256 tokens a step and 64 sequences from the step-cost curve
+    # (docs/bench/generation.md). A GPU takes more of each (bench/generation/gpu.py).
+    lm_device: str = "auto"  # auto: cuda when available, else cpu
+    lm_kv_cache_mb: int = Field(64, ge=1)
+    lm_max_step_tokens: int = Field(256, ge=1)
+    lm_max_running: int = Field(64, ge=1)
+    # Torch threads of a CPU worker (one: a second stalls whenever another process takes
+    # a core of a small shared machine, docs/bench/generation.md).
+    lm_cpu_threads: int = Field(1, ge=1)
 
 
 class ModelSettings(_Concern):

@@ -19,7 +19,7 @@ from core import __version__
 from core.config import Settings
 from core.models.catalog import build_specs
 from core.topics import ensure_topics
-from ingest import infer, jobs, metrics
+from ingest import completions, infer, jobs, metrics
 from ingest.auth import Authenticator, AuthGate
 from ingest.catalog import ModelCatalog
 from ingest.fast_path import InferFastPath
@@ -127,6 +127,8 @@ def create_app(settings: Settings) -> FastAPI:
                 task.cancel()
             with contextlib.suppress(Exception):  # the database may be the thing that is gone
                 await state.load.leave()
+            if state.streams is not None:
+                await state.streams.stop()
             await waiter.stop()
             await state.auth.stop()
             state.producer.close()
@@ -146,6 +148,7 @@ def create_app(settings: Settings) -> FastAPI:
     # Added last, so it runs first: a bad key is refused before anything reads the body.
     app.add_middleware(AuthGate)
     app.include_router(infer.router)
+    app.include_router(completions.router)
     app.include_router(jobs.router, responses=ERROR_RESPONSES)
     app.include_router(metrics.router)
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     ProcessCollector,
     start_http_server,
@@ -136,6 +137,64 @@ PRODUCE_ERRORS = Counter(
     ["client", "reason"],
     registry=REGISTRY,
 )
+
+# Generation (decision 32): what continuous batching does, per model.
+GEN_TTFT = Histogram(
+    "gristmill_generation_time_to_first_token_seconds",
+    "From the API's acceptance to the first output token, per finished completion",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+GEN_STEP = Histogram(
+    "gristmill_generation_step_seconds",
+    "One continuous-batching step (plan, compute on the worker, apply): the time between "
+    "two tokens of every decoding sequence, i.e. the inter-token latency",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+GEN_TOKENS = Counter(
+    "gristmill_generation_tokens_total",
+    "Tokens computed by generation steps: output tokens sampled, and prompt or recomputed "
+    "tokens prefilled; the rate of 'output' is tokens/s",
+    ["model", "kind"],
+    registry=REGISTRY,
+)
+GEN_KV_USED = Gauge(
+    "gristmill_generation_kv_blocks_used",
+    "KV-cache blocks held by running sequences after the last step",
+    ["model"],
+    registry=REGISTRY,
+)
+GEN_KV_TOTAL = Gauge(
+    "gristmill_generation_kv_blocks",
+    "KV-cache blocks in the worker's pool",
+    ["model"],
+    registry=REGISTRY,
+)
+GEN_PREEMPTIONS = Counter(
+    "gristmill_generation_preemptions_total",
+    "Running sequences whose KV blocks were dropped to make room (recomputed later)",
+    ["model"],
+    registry=REGISTRY,
+)
+
+
+def generation_step(
+    model: str, step_s: float, sampled: int, computed: int, kv_used: int, preempted: int
+) -> None:
+    _child(GEN_STEP, model).observe(step_s)
+    _child(GEN_TOKENS, model, "output").inc(sampled)
+    _child(GEN_TOKENS, model, "prefill").inc(max(0, computed - sampled))
+    _child(GEN_KV_USED, model).set(kv_used)
+    if preempted:
+        _child(GEN_PREEMPTIONS, model).inc(preempted)
+
+
+def generation_ttft(model: str, seconds: float) -> None:
+    _child(GEN_TTFT, model).observe(seconds)
+
 
 # A GPU reading older than this is not shown: the worker got no batch since, so it is
 # not a reading of what this scheduler's work does to the GPU now (the usual scrape
