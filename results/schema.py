@@ -69,6 +69,8 @@ models = Table(
     Column("max_batch_size", Integer, nullable=False),
     Column("profile_ms", JSONB, nullable=False, server_default="{}"),
     Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # this process's metrics window (core/metrics_window.py), for the dashboard
+    Column("metrics", JSONB, nullable=False, server_default="{}"),
 )
 
 # The request log and result store: exactly one row per request id.
@@ -260,5 +262,7 @@ scheduler_load = Table(
     Column("lag", JSONB, nullable=False, server_default="{}"),
     # the largest tenants' queues per model ref and class (results.load.REST: the rest)
     Column("tenant_backlog", JSONB, nullable=False, server_default="{}"),
+    # this scheduler's metrics window (core/metrics_window.py), for the dashboard
+    Column("metrics", JSONB, nullable=False, server_default="{}"),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )

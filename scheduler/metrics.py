@@ -41,8 +41,10 @@ from core.metrics import (
     RATIO_BUCKETS,
     STAGES,
     observe_many,
+    snapshot,
     stage_histogram,
 )
+from core.metrics_window import SCHEDULER_COUNTERS, SCHEDULER_GAUGES, MetricsWindow
 from core.protocol import WorkResult
 from core.vocab import PRIORITY_CLASSES, ModelRef
 from results.schema import RequestRow
@@ -473,3 +475,14 @@ def serve(svc: SchedulerService, settings: Settings) -> None:
         )
         return
     log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
+
+
+# ---- published for the dashboard -------------------------------------------------------
+_window = MetricsWindow(SCHEDULER_COUNTERS, SCHEDULER_GAUGES)
+
+
+def window(now: float) -> dict[str, Any]:
+    """This scheduler's metrics window (core/metrics_window.py), published once a second
+    with its load report. Collects the registry like a scrape (the gauges take the
+    service's lock briefly)."""
+    return _window.publish(now, snapshot(REGISTRY))
