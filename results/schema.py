@@ -69,8 +69,6 @@ models = Table(
     Column("max_batch_size", Integer, nullable=False),
     Column("profile_ms", JSONB, nullable=False, server_default="{}"),
     Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    # this process's metrics window (core/metrics_window.py), for the dashboard
-    Column("metrics", JSONB, nullable=False, server_default="{}"),
 )
 
 # The request log and result store: exactly one row per request id.
@@ -251,6 +249,8 @@ api_instances = Table(
     metadata,
     Column("instance_id", Text, primary_key=True),
     Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # this process's metrics window (core/metrics_window.py), for the dashboard
+    Column("metrics", JSONB, nullable=False, server_default="{}"),
 )
 
 scheduler_load = Table(
