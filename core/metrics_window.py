@@ -1,12 +1,12 @@
 """A process's own metrics over the last seconds, published for the dashboard page.
 
 Once a second a scheduler, and each uvicorn process of an API instance, takes a
-snapshot of the few metric families the dashboard shows and publishes, beside its
-load report in PostgreSQL, each series' value now and its increase over the last
-``WINDOW_S`` seconds; the API's dashboard endpoint sums what the live processes
-published (ingest/dashboard_summary.py). Increases are taken inside the process, where
-a counter never resets, so summing processes that start and stop stays exact
-(decision 33). Pure: the caller passes the clock and the snapshot.
+snapshot of the few metric families the dashboard shows, sums away the labels the page
+does not show, and publishes, beside its load report in PostgreSQL, each series' value
+now and its increase over the last ``WINDOW_S`` seconds; the API's dashboard endpoint
+sums what the live processes published (ingest/dashboard_summary.py). Increases are
+taken inside the process, where a counter never resets, so summing processes that start
+and stop stays exact (decision 33). Pure: the caller passes the clock and the snapshot.
 """
 
 from __future__ import annotations
@@ -23,43 +23,60 @@ from core.metrics import Sample, Snapshot
 # seconds (decision 33).
 WINDOW_S = 10.0
 
-# What each kind of process publishes: the sample names of the families the page shows.
-SCHEDULER_COUNTERS = (
-    "gristmill_requests_finished_total",
-    "gristmill_stage_duration_seconds_bucket",
-    "gristmill_stage_duration_seconds_count",
-    "gristmill_batches_total",
-    "gristmill_worker_busy_seconds_total",
+
+@dataclass(frozen=True)
+class Series:
+    """One sample name as a process publishes it: only the labels ``by`` kept, the
+    others summed (``peak``: their maximum). A ``counter`` (``_total``, a histogram's
+    ``_bucket``) is published as its increase over the window and, with ``total``, its
+    value since the process started; anything else as its value now."""
+
+    name: str
+    by: tuple[str, ...] = ()
+    counter: bool = True
+    total: bool = True
+    peak: bool = False
+
+
+# What each kind of process publishes: the page's numbers, summed over the labels it does
+# not show (a few kB a second however many models, classes and workers there are).
+LATENCY = ("stage", "le")
+SCHEDULER_SERIES = (
+    Series("gristmill_requests_finished_total", ("status",)),
+    Series("gristmill_stage_duration_seconds_bucket", LATENCY, total=False),
+    Series("gristmill_batches_total", ("reason",)),
+    Series("gristmill_worker_busy_seconds_total", ("worker",)),
+    Series("gristmill_requests_queued", ("class",), counter=False),
+    Series("gristmill_consumer_lag_messages", ("class",), counter=False),
+    Series("gristmill_consumer_paused", ("class",), counter=False, peak=True),
+    Series("gristmill_oldest_message_age_seconds", ("class",), counter=False, peak=True),
+    Series("gristmill_worker_batches_in_flight", ("worker",), counter=False),
+    Series("gristmill_workers", ("state",), counter=False),
+    Series("gristmill_gpu_utilization_ratio", ("worker",), counter=False, peak=True),
 )
-SCHEDULER_GAUGES = (
-    "gristmill_requests_queued",
-    "gristmill_consumer_lag_messages",
-    "gristmill_consumer_paused",
-    "gristmill_oldest_message_age_seconds",
-    "gristmill_worker_batches_in_flight",
-    "gristmill_workers",
-    "gristmill_gpu_utilization_ratio",
+API_SERIES = (
+    Series("gristmill_admission_total", ("tier", "outcome", "reason")),
+    Series("gristmill_api_responses_total", ("code",)),
+    Series("gristmill_stage_duration_seconds_bucket", LATENCY, total=False),
+    Series("gristmill_request_duration_seconds_bucket", ("le",), total=False),
+    Series("gristmill_jobs_submitted_total"),
+    Series("gristmill_job_items_submitted_total"),
+    Series("gristmill_api_inflight_requests", counter=False),
 )
-API_COUNTERS = (
-    "gristmill_admission_total",
-    "gristmill_api_responses_total",
-    "gristmill_stage_duration_seconds_bucket",
-    "gristmill_stage_duration_seconds_count",
-    "gristmill_request_duration_seconds_bucket",
-    "gristmill_request_duration_seconds_count",
-    "gristmill_jobs_submitted_total",
-    "gristmill_job_items_submitted_total",
-)
-API_GAUGES = ("gristmill_api_inflight_requests",)
 
 LabelKey = tuple[tuple[str, str], ...]
+Values = dict[str, dict[LabelKey, float]]
 
 
-def _key(labels: Mapping[str, str]) -> LabelKey:
-    return tuple(sorted(labels.items()))
+def _reduce(series: Series, snap: Snapshot) -> dict[LabelKey, float]:
+    out: dict[LabelKey, float] = {}
+    for s in snap.series(series.name):
+        k = tuple((label, s.labels.get(label, "")) for label in series.by)
+        out[k] = max(out.get(k, s.value), s.value) if series.peak else out.get(k, 0.0) + s.value
+    return out
 
 
-def _series(values: Mapping[str, Mapping[LabelKey, float]], *, nonzero: bool) -> dict[str, Any]:
+def _listed(values: Values, *, nonzero: bool) -> dict[str, Any]:
     return {
         name: [[dict(k), v] for k, v in sorted(by.items()) if v or not nonzero]
         for name, by in sorted(values.items())
@@ -69,38 +86,34 @@ def _series(values: Mapping[str, Mapping[LabelKey, float]], *, nonzero: bool) ->
 
 @dataclass
 class MetricsWindow:
-    """``counters``: sample names that only grow (``_total``, histogram ``_bucket`` and
-    ``_count``), published as totals and increases; ``gauges``: published as they are."""
-
-    counters: tuple[str, ...]
-    gauges: tuple[str, ...] = ()
+    series: tuple[Series, ...]
     span_s: float = WINDOW_S
-    _past: deque[tuple[float, dict[str, dict[LabelKey, float]]]] = field(default_factory=deque)
+    _past: deque[tuple[float, Values]] = field(default_factory=deque)
+
+    def names(self) -> list[str]:
+        return sorted({s.name for s in self.series})
 
     def publish(self, now: float, snap: Snapshot) -> dict[str, Any]:
         """The publication for ``snap`` taken at ``now`` (epoch s): ``window_s`` (0 the first
         time), ``total`` and ``increase`` of the counters (nonzero series), ``gauges``."""
-        current = {
-            name: {_key(s.labels): s.value for s in snap.series(name)} for name in self.counters
-        }
-        self._past.append((now, current))
+        counters = {s.name: _reduce(s, snap) for s in self.series if s.counter}
+        self._past.append((now, counters))
         # The base is the newest snapshot at least span_s old (the oldest while younger).
         while len(self._past) > 1 and now - self._past[1][0] >= self.span_s:
             self._past.popleft()
         base_at, base = self._past[0]
         increase = {
             name: {k: v - base.get(name, {}).get(k, 0.0) for k, v in by.items()}
-            for name, by in current.items()
+            for name, by in counters.items()
         }
-        gauges = {
-            name: {_key(s.labels): s.value for s in snap.series(name)} for name in self.gauges
-        }
+        totals = {s.name: counters[s.name] for s in self.series if s.counter and s.total}
+        gauges = {s.name: _reduce(s, snap) for s in self.series if not s.counter}
         return {
             "at": now,
             "window_s": now - base_at,
-            "total": _series(current, nonzero=True),
-            "increase": _series(increase, nonzero=True),
-            "gauges": _series(gauges, nonzero=False),
+            "total": _listed(totals, nonzero=True),
+            "increase": _listed(increase, nonzero=True),
+            "gauges": _listed(gauges, nonzero=False),
         }
 
 

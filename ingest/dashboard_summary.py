@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.metrics import STAGES, Snapshot
+from core.metrics import LATENCY_BUCKETS, STAGES, Snapshot
 from core.metrics_window import merged, snapshot_of
 from results.metrics import JobGauges
 
@@ -52,7 +52,12 @@ def quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
 
 
 def _buckets(rates: Snapshot, name: str, **labels: str) -> list[tuple[float, float]]:
+    """A histogram's buckets summed over its series; every bound of the layout is there:
+    a window leaves out a bucket whose increase is 0 (so are those below it), and
+    without it the next bucket would seem to start at 0."""
     by_le: dict[float, float] = {}
+    if rates.series(name):
+        by_le = dict.fromkeys((*LATENCY_BUCKETS, math.inf), 0.0)
     for s in rates.series(name):
         if all(s.labels.get(k) == v for k, v in labels.items()):
             le = float(s.labels["le"])
@@ -142,7 +147,10 @@ def summarize(published: Iterable[Published], jobs: JobGauges | None, now: float
 
     busy = _by(rates, "gristmill_worker_busy_seconds_total", "worker")
     in_flight = _by(gauges, "gristmill_worker_batches_in_flight", "worker")
-    gpu = _by(gauges, "gristmill_gpu_utilization_ratio", "worker")
+    gpu: dict[tuple[str, ...], float] = {}  # a worker serving two schedulers: one GPU
+    for s in gauges.series("gristmill_gpu_utilization_ratio"):
+        k = (s.labels.get("worker", ""),)
+        gpu[k] = max(gpu.get(k, 0.0), s.value)
     workers = [
         {
             "worker": w,

@@ -39,7 +39,7 @@ from prometheus_client.registry import Collector
 from core.errors import GristmillError
 from core.messages import RequestMessage
 from core.metrics import LATENCY_BUCKETS, multiprocess_dir, snapshot, stage_histogram
-from core.metrics_window import API_COUNTERS, API_GAUGES, MetricsWindow
+from core.metrics_window import API_SERIES, MetricsWindow
 from core.vocab import RequestStatus
 from ingest.http import DATABASE_ERRORS  # the one list of what means "database down"
 from results.metrics import JobGauges, job_gauges_of, job_gauges_stmt
@@ -187,7 +187,7 @@ def job_submitted(tier: str, items: int) -> None:
 
 
 # ---- published for the dashboard -------------------------------------------------------
-_window = MetricsWindow(API_COUNTERS, API_GAUGES)
+_window = MetricsWindow(API_SERIES)
 
 
 def window(now: float) -> dict[str, Any]:

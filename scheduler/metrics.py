@@ -44,7 +44,7 @@ from core.metrics import (
     snapshot,
     stage_histogram,
 )
-from core.metrics_window import SCHEDULER_COUNTERS, SCHEDULER_GAUGES, MetricsWindow
+from core.metrics_window import SCHEDULER_SERIES, MetricsWindow, merged
 from core.protocol import WorkResult
 from core.vocab import PRIORITY_CLASSES, ModelRef
 from results.schema import RequestRow
@@ -478,11 +478,14 @@ def serve(svc: SchedulerService, settings: Settings) -> None:
 
 
 # ---- published for the dashboard -------------------------------------------------------
-_window = MetricsWindow(SCHEDULER_COUNTERS, SCHEDULER_GAUGES)
+_window = MetricsWindow(SCHEDULER_SERIES)
 
 
 def window(now: float) -> dict[str, Any]:
     """This scheduler's metrics window (core/metrics_window.py), published once a second
-    with its load report. Collects the registry like a scrape (the gauges take the
-    service's lock briefly)."""
-    return _window.publish(now, snapshot(REGISTRY))
+    with its load report: the families it names, collected as a scrape collects them
+    (the gauges take the service's lock briefly)."""
+    sources: list[Collector] = [STAGE_SECONDS, FINISHED, BATCHES, WORKER_BUSY]
+    if _collector is not None:
+        sources.append(_collector)
+    return _window.publish(now, merged(snapshot(c) for c in sources))

@@ -10,13 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from core.metrics import LATENCY_BUCKETS, snapshot, stage_histogram
-from core.metrics_window import (
-    API_COUNTERS,
-    API_GAUGES,
-    SCHEDULER_COUNTERS,
-    SCHEDULER_GAUGES,
-    MetricsWindow,
-)
+from core.metrics_window import API_SERIES, SCHEDULER_SERIES, MetricsWindow
 from ingest.dashboard_summary import Published, quantile, summarize
 from results.metrics import JobGauges
 
@@ -61,7 +55,7 @@ class Scheduler:
         self.busy = Counter(
             "gristmill_worker_busy_seconds_total", "", ["worker"], registry=self.reg
         )
-        self.window = MetricsWindow(SCHEDULER_COUNTERS, SCHEDULER_GAUGES)
+        self.window = MetricsWindow(SCHEDULER_SERIES)
 
     def publish(self, now: float) -> dict[str, Any]:
         return self.window.publish(now, snapshot(self.reg))
@@ -83,7 +77,7 @@ class Api:
             buckets=LATENCY_BUCKETS,
             registry=self.reg,
         )
-        self.window = MetricsWindow(API_COUNTERS, API_GAUGES)
+        self.window = MetricsWindow(API_SERIES)
 
     def publish(self, now: float) -> dict[str, Any]:
         return self.window.publish(now, snapshot(self.reg))
@@ -181,3 +175,21 @@ def test_gauges_sum_over_schedulers_and_oldest_is_the_max() -> None:
 def test_a_process_that_published_nothing_yet_is_left_out() -> None:
     d = summarize([Published("api", "a", {})], None, now=0)
     assert d["processes"] == {"schedulers": 0, "api": 0}
+
+
+def test_buckets_a_window_left_out_still_bound_the_quantile() -> None:
+    # Every request of the window took 150 ms: the buckets up to 0.1 s did not grow and
+    # are not published; the median is still 150 ms, not 100 ms.
+    s = Scheduler()
+    s.publish(0.0)
+    for _ in range(20):
+        s.stage.labels("compute", "sim", "1", "paid").observe(0.15)
+    window = s.publish(10.0)
+    assert all(
+        float(labels["le"]) > 0.1
+        for labels, _ in window["increase"]["gristmill_stage_duration_seconds_bucket"]
+    )
+    d = summarize([Published("scheduler", "s", window)], None, now=10.0)
+    compute = next(r for r in d["latency"] if r["stage"] == "compute")
+    assert compute["p50"] == pytest.approx(0.15)
+    assert compute["p99"] == pytest.approx(0.199)
