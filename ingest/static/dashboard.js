@@ -66,11 +66,7 @@ function chart() {
     line.setAttribute("points", pts.join(" "));
     svg.appendChild(line);
   }
-  const label = document.createElementNS(SVG, "text");
-  label.setAttribute("x", "4");
-  label.setAttribute("y", "10");
-  label.textContent = `max ${rate(top)}/s`;
-  svg.appendChild(label);
+  $("spark-top").textContent = `top of the chart: ${rate(top)}/s`;
 }
 
 function render(d) {
