@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.metrics import Sample, Snapshot
+from core.vocab import PriorityClass
 
 # Rates on the page are increases over this many seconds (1 s steps): long enough that a
 # few requests a second give a steady rate, short enough that a change shows within
@@ -36,6 +37,9 @@ class Series:
     counter: bool = True
     total: bool = True
     peak: bool = False
+    # The class label kept as "sync" (every tier) or "jobs": job items wait by design, so
+    # their stages are not mixed into the sync requests' (and tiers cost no more series).
+    lane: bool = False
 
 
 # What each kind of process publishes: the page's numbers, summed over the labels it does
@@ -43,7 +47,7 @@ class Series:
 LATENCY = ("stage", "le")
 SCHEDULER_SERIES = (
     Series("gristmill_requests_finished_total", ("status",)),
-    Series("gristmill_stage_duration_seconds_bucket", LATENCY, total=False),
+    Series("gristmill_stage_duration_seconds_bucket", LATENCY, total=False, lane=True),
     Series("gristmill_batches_total", ("reason",)),
     Series("gristmill_worker_busy_seconds_total", ("worker",)),
     Series("gristmill_requests_queued", ("class",), counter=False),
@@ -57,7 +61,7 @@ SCHEDULER_SERIES = (
 API_SERIES = (
     Series("gristmill_admission_total", ("tier", "outcome", "reason")),
     Series("gristmill_api_responses_total", ("code",)),
-    Series("gristmill_stage_duration_seconds_bucket", LATENCY, total=False),
+    Series("gristmill_stage_duration_seconds_bucket", LATENCY, total=False, lane=True),
     Series("gristmill_request_duration_seconds_bucket", ("le",), total=False),
     Series("gristmill_jobs_submitted_total"),
     Series("gristmill_job_items_submitted_total"),
@@ -72,6 +76,8 @@ def _reduce(series: Series, snap: Snapshot) -> dict[LabelKey, float]:
     out: dict[LabelKey, float] = {}
     for s in snap.series(series.name):
         k = tuple((label, s.labels.get(label, "")) for label in series.by)
+        if series.lane:
+            k += (("lane", "jobs" if s.labels.get("class") == PriorityClass.JOBS else "sync"),)
         out[k] = max(out.get(k, s.value), s.value) if series.peak else out.get(k, 0.0) + s.value
     return out
 

@@ -83,8 +83,8 @@ def _latency_row(name: str, rates: Snapshot, metric: str, **labels: str) -> dict
 
 
 def summarize(published: Iterable[Published], jobs: JobGauges | None, now: float) -> dict[str, Any]:
-    """The page's numbers: throughput, latency by stage, queues and lag, refusals,
-    workers, jobs."""
+    """The page's numbers: throughput, latency by stage (sync requests; job items apart),
+    queues and lag, refusals, workers, jobs."""
     pubs = [p for p in published if p.window]
     totals = merged(snapshot_of(p.window.get("total", {})) for p in pubs)
     # Increases as rates, each over its own window; a process's first window is empty.
@@ -112,11 +112,11 @@ def summarize(published: Iterable[Published], jobs: JobGauges | None, now: float
         "job_items_per_s": rates.get("gristmill_job_items_submitted_total"),
     }
 
-    latency = [
-        _latency_row(stage, rates, "gristmill_stage_duration_seconds_bucket", stage=stage)
-        for stage in STAGES
-    ]
+    stages = "gristmill_stage_duration_seconds_bucket"
+    latency = [_latency_row(st, rates, stages, stage=st, lane="sync") for st in STAGES]
     latency.append(_latency_row(TOTAL, rates, "gristmill_request_duration_seconds_bucket"))
+    # job items: read -> persisted (they are not answered one by one)
+    latency_jobs = [_latency_row(st, rates, stages, stage=st, lane="jobs") for st in STAGES[:4]]
 
     queued = _by(gauges, "gristmill_requests_queued", "class")
     lag = _by(gauges, "gristmill_consumer_lag_messages", "class")
@@ -170,6 +170,7 @@ def summarize(published: Iterable[Published], jobs: JobGauges | None, now: float
         },
         "throughput": throughput,
         "latency": latency,
+        "latency_jobs": latency_jobs,
         "queues": queues,
         "refusals": refusals,
         "workers": workers,

@@ -100,6 +100,8 @@ function render(d) {
   fill("workers", d.workers.map((w) => [w.worker, `${(w.busy * 100).toFixed(0)}%`, bar(w.busy), count(w.in_flight),
     w.gpu_utilization == null ? "-" : `${(w.gpu_utilization * 100).toFixed(0)}%`]));
 
+  fill("latency-jobs", d.latency_jobs.map((l) => [l.stage, rate(l.per_s), ms(l.p50), ms(l.p95), ms(l.p99)]));
+
   const j = d.jobs || { jobs: {}, items: {} };
   $("jobs-running").textContent = count(j.jobs.running);
   $("jobs-queued").textContent = count(j.jobs.queued);

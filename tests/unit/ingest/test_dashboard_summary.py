@@ -193,3 +193,18 @@ def test_buckets_a_window_left_out_still_bound_the_quantile() -> None:
     compute = next(r for r in d["latency"] if r["stage"] == "compute")
     assert compute["p50"] == pytest.approx(0.15)
     assert compute["p99"] == pytest.approx(0.199)
+
+
+def test_job_items_stages_are_kept_apart_from_sync_requests() -> None:
+    s = Scheduler()
+    s.publish(0.0)
+    for _ in range(10):
+        s.stage.labels("queue", "sim", "1", "jobs").observe(4.0)  # backfill waits
+        s.stage.labels("queue", "sim", "1", "paid").observe(0.004)
+        s.stage.labels("queue", "sim", "1", "free").observe(0.004)
+    d = summarize([Published("scheduler", "s", s.publish(10.0))], None, now=10.0)
+    sync = next(r for r in d["latency"] if r["stage"] == "queue")
+    jobs = next(r for r in d["latency_jobs"] if r["stage"] == "queue")
+    assert sync["per_s"] == pytest.approx(2.0) and 0.002 < sync["p99"] <= 0.005
+    assert jobs["per_s"] == pytest.approx(1.0) and 2.0 < jobs["p50"] <= 5.0
+    assert [r["stage"] for r in d["latency_jobs"]] == ["queue", "batch_wait", "compute", "persist"]
