@@ -19,7 +19,7 @@ from core import __version__
 from core.config import Settings
 from core.models.catalog import build_specs
 from core.topics import ensure_topics
-from ingest import completions, infer, jobs, metrics
+from ingest import completions, dashboard, infer, jobs, metrics
 from ingest.auth import Authenticator, AuthGate
 from ingest.catalog import ModelCatalog
 from ingest.fast_path import InferFastPath
@@ -151,6 +151,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(completions.router)
     app.include_router(jobs.router, responses=ERROR_RESPONSES)
     app.include_router(metrics.router)
+    app.include_router(dashboard.router)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -264,6 +264,8 @@ api_instances = Table(
     metadata,
     Column("instance_id", Text, primary_key=True),
     Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # this process's metrics window (core/metrics_window.py), for the dashboard
+    Column("metrics", JSONB, nullable=False, server_default="{}"),
 )
 
 scheduler_load = Table(
@@ -275,5 +277,7 @@ scheduler_load = Table(
     Column("lag", JSONB, nullable=False, server_default="{}"),
     # the largest tenants' queues per model ref and class (results.load.REST: the rest)
     Column("tenant_backlog", JSONB, nullable=False, server_default="{}"),
+    # this scheduler's metrics window (core/metrics_window.py), for the dashboard
+    Column("metrics", JSONB, nullable=False, server_default="{}"),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )

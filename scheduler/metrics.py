@@ -42,8 +42,10 @@ from core.metrics import (
     RATIO_BUCKETS,
     STAGES,
     observe_many,
+    snapshot,
     stage_histogram,
 )
+from core.metrics_window import SCHEDULER_SERIES, MetricsWindow, merged
 from core.protocol import WorkResult
 from core.vocab import PRIORITY_CLASSES, ModelRef
 from results.schema import RequestRow
@@ -532,3 +534,17 @@ def serve(svc: SchedulerService, settings: Settings) -> None:
         )
         return
     log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
+
+
+# ---- published for the dashboard -------------------------------------------------------
+_window = MetricsWindow(SCHEDULER_SERIES)
+
+
+def window(now: float) -> dict[str, Any]:
+    """This scheduler's metrics window (core/metrics_window.py), published once a second
+    with its load report: the families it names, collected as a scrape collects them
+    (the gauges take the service's lock briefly)."""
+    sources: list[Collector] = [STAGE_SECONDS, FINISHED, BATCHES, WORKER_BUSY]
+    if _collector is not None:
+        sources.append(_collector)
+    return _window.publish(now, merged(snapshot(c) for c in sources))

@@ -37,7 +37,12 @@ from results.db import make_engine
 from results.durability import refusal
 from results.faults import first_line
 from results.jobs import cancelled_unfinished_stmt
-from results.load import forget_scheduler, process_id, report_scheduler
+from results.load import (
+    forget_scheduler,
+    process_id,
+    publish_scheduler_metrics,
+    report_scheduler,
+)
 from results.store import persist
 from scheduler import metrics, tracing
 from scheduler.batcher import Pending
@@ -59,6 +64,7 @@ SHUTDOWN_DRAIN_S = 10.0
 # a burst through for its whole age (docs/decisions/0008).
 LOAD_REPORT_S = 0.25
 CANCELLED_REFRESH_S = 1.0
+METRICS_PUBLISH_S = 1.0  # the dashboard's step (core/metrics_window.py)
 ANNOUNCE_S = 5.0
 # How long a thread may hold the GIL while another waits for it (Python's default is
 # 5 ms). Receivers and dispatchers wait on sockets and locks, then need the GIL at once
@@ -158,20 +164,25 @@ class SchedulerService:
         ticks = 0
         while not self.stopping.wait(LOAD_REPORT_S):
             ticks += 1
-            self._report_load()
+            self._report_load(publish=ticks % round(METRICS_PUBLISH_S / LOAD_REPORT_S) == 0)
             if ticks % round(CANCELLED_REFRESH_S / LOAD_REPORT_S) == 0:
                 self._refresh_cancelled()
             if ticks % round(ANNOUNCE_S / LOAD_REPORT_S) == 0:
                 self._announce()
 
-    def _report_load(self) -> None:
-        """Capacity and backlog for the API's admission control."""
+    def _report_load(self, *, publish: bool = False) -> None:
+        """Capacity and backlog for the API's admission control; with ``publish``, this
+        scheduler's metrics window for the dashboard too."""
         lag = held_lag(self.lanes)
         with self.cond:
             report = self.core.load(lag)
+        # Read outside the lock above: the window's gauges take it themselves.
+        window = metrics.window(time.time()) if publish else None
         try:
             with self.engine.begin() as conn:
                 report_scheduler(conn, self.scheduler_id, report)
+                if window is not None:
+                    publish_scheduler_metrics(conn, self.scheduler_id, window)
         except Exception as exc:
             log.warning("load report failed: %s", first_line(exc))
 
