@@ -287,49 +287,46 @@ def committed(lane: str, seconds: float, ok: bool) -> None:
 def persisted(rows: list[RequestRow], now: float | None = None) -> None:
     """Rows are committed: every stage each request went through, and its outcome.
 
-    Values are gathered per model and class and observed in one step per stage
-    (``observe_many``): a scheduler feeding a GPU persists tens of thousands of rows a
-    second, and four ``observe`` calls per row cost more than building the row."""
+    A scheduler feeding a GPU persists tens of thousands of rows a second, so this is
+    one pass of dictionary lookups per row: rows of one batch share their datetimes
+    (consumed in one fetch, batched, computed together), so the stages after ``queue``
+    are worked out once per group of equal times and observed in one step
+    (``observe_many``) rather than four ``observe`` calls a row."""
     now = time.time() if now is None else now
-    epoch: dict[int, float] = {}  # rows of a batch share their datetimes: convert each once
+    finished: dict[tuple[str, str, str, str], int] = {}
+    queued: dict[tuple[str, str, str], list[float]] = {}
+    # (labels, consumed, batched, compute start, compute end) -> rows with those times
+    shared: dict[tuple[Any, ...], int] = {}
+    epoch: dict[int, float] = {}  # id(datetime) -> epoch s: each shared datetime once
 
-    def at(d: datetime | None) -> float | None:
-        if d is None:
-            return None
+    def at(d: datetime) -> float:
         t = epoch.get(id(d))
         if t is None:
             t = epoch[id(d)] = d.timestamp()
         return t
 
-    finished: dict[tuple[str, str, str, str], int] = {}
-    stages: dict[tuple[str, str, str], tuple[list[float], ...]] = {}
     for r in rows:
         labels = (r["model"], r["model_version"], r["priority"])
         fkey = (*labels, r["status"])
         finished[fkey] = finished.get(fkey, 0) + 1
-        consumed = at(r["consumed_at"])
+        consumed = r["consumed_at"]
         if consumed is None:
             continue
-        values = stages.get(labels)
-        if values is None:
-            values = stages[labels] = ([], [], [], [])
-        queue, batch_wait, compute, persist = values
-        queue.append(max(0.0, consumed - r["received_at"].timestamp()))
-        batched, start, end = (
-            at(r["batched_at"]),
-            at(r["compute_start_at"]),
-            at(r["compute_end_at"]),
-        )
+        q = queued.get(labels)
+        if q is None:
+            q = queued[labels] = []
+        q.append(max(0.0, at(consumed) - r["received_at"].timestamp()))
+        key = (labels, consumed, r["batched_at"], r["compute_start_at"], r["compute_end_at"])
+        shared[key] = shared.get(key, 0) + 1
+    for labels, values in queued.items():
+        observe_many((_stages.get(labels) or _stage_children(labels))[0], values)
+    for (labels, consumed, batched, start, end), n in shared.items():
+        _, batch_wait, compute, persist = _stages[labels]
         if batched is not None:
-            batch_wait.append(max(0.0, batched - consumed))
+            observe_many(batch_wait, [max(0.0, at(batched) - at(consumed))], n)
         if start is not None and end is not None:
-            compute.append(max(0.0, end - start))
-            persist.append(max(0.0, now - end))
-    for labels, values in stages.items():
-        for child, observed in zip(
-            _stages.get(labels) or _stage_children(labels), values, strict=True
-        ):
-            observe_many(child, observed)
+            observe_many(compute, [max(0.0, at(end) - at(start))], n)
+            observe_many(persist, [max(0.0, now - at(end))], n)
     for (m, v, cls_, status), n in finished.items():
         _child(FINISHED, m, v, cls_, str(status)).inc(n)
 
