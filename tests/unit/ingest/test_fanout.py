@@ -1,0 +1,48 @@
+"""ingest/fanout.py's pure parts and the rate a many-input request pays (ingest/policy.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.config import Settings
+from core.errors import InvalidInput, RateLimited
+from core.messages import request_id_for
+from core.models.sim import SimSpec
+from ingest.fanout import item_request_id, validate_each
+from ingest.policy import check_rate
+from ingest.ratelimit import TenantLimiter
+from results.tenants import Tenant
+
+
+def test_ids_from_a_key_are_stable_and_distinct() -> None:
+    ids = [item_request_id("t", "k", i) for i in range(3)]
+    assert ids == [item_request_id("t", "k", i) for i in range(3)]
+    assert len(set(ids)) == 3
+    assert ids[0] == request_id_for("t", "k")  # what /v1/infer gives the same key
+    assert item_request_id("t2", "k", 0) != ids[0]
+    assert item_request_id("t", None, 0) != item_request_id("t", None, 0)
+
+
+def test_validate_each_names_the_input() -> None:
+    spec = SimSpec(name="sim", version="1", max_batch_size=8, max_input_chars=10)
+    validate_each(spec, ["a", "b"], lambda i: f"input[{i}]")
+    with pytest.raises(InvalidInput) as e:
+        validate_each(spec, ["a", "   "], lambda i: f"input[{i}]")
+    assert e.value.field == "input[1]" and e.value.message.startswith("input[1]")
+    with pytest.raises(InvalidInput) as e:
+        validate_each(spec, ["a" * 11], lambda i: "input")
+    assert e.value.field == "input"
+
+
+def test_many_inputs_cost_one_token_each_and_are_not_refused_for_size() -> None:
+    s = Settings(
+        tier_rate_rps={"free": 1, "paid": 2, "enterprise": 3},
+        tier_burst={"free": 4, "paid": 5, "enterprise": 6},
+    )
+    limiter = TenantLimiter()
+    t = Tenant(id="t", name="t", tier="free")
+    # Larger than the burst (4): taken while the bucket holds tokens, leaving it in debt.
+    check_rate(limiter, s, t, items=10)
+    with pytest.raises(RateLimited) as e:
+        check_rate(limiter, s, t)
+    assert e.value.retry_after_s is not None and e.value.retry_after_s > 5
