@@ -56,6 +56,13 @@ def item_request_id(tenant_id: str, idempotency_key: str | None, index: int) -> 
     return request_id_for(tenant_id, key)
 
 
+def default_timeout_ms(slo_ms: int, n: int, max_batch: int, max_timeout_ms: int) -> int:
+    """The deadline of ``n`` inputs when the client sets none: the tier's SLO for each
+    batch they fill at least (n / the model's largest batch, rounded up), since one
+    worker runs those batches one after another; never past ``max_timeout_ms``."""
+    return min(max_timeout_ms, slo_ms * -(-n // max_batch))
+
+
 @dataclass
 class Submitted:
     """What became of a many-input request: every row (in input order) when all are
@@ -88,7 +95,9 @@ async def submit_many(
     priority, not raise it). Raises 429/503 before anything is produced."""
     s = st.settings
     limit_headers = check_rate(st.limiter, s, tenant, items=len(inputs))
-    timeout_ms = timeout_ms or s.tier_slo_ms.get(tenant.tier, s.default_timeout_ms)
+    if timeout_ms is None:
+        slo = s.tier_slo_ms.get(tenant.tier, s.default_timeout_ms)
+        timeout_ms = default_timeout_ms(slo, len(inputs), spec.max_batch_size, s.max_timeout_ms)
     check_admission(st.load, s, tenant, spec.ref, timeout_ms)
     ids = [item_request_id(tenant.id, idempotency_key, i) for i in range(len(inputs))]
     msgs = [

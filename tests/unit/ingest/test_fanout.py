@@ -8,7 +8,7 @@ from core.config import Settings
 from core.errors import InvalidInput, RateLimited
 from core.messages import request_id_for
 from core.models.sim import SimSpec
-from ingest.fanout import item_request_id, validate_each
+from ingest.fanout import default_timeout_ms, item_request_id, validate_each
 from ingest.policy import check_rate
 from ingest.ratelimit import TenantLimiter
 from results.tenants import Tenant
@@ -46,3 +46,11 @@ def test_many_inputs_cost_one_token_each_and_are_not_refused_for_size() -> None:
     with pytest.raises(RateLimited) as e:
         check_rate(limiter, s, t)
     assert e.value.retry_after_s is not None and e.value.retry_after_s > 5
+
+
+def test_the_default_deadline_grows_with_the_batches_the_inputs_fill() -> None:
+    assert default_timeout_ms(2000, 1, 256, 300_000) == 2000
+    assert default_timeout_ms(2000, 256, 256, 300_000) == 2000
+    assert default_timeout_ms(2000, 257, 256, 300_000) == 4000
+    assert default_timeout_ms(2000, 2048, 256, 300_000) == 16_000
+    assert default_timeout_ms(2000, 2048, 1, 300_000) == 300_000
