@@ -45,20 +45,35 @@ async def embeddings(
     authorization: str | None = Header(default=None),
     idempotency_key: str | None = Header(default=None),
 ) -> ORJSONResponse:
+    # Documents the route in OpenAPI and serves it when the app runs without the fast
+    # path (ingest/fast_path.py serves it in production, as it does /v1/infer).
     received = time.time()
     st = get_state(request)
     tenant = await st.auth.authenticate(authorization)
     check_headers(st.settings, idempotency_key)
     prefer = parse_prefer(request.headers.getlist("prefer"))
     raw = await request.body()
+    return await answer_embeddings(st, tenant, idempotency_key, prefer, raw, received)
+
+
+async def answer_embeddings(
+    st: AppState,
+    tenant: Tenant,
+    idempotency_key: str | None,
+    prefer: Prefer,
+    raw_body: bytes,
+    received: float,
+) -> ORJSONResponse:
+    """``POST /v1/embeddings`` once the key and headers are checked and the body is in:
+    errors are raised (ingest/http.py maps them, in OpenAI's shape)."""
     take_instance_slot(st, tenant)
     try:
-        return await answer_embeddings(st, tenant, idempotency_key, prefer, raw, received)
+        return await _embeddings(st, tenant, idempotency_key, prefer, raw_body, received)
     finally:
         st.inflight.release()
 
 
-async def answer_embeddings(
+async def _embeddings(
     st: AppState,
     tenant: Tenant,
     idempotency_key: str | None,
