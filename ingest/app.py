@@ -212,7 +212,7 @@ def api_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
                 op["parameters"] = params
             else:
                 op.pop("parameters", None)
-            if path.startswith("/v1/") and path != "/v1/models":
+            if (path.startswith("/v1/") and path != "/v1/models") or path.endswith("/infer"):
                 op["security"] = [{"bearer": []}]
     specs = build_specs(settings)
     models = sorted([*specs, *(f"{name}@{v}" for name, vs in specs.items() for v in vs)])

@@ -16,6 +16,9 @@ it: the key check before the route, a validation error, an unknown path, a bug.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field
 
 from core.errors import GristmillError
 
@@ -93,3 +96,42 @@ def error_body(err: GristmillError, shape: Shape) -> dict[str, object]:
     if shape is Shape.GRISTMILL:
         return err.to_body()  # the error's own rendering (it may carry more)
     return body(shape, err.status, err.code, err.message, field=err.field)
+
+
+# --- the shapes as OpenAPI declares them --------------------------------------------------
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="OpenAI's class of the status")
+    param: str | None = Field(description="the request field at fault")
+    code: str | None = Field(description="Gristmill's error code")
+
+
+class OpenAIError(BaseModel):
+    error: OpenAIErrorDetail
+
+
+class KServeError(BaseModel):
+    error: str
+
+
+_WHEN = {
+    400: "invalid input; the message names the field",
+    401: "missing, malformed, unknown or revoked API key",
+    404: "unknown model, version or route",
+    405: "method not allowed",
+    408: "the request body stopped arriving",
+    413: "body larger than the cap",
+    422: "missing field, Idempotency-Key reused with another body, model failed",
+    429: "over the tenant's rate (Retry-After)",
+    500: "a bug; the message quotes the reference in the server's log",
+    503: "overloaded, not ready or a dependency down (Retry-After)",
+    504: "the deadline passed; the inputs stay accepted",
+}
+
+
+def declared(shape: Shape, statuses: tuple[int, ...] = tuple(_WHEN)) -> dict[int | str, Any]:
+    """The error answers of a route in ``shape``, for FastAPI's ``responses``."""
+    model = OpenAIError if shape is Shape.OPENAI else KServeError
+    return {s: {"model": model, "description": _WHEN[s]} for s in statuses}

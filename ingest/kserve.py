@@ -9,6 +9,7 @@ The wire format is ingest/kserve_wire.py; errors are ``{"error": "..."}``.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fastapi import APIRouter, Header, Request, Response
 
@@ -16,6 +17,7 @@ from core import __version__
 from core.errors import DeadlineExceeded, NotFound
 from core.limits import shown
 from core.models.catalog import latest
+from ingest.error_shapes import Shape, declared
 from ingest.fanout import submit_many, validate_each
 from ingest.infer import check_headers, raise_if_unsuccessful, take_instance_slot
 from ingest.kserve_wire import (
@@ -31,7 +33,19 @@ from ingest.openai_wire import stored_vector
 from ingest.readiness import Readiness
 from ingest.state import get_state
 
-router = APIRouter(prefix="/v2", tags=["KServe v2"])
+router = APIRouter(
+    prefix="/v2",
+    tags=["KServe v2"],
+    responses=declared(Shape.KSERVE, (404, 405, 500, 503)),
+)
+# infer answers JSON, or JSON and binary tensors after it (the binary extension).
+_INFER_RESPONSES: dict[int | str, Any] = {
+    200: {
+        "description": "the outputs",
+        "content": {"application/json": {}, "application/octet-stream": {}},
+    },
+    **declared(Shape.KSERVE),
+}
 
 
 @router.get("", summary="Server metadata (KServe v2)")
@@ -75,8 +89,12 @@ async def model_ready(request: Request, model: str, version: str | None = None) 
     return Response(status_code=200)
 
 
-@router.post("/models/{model}/infer", summary="Inference (KServe v2)")
-@router.post("/models/{model}/versions/{version}/infer", summary="Inference (KServe v2)")
+@router.post("/models/{model}/infer", summary="Inference (KServe v2)", responses=_INFER_RESPONSES)
+@router.post(
+    "/models/{model}/versions/{version}/infer",
+    summary="Inference (KServe v2)",
+    responses=_INFER_RESPONSES,
+)
 async def infer(
     request: Request,
     model: str,

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import ORJSONResponse
 
 from core.errors import DeadlineExceeded, InvalidInput
+from ingest.error_shapes import Shape, declared
 from ingest.fanout import Submitted, submit_many, validate_each
 from ingest.infer import check_headers, raise_if_unsuccessful, take_instance_slot
 from ingest.openai_wire import (
@@ -38,7 +39,10 @@ router = APIRouter()
 @router.post(
     "/v1/embeddings",
     summary="OpenAI's embeddings API: one input or up to 2,048, answered in input order",
-    responses={202: {"description": "Prefer: respond-async and not ready in time; see Location"}},
+    responses={
+        202: {"description": "Prefer: respond-async and not ready in time; see Location"},
+        **declared(Shape.OPENAI),
+    },
 )
 async def embeddings(
     request: Request,
