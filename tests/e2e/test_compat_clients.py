@@ -266,3 +266,15 @@ def test_triton_errors(served: System, tclient: triton.InferenceServerClient) ->
     with pytest.raises(InferenceServerException) as e:
         tclient.infer(MODEL, [text_input([""], True)], headers=served.headers())
     assert e.value.status() == "400"
+
+
+def test_http_level_errors_keep_openais_shape(served: System) -> None:
+    url = f"{served.url}/v1/embeddings"
+    r = httpx.get(url, headers=served.headers())
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+    r = httpx.post(url, json={"model": MODEL, "input": "x" * 2_000_000}, headers=served.headers())
+    assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+    r = httpx.post(url, content=b"{", headers=served.headers())
+    assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
+    r = httpx.post(url, json={"model": MODEL, "input": "x"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
