@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Header, Request, Response
 
 from core import __version__
-from core.errors import DeadlineExceeded, NotFound
+from core.errors import DeadlineExceeded, NotFound, Unavailable
 from core.limits import shown
 from core.models.catalog import latest
 from ingest.error_shapes import Shape, declared
@@ -54,15 +54,18 @@ async def server_metadata() -> dict[str, object]:
 
 
 @router.get("/health/live", summary="The process answers (KServe v2)")
-async def live() -> Response:
-    return Response(status_code=200)
+async def live() -> dict[str, bool]:
+    return {"live": True}
 
 
 @router.get("/health/ready", summary="Ready to take requests (KServe v2)")
-async def ready(request: Request) -> Response:
+async def ready(request: Request) -> dict[str, bool]:
     readiness: Readiness = request.app.state.readiness
-    ok, _ = readiness.report(time.monotonic())
-    return Response(status_code=200 if ok else 503)
+    ok, checks = readiness.report(time.monotonic())
+    if not ok:
+        failed = ", ".join(k for k, v in checks.items() if not v)
+        raise Unavailable(f"not ready: {failed}", retry_after_s=1, reason="not_ready")
+    return {"ready": True}
 
 
 def _ref(model: str, version: str | None) -> str:
@@ -83,10 +86,12 @@ async def metadata(request: Request, model: str, version: str | None = None) -> 
 
 @router.get("/models/{model}/ready", summary="A worker serves the model (KServe v2)")
 @router.get("/models/{model}/versions/{version}/ready", summary="Version ready (KServe v2)")
-async def model_ready(request: Request, model: str, version: str | None = None) -> Response:
+async def model_ready(
+    request: Request, model: str, version: str | None = None
+) -> dict[str, object]:
     # 404 unknown, 503 known but no worker serves it now (the catalog's own answers).
-    await get_state(request).catalog.resolve(_ref(model, version))
-    return Response(status_code=200)
+    spec = await get_state(request).catalog.resolve(_ref(model, version))
+    return {"name": model, "version": spec.version, "ready": True}
 
 
 @router.post("/models/{model}/infer", summary="Inference (KServe v2)", responses=_INFER_RESPONSES)
