@@ -7,16 +7,17 @@ They are produced together (librdkafka's linger puts them in one produce request
 partition), acknowledged once Kafka has every one, and waited for together; the
 answer holds them in input order.
 
-An ``Idempotency-Key`` names the whole request: input ``i`` gets the id derived from
-(tenant, key, i), and the key is claimed once with a fingerprint of every input, so a
-retry names the same rows (and waits for those still running); the same key with
-other inputs is a 422.
+An ``Idempotency-Key`` names the whole request: the key is claimed once, for input
+0's id and with a fingerprint of every input; input ``i``'s id is derived from input
+0's, so a retry names the same rows (and waits for those still running); the same key
+with other inputs is a 422.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,12 +25,12 @@ from typing import Any
 
 from core import tracing
 from core.errors import InvalidInput
-from core.messages import RequestMessage, body_hash, request_id_for
+from core.messages import RequestMessage, body_hash
 from core.models.spec import ModelSpec
 from core.topics import request_topic
 from core.vocab import TIER_TO_CLASS
 from ingest import metrics
-from ingest.idempotency import claim
+from ingest.idempotency import claim, release
 from ingest.infer import request_message
 from ingest.policy import check_admission, check_rate
 from ingest.state import AppState
@@ -47,13 +48,10 @@ def validate_each(spec: ModelSpec, inputs: list[Any], field_of: Callable[[int], 
             raise InvalidInput(exc.message.replace("input", where, 1), field=where) from None
 
 
-def item_request_id(tenant_id: str, idempotency_key: str | None, index: int) -> str:
-    """Input ``index``'s request id: random, or derived from the key (input 0 takes the
-    key's own id, the one ``/v1/infer`` would give it)."""
-    if idempotency_key is None:
-        return request_id_for(tenant_id, None)
-    key = idempotency_key if index == 0 else f"{idempotency_key}\x00{index}"
-    return request_id_for(tenant_id, key)
+def item_request_id(first: str, index: int) -> str:
+    """Input ``index``'s request id, from input 0's (which an Idempotency-Key claims):
+    every retry of the request names the same rows."""
+    return first if index == 0 else str(uuid.uuid5(uuid.UUID(first), str(index)))
 
 
 def default_timeout_ms(slo_ms: int, n: int, max_batch: int, max_timeout_ms: int) -> int:
@@ -99,7 +97,21 @@ async def submit_many(
         slo = s.tier_slo_ms.get(tenant.tier, s.default_timeout_ms)
         timeout_ms = default_timeout_ms(slo, len(inputs), spec.max_batch_size, s.max_timeout_ms)
     check_admission(st.load, s, tenant, spec.ref, timeout_ms)
-    ids = [item_request_id(tenant.id, idempotency_key, i) for i in range(len(inputs))]
+    deadline = received + timeout_ms / 1000
+    c = None
+    first = str(uuid.uuid4())
+    if idempotency_key is not None:
+        c = await claim(
+            st.engine,
+            tenant_id=tenant.id,
+            key=idempotency_key,
+            request_id=first,
+            body_hash=body_hash(spec.ref, inputs, params),
+            deadline=deadline,
+            ttl_h=s.idempotency_ttl_h,
+        )
+        first = c.request_id  # a retry: the first attempt's
+    ids = [item_request_id(first, i) for i in range(len(inputs))]
     msgs = [
         request_message(
             spec,
@@ -109,40 +121,39 @@ async def submit_many(
             request_id=rid,
             received=received,
             timeout_ms=timeout_ms,
-            idempotency_key=None,  # the claim below fingerprints the whole request
+            idempotency_key=None,  # the claim above fingerprints the whole request
         )
         for rid, value in zip(ids, inputs, strict=True)
     ]
     if tier is not None:
         for m in msgs:
             m.priority = TIER_TO_CLASS[tier]
-    deadline = received + timeout_ms / 1000
     annotate(ids[0], spec.ref, tenant.tier)
     futs = [st.waiter.register(rid) for rid in ids]
     try:
         pending = list(range(len(ids)))
         send = True
-        if idempotency_key is not None:
-            c = await claim(
-                st.engine,
-                tenant_id=tenant.id,
-                key=idempotency_key,
-                request_id=ids[0],
-                body_hash=body_hash(spec.ref, inputs, params),
-                deadline=deadline,
-            )
-            if not c.first:
-                done = {str(r["request_id"]): r for r in await st.waiter.fetch(ids)}
-                for i, rid in enumerate(ids):
-                    if rid in done and not futs[i].done():
-                        futs[i].set_result(done[rid])
-                pending = [i for i in pending if not futs[i].done()]
-                # Still running: wait for the first attempt, unless its caller gave up,
-                # in which case some may never have reached Kafka: send those again
-                # (same ids, so at most one result row each either way).
-                send = c.first_deadline is not None and c.first_deadline < datetime.now(UTC)
+        if c is not None and not c.first:
+            done = {str(r["request_id"]): r for r in await st.waiter.fetch(ids)}
+            for i, rid in enumerate(ids):
+                if rid in done and not futs[i].done():
+                    futs[i].set_result(done[rid])
+            pending = [i for i in pending if not futs[i].done()]
+            # Still running: wait for the first attempt, unless its caller gave up, in
+            # which case some may never have reached Kafka: send those again (same
+            # ids, so at most one result row each either way).
+            send = c.first_deadline is not None and c.first_deadline < datetime.now(UTC)
         if send and pending:
-            await _produce_all(st, [msgs[i] for i in pending], tenant.tier)
+            produced, error = await _produce_all(st, [msgs[i] for i in pending], tenant.tier)
+            if error is not None:
+                if c is not None and c.first and produced == 0 and idempotency_key is not None:
+                    # Nothing reached Kafka: the client's retry sends it all again at once.
+                    # (When some did, the claim stays: a retry after this deadline
+                    # resends the rest under the same ids.)
+                    await release(
+                        st.engine, tenant_id=tenant.id, key=idempotency_key, request_id=first
+                    )
+                raise error
         wait = max(0.0, deadline - time.time())
         if wait_s is not None:
             wait = min(wait, wait_s)
@@ -160,10 +171,12 @@ async def submit_many(
             st.waiter.discard(rid)
 
 
-async def _produce_all(st: AppState, msgs: list[RequestMessage], tier: str) -> None:
-    """Every message durable in Kafka, or 503: all are handed to the producer at once
-    and awaited together. Some may be durable when another fails; they run and are
-    stored under their own ids (a retry with the same Idempotency-Key names them)."""
+async def _produce_all(
+    st: AppState, msgs: list[RequestMessage], tier: str
+) -> tuple[int, BaseException | None]:
+    """Hand every message to the producer at once and await them together: how many
+    are durable in Kafka, and the first failure (a 503) if any was not. Those that are
+    durable run and are stored under their own ids."""
     headers = tracing.headers()
     outcomes = await asyncio.gather(
         *(
@@ -175,5 +188,4 @@ async def _produce_all(st: AppState, msgs: list[RequestMessage], tier: str) -> N
     failed = [o for o in outcomes if isinstance(o, BaseException)]
     for _ in range(len(outcomes) - len(failed)):
         metrics.admitted(tier)
-    if failed:
-        raise failed[0]
+    return len(outcomes) - len(failed), (failed[0] if failed else None)

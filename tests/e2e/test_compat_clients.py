@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 from gristmill.devservices.stack import System
 from ingest.fanout import item_request_id
 from results.db import make_engine
-from results.schema import requests
+from results.schema import idempotency_keys, requests
 
 MODEL = "all-minilm-l6-v2"
 DIM = 384
@@ -95,8 +95,14 @@ def test_2048_inputs_are_batched_not_serialised(served: System, client: openai.O
     took = time.monotonic() - started
     assert len(r.data) == 2048 and [d.index for d in r.data] == list(range(2048))
     assert r.data[7].embedding == pytest.approx(native(served, texts[7]), abs=1e-4)
-    ids = [item_request_id(served.tenant_ids["paid"], key, i) for i in range(2048)]
     with make_engine(served.settings.database_url).connect() as conn:
+        first = conn.execute(
+            select(idempotency_keys.c.request_id).where(
+                idempotency_keys.c.tenant_id == served.tenant_ids["paid"],
+                idempotency_keys.c.key == key,
+            )
+        ).scalar_one()
+        ids = [item_request_id(str(first), i) for i in range(2048)]
         n, biggest = conn.execute(
             select(func.count(), func.max(requests.c.batch_size)).where(
                 requests.c.request_id.in_(ids)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from core.config import Settings
 from core.errors import InvalidInput, RateLimited
-from core.messages import request_id_for
 from core.models.sim import SimSpec
 from ingest.fanout import default_timeout_ms, item_request_id, validate_each
 from ingest.policy import check_rate
@@ -14,13 +15,13 @@ from ingest.ratelimit import TenantLimiter
 from results.tenants import Tenant
 
 
-def test_ids_from_a_key_are_stable_and_distinct() -> None:
-    ids = [item_request_id("t", "k", i) for i in range(3)]
-    assert ids == [item_request_id("t", "k", i) for i in range(3)]
-    assert len(set(ids)) == 3
-    assert ids[0] == request_id_for("t", "k")  # what /v1/infer gives the same key
-    assert item_request_id("t2", "k", 0) != ids[0]
-    assert item_request_id("t", None, 0) != item_request_id("t", None, 0)
+def test_ids_derive_from_the_first_stably_and_distinctly() -> None:
+    first = str(uuid.uuid4())
+    ids = [item_request_id(first, i) for i in range(3)]
+    assert ids == [item_request_id(first, i) for i in range(3)]
+    assert ids[0] == first and len(set(ids)) == 3
+    assert all(str(uuid.UUID(i)) == i for i in ids)  # canonical: /v1/requests/{id} finds them
+    assert item_request_id(str(uuid.uuid4()), 1) != ids[1]
 
 
 def test_validate_each_names_the_input() -> None:
