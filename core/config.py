@@ -413,6 +413,9 @@ class ModelSettings(_Concern):
     max_param_chars: int = Field(1_000, ge=1)
     sim_batch_ms: float = Field(100.0, ge=0)
     sim_max_batch: int = Field(100, ge=1)
+    # Benchmarks of the result store: sim answers with a float32 vector of this many
+    # values (the embedding model's shape: 384) instead of its digest; 0: the digest.
+    sim_vector_dim: int = Field(0, ge=0, le=65_536)
     embed_max_batch: int = Field(256, ge=1)
     # Inputs are truncated to this many tokens ([CLS]/[SEP] included); the model's
     # position table holds 512.

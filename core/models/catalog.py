@@ -24,6 +24,7 @@ def build_specs(settings: ModelSettings) -> dict[str, dict[str, ModelSpec]]:
             max_input_chars=settings.max_input_chars,
             max_param_chars=settings.max_param_chars,
             batch_ms=settings.sim_batch_ms,
+            vector_dim=settings.sim_vector_dim,
         ),
         EmbedSpec(
             name="all-minilm-l6-v2",

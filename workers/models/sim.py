@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from core.models.sim import SimSpec, sim_output
+from core.models.sim import SimSpec, sim_output, sim_vectors
 from workers.models.base import Model
 
 
@@ -24,15 +24,18 @@ class SimModel(Model):
         self.poison_prefix = poison_prefix  # test-only fault trigger (see above)
         self._batch_s = spec.batch_ms / 1000.0
 
-    def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> list[Any]:
+    def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> Any:
         if not 1 <= len(inputs) <= self.spec.max_batch_size:
             raise ValueError(f"batch of {len(inputs)}; sim takes 1..{self.spec.max_batch_size}")
         if self.poison_prefix:
             for x in inputs:
                 if isinstance(x, str) and x.startswith(self.poison_prefix):
                     _poisoned(x[len(self.poison_prefix) :])
-        time.sleep(self._batch_s)
+        if self._batch_s > 0:
+            time.sleep(self._batch_s)
         salt = params.get("salt", "")
+        if self.spec.vector_dim:
+            return sim_vectors(list(inputs), salt, self.spec.vector_dim)
         return [sim_output(x, salt) for x in inputs]
 
     def warmup(self) -> dict[int, float]:
