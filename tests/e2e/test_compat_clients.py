@@ -110,13 +110,15 @@ def test_2048_inputs_are_batched_not_serialised(served: System, client: openai.O
             )
         ).scalar_one()
         ids = [item_request_id(str(first), i) for i in range(2048)]
-        n, biggest = conn.execute(
-            select(func.count(), func.max(requests.c.batch_size)).where(
+        n, batches = conn.execute(
+            select(func.count(), func.count(requests.c.batch_id.distinct())).where(
                 requests.c.request_id.in_(ids)
             )
         ).one()
     assert n == 2048  # one row per input
-    assert biggest > 64, f"largest batch {biggest}: inputs were not batched together"
+    # Serialised would be a batch per input; the batch size itself is the cost curve's
+    # choice for this machine (64 on a 2-core CPU), so only "together" is asserted.
+    assert batches <= 2048 // 16, f"{batches} batches: inputs were not batched together"
     # The same key and body is a retry: the same rows, answered again, nothing re-run.
     again = client.embeddings.create(
         model=MODEL,
