@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import orjson
-
 from core.config import Settings
 from core.errors import InvalidInput, SchemaViolation
 from core.limits import check_int, check_text, shown
 from core.models.token_ids import is_tokenized
+from ingest.schemas import json_object
 
 # OpenAI's own cap on inputs in one embeddings request.
 MAX_INPUTS = 2048
@@ -89,14 +88,7 @@ def parse_inputs(value: Any) -> list[str]:
 def parse_embeddings(raw: bytes, settings: Settings) -> EmbeddingsRequest:
     """The body of ``POST /v1/embeddings``: malformed JSON and bad values are 400,
     a missing required field 422, each naming the field."""
-    if not raw.strip():
-        raise InvalidInput("request body is empty; expected a JSON object")
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise InvalidInput("request body must be a JSON object")
+    data = json_object(raw)
     unknown = sorted(set(data) - FIELDS)
     if unknown:
         raise InvalidInput(
