@@ -20,8 +20,9 @@ $(JARS): docker/kafka/pom.xml
 	cd docker/kafka && mvn -q -B dependency:copy-dependencies -DoutputDirectory=libs -DincludeScope=runtime
 	touch $@
 
+# make dev DEV_ARGS='--port 0' (a free port) or '--port 8001 --state-dir .gristmill-2'
 dev: install
-	$(VENV)/bin/gristmill dev
+	$(VENV)/bin/gristmill dev $(DEV_ARGS)
 
 test: install
 	$(PY) -m pytest -q

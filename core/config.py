@@ -282,13 +282,54 @@ class JobSettings(_Concern):
     max_job_bytes: int = Field(1_073_741_824, ge=1)  # 1 GB upload
     default_completion_window_s: int = Field(86_400, gt=0)
     max_completion_window_s: int = Field(7 * 86_400, gt=0)
+    # A JSON job body is parsed whole in memory, so it is capped far below a JSONL upload,
+    # which is staged on disk line by line (decision 26).
+    max_job_json_bytes: int = Field(16_777_216, ge=1)
+    # Uploads (JSON or JSONL) one API instance stages at once, and one tenant of them:
+    # each holds a temp file of up to max_job_bytes and one line in memory (decision 26).
+    max_uploads: int = Field(8, ge=1)
+    max_uploads_per_tenant: int = Field(2, ge=1)
+    # An upload whose client sends nothing for this long is answered 408 (seconds), and
+    # so is one that, past that time, averages under upload_min_bytes_per_s (a trickle
+    # holding a slot; 16 KiB/s is a poor mobile link).
+    upload_idle_timeout_s: float = Field(30.0, gt=0)
+    upload_min_bytes_per_s: float = Field(16_384.0, ge=0)
+    # Folder for staged uploads; "" is the system's temp folder.
+    upload_dir: str = ""
+    # follow=true result streams one tenant may hold open on one instance, and in all.
+    max_follow_streams: int = Field(200, ge=1)
+    max_follow_streams_per_tenant: int = Field(4, ge=1)
     # A job still 'submitting' without a heartbeat for this long is finished by another API.
     submit_stale_s: float = Field(30.0, gt=0)
     webhook_max_attempts: int = Field(8, ge=1)
+    # The whole delivery (resolve, connect, TLS, send, read the answer) has this long.
     webhook_timeout_s: float = Field(10.0, gt=0)
+    # Networks webhooks may reach although they are internal (loopback, private...):
+    # CIDRs, e.g. ["127.0.0.0/8", "::1/128"] for local development (decision 27).
+    webhook_allow_networks: list[str] = []
+
+    @field_validator("webhook_allow_networks")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"webhook_allow_networks: {cidr!r} is not a network") from exc
+        return value
 
     @model_validator(mode="after")
     def _job_limits(self) -> Self:
+        for part, whole in (
+            ("max_uploads_per_tenant", "max_uploads"),
+            ("max_follow_streams_per_tenant", "max_follow_streams"),
+            ("max_job_json_bytes", "max_job_bytes"),
+        ):
+            if getattr(self, part) > getattr(self, whole):
+                raise ValueError(
+                    f"{part} ({getattr(self, part)}) must not exceed {whole} "
+                    f"({getattr(self, whole)})"
+                )
         if self.default_completion_window_s > self.max_completion_window_s:
             raise ValueError(
                 f"default_completion_window_s ({self.default_completion_window_s}) must not "
@@ -387,6 +428,17 @@ class WorkerSettings(_Concern):
     # Padded tokens per sub-batch: past the GPU's launch-bound knee, small enough to keep
     # padding waste and activation memory low (docs/bench/gpu.md).
     embed_bucket_tokens: int = Field(32_768, gt=0)
+    # The causal LM (gristmill-lm, decision 23): where it runs, the KV cache's memory
+    # (per scheduler it serves), and one step's limits. On this CPU: 64 MiB holds 65,536
+    # tokens of context; 256 tokens a step and 64 sequences from the step-cost curve
+    # (docs/bench/generation.md). A GPU takes more of each (bench/generation/gpu.py).
+    lm_device: str = "auto"  # auto: cuda when available, else cpu
+    lm_kv_cache_mb: int = Field(64, ge=1)
+    lm_max_step_tokens: int = Field(256, ge=1)
+    lm_max_running: int = Field(64, ge=1)
+    # Torch threads of a CPU worker (one: a second stalls whenever another process takes
+    # a core of a small shared machine, docs/bench/generation.md).
+    lm_cpu_threads: int = Field(1, ge=1)
 
 
 class ModelSettings(_Concern):

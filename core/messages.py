@@ -10,25 +10,39 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-# Stable namespace so a (tenant, Idempotency-Key) pair always maps to one request id.
+# Stable namespace for the request ids of job items.
 _IDEMPOTENCY_NS = uuid.UUID("0b5c0f7e-4f3a-4a39-9c53-6f0c3f6e2a11")
 
 
-def request_id_for(tenant_id: str, idempotency_key: str | None) -> str:
-    """A retried request with the same key gets the same id, hence the same result row."""
-    if idempotency_key is None:
-        return str(uuid.uuid4())
-    return str(uuid.uuid5(_IDEMPOTENCY_NS, f"{tenant_id}\x00{idempotency_key}"))
-
-
 def job_item_request_id(job_id: str, index: int, attempt: int = 0) -> str:
-    """Each attempt of a job item has its own, reproducible request id."""
-    return str(uuid.uuid5(_IDEMPOTENCY_NS, f"job\x00{job_id}\x00{index}\x00{attempt}"))
+    """Each attempt of a job item has its own, reproducible request id: the UUIDv5 of
+    "job\\0<job id>\\0<index>\\0<attempt>" in the namespace above."""
+    return job_item_request_ids(job_id, attempt)(index)
+
+
+def job_item_request_ids(job_id: str, attempt: int = 0) -> Callable[[int], str]:
+    """``job_item_request_id`` for the items of one job attempt, index by index. The
+    hash of the prefix they share is computed once: a million-item upload would
+    otherwise spend most of its staging time in ``uuid.uuid5`` (2.3 of 5 us an item)."""
+    prefix = hashlib.sha1(_IDEMPOTENCY_NS.bytes + f"job\x00{job_id}\x00".encode())
+    suffix = f"\x00{attempt}".encode()
+
+    def request_id(index: int) -> str:
+        h = prefix.copy()
+        h.update(str(index).encode() + suffix)
+        b = bytearray(h.digest()[:16])
+        b[6] = (b[6] & 0x0F) | 0x50  # version 5
+        b[8] = (b[8] & 0x3F) | 0x80  # RFC 4122 variant
+        x = b.hex()
+        return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+
+    return request_id
 
 
 def body_hash(model: str, input_: Any, params: dict[str, Any]) -> str:

@@ -19,16 +19,17 @@ from core import __version__
 from core.config import Settings
 from core.models.catalog import build_specs
 from core.topics import ensure_topics
-from ingest import infer, jobs, metrics
+from ingest import completions, dashboard, infer, jobs, kserve, metrics, openai_compat
 from ingest.auth import Authenticator, AuthGate
 from ingest.catalog import ModelCatalog
 from ingest.fast_path import InferFastPath
 from ingest.http import BodyLimit, ErrorGuard, install_error_handlers
 from ingest.job_submit import JobPublisher
 from ingest.load_watch import LoadWatch
+from ingest.openai_wire import models_answer
 from ingest.overload import Overload
 from ingest.producer import AsyncProducer
-from ingest.ratelimit import InflightLimiter, TenantLimiter
+from ingest.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
 from ingest.readiness import Readiness
 from ingest.request_log_flush import flush_loop, flush_once
 from ingest.schemas import ERROR_RESPONSES, infer_request_schema
@@ -47,10 +48,10 @@ async def finish_stale_submissions(state: AppState, interval_s: float = 5.0) -> 
     while True:
         await asyncio.sleep(interval_s)
         try:
-            job_id = await asyncio.to_thread(state.jobs.claim_stale)
+            job_id = await state.jobs.claim_stale()
             if job_id is not None:
                 log.warning("finishing the submission of job %s left by another instance", job_id)
-                await asyncio.to_thread(state.jobs.publish, job_id)
+                await state.jobs.publish(job_id)
         except Exception as exc:  # Kafka or PostgreSQL away: the next pass retries
             log.warning("stale submission pass failed: %s", exc)
 
@@ -96,6 +97,10 @@ def create_app(settings: Settings) -> FastAPI:
             inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
             load=LoadWatch(engine, settings, limiter),
             overload=Overload(),
+            uploads=SlotLimiter(settings.max_uploads, settings.max_uploads_per_tenant),
+            follows=SlotLimiter(
+                settings.max_follow_streams, settings.max_follow_streams_per_tenant
+            ),
         )
         readiness = Readiness(
             engine,
@@ -125,6 +130,8 @@ def create_app(settings: Settings) -> FastAPI:
                 await state.load.leave()
             with contextlib.suppress(Exception):
                 await flush_once(engine, everything=True)
+            if state.streams is not None:
+                await state.streams.stop()
             await waiter.stop()
             await state.auth.stop()
             state.producer.close()
@@ -144,8 +151,12 @@ def create_app(settings: Settings) -> FastAPI:
     # Added last, so it runs first: a bad key is refused before anything reads the body.
     app.add_middleware(AuthGate)
     app.include_router(infer.router)
+    app.include_router(completions.router)
     app.include_router(jobs.router, responses=ERROR_RESPONSES)
+    app.include_router(openai_compat.router)
+    app.include_router(kserve.router)
     app.include_router(metrics.router)
+    app.include_router(dashboard.router)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -171,9 +182,10 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/v1/models", responses={500: ERROR_RESPONSES[500]})
     async def list_models(request: Request) -> dict[str, object]:
+        # Gristmill's ``models`` and OpenAI's list (``object``, ``data``) in one body.
         st = get_state(request)
         await st.catalog.refresh()
-        return {"models": st.catalog.listing()}
+        return models_answer(st.catalog.listing())
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -202,7 +214,7 @@ def api_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
                 op["parameters"] = params
             else:
                 op.pop("parameters", None)
-            if path.startswith("/v1/") and path != "/v1/models":
+            if (path.startswith("/v1/") and path != "/v1/models") or path.endswith("/infer"):
                 op["security"] = [{"bearer": []}]
     specs = build_specs(settings)
     models = sorted([*specs, *(f"{name}@{v}" for name, vs in specs.items() for v in vs)])

@@ -1,30 +1,42 @@
 """Idempotency-Key handling (after the IETF httpapi Idempotency-Key draft).
 
-The request id is derived from (tenant, key), so every retry names the same
-result row. The key is also claimed in PostgreSQL with a fingerprint of the
-body: the same key with another body is a 422; the same body is a retry that
-gets the first answer (waiting for it if it is still in flight).
+A key is claimed in PostgreSQL with the request id it names and a fingerprint of
+the body: the same key with another body is a 422; the same body is a retry that
+gets the first answer (waiting for it if it is still in flight). A claim whose
+request never reached Kafka is released, so the client's retry sends it at once.
+Keys live ``idempotency_ttl_h`` hours (24, as documented): the sweeper
+(results/sweeper.py, one instance at a time) deletes older claims in batches, and a key
+reused after that is a new request with a new request id.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
-from sqlalchemy import delete, func, select
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from core.config import Settings
 from core.errors import IdempotencyConflict
-from results.db import ts
-from results.schema import idempotency_keys
+from core.limits import check_header_token
+from results.idempotency import claim_key, release_key
 
-MAX_KEY_LENGTH = 255
+log = logging.getLogger("gristmill.ingest.idempotency")
+
+def check_key(settings: Settings, key: str | None) -> str | None:
+    """The header's value (1..max_idempotency_key_chars visible ASCII), or a 400 naming
+    it; checked before the body is read."""
+    if key is None:
+        return None
+    return check_header_token(key, "Idempotency-Key", max_chars=settings.max_idempotency_key_chars)
 
 
 @dataclass(frozen=True)
 class Claim:
-    first: bool  # this call is the first with the key
+    first: bool  # this call is the first with the key (or the key had expired)
+    request_id: str  # the request the key names: the one to send, fetch or wait for
     first_deadline: datetime | None = None  # when the first attempt's caller gave up
     # When the first attempt was received: a resend carries it, so the request keeps
     # one row (the request log's key includes received_at). None: an old claim.
@@ -40,46 +52,34 @@ async def claim(
     body_hash: str,
     deadline: float,
     received: float,
+    ttl_h: float = 24.0,
 ) -> Claim:
-    stmt = (
-        insert(idempotency_keys)
-        .values(
-            tenant_id=tenant_id,
-            key=key,
-            request_id=request_id,
-            body_hash=body_hash,
-            deadline_at=ts(deadline),
-            received_at=ts(received),
-        )
-        .on_conflict_do_nothing()
-        .returning(idempotency_keys.c.request_id)
+    """Claim ``key`` for ``request_id`` (a fresh id); a retry gets the first request's."""
+    c = await claim_key(
+        engine,
+        tenant_id=tenant_id,
+        key=key,
+        request_id=request_id,
+        body_hash=body_hash,
+        deadline_at=datetime.fromtimestamp(deadline, tz=UTC),
+        received_at=datetime.fromtimestamp(received, tz=UTC),
+        ttl_h=ttl_h,
     )
-    async with engine.begin() as conn:
-        if (await conn.execute(stmt)).first() is not None:
-            return Claim(first=True)
-        row = (
-            await conn.execute(
-                select(
-                    idempotency_keys.c.body_hash,
-                    idempotency_keys.c.deadline_at,
-                    idempotency_keys.c.received_at,
-                ).where(idempotency_keys.c.tenant_id == tenant_id, idempotency_keys.c.key == key)
-            )
-        ).one()
-    if row.body_hash != body_hash:
+    if c.first:
+        return Claim(True, c.request_id)
+    if c.body_hash != body_hash:
         raise IdempotencyConflict(
             "Idempotency-Key was already used with a different request body",
             field="Idempotency-Key",
         )
-    return Claim(first=False, first_deadline=row.deadline_at, first_received=row.received_at)
+    return Claim(False, c.request_id, c.deadline_at, c.received_at)
 
 
-async def expire_old(engine: AsyncEngine, ttl_h: int) -> int:
-    """Keys are kept at least ``ttl_h`` hours; older ones may be reused."""
-    async with engine.begin() as conn:
-        res = await conn.execute(
-            delete(idempotency_keys).where(
-                idempotency_keys.c.created_at < func.now() - func.make_interval(0, 0, 0, 0, ttl_h)
-            )
-        )
-        return int(res.rowcount or 0)
+async def release(engine: AsyncEngine, *, tenant_id: str, key: str, request_id: str) -> None:
+    """The claimed request did not reach Kafka: free the key for the client's retry.
+    With the database away too, the claim stays: a retry then resends after the first
+    attempt's deadline, as before."""
+    try:
+        await release_key(engine, tenant_id=tenant_id, key=key, request_id=request_id)
+    except (SQLAlchemyError, OSError) as exc:
+        log.warning("could not release an idempotency key: %s", exc)

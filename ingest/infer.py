@@ -4,30 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import ORJSONResponse
-from sqlalchemy import select
 
 from core import tracing
 from core.config import Settings
 from core.errors import DeadlineExceeded, ModelError, NotFound, Unavailable
-from core.limits import canonical_uuid, check_header_token, shown
-from core.messages import RequestMessage, body_hash, request_id_for
+from core.limits import canonical_uuid, shown
+from core.messages import RequestMessage, body_hash
 from core.models.spec import ModelSpec
 from core.topics import request_topic
 from core.vocab import TIER_TO_CLASS, RequestStatus
 from ingest import metrics
-from ingest.idempotency import claim
+from ingest.idempotency import check_key, claim, release
 from ingest.policy import check_admission, check_rate
 from ingest.refusal_log import TIMEOUTS, Timeout
 from ingest.schemas import ERROR_RESPONSES, InferAnswer, InferBody, RequestRecord, parse_infer
 from ingest.state import AppState, get_state
 from ingest.tracing import annotate
-from ingest.waiters import RESULT_COLUMNS
-from results.schema import requests
+from results.requests import fetch_request
 from results.tenants import Tenant
 from results.vectors import EncodingFormat, answer_output
 
@@ -38,14 +37,19 @@ def _ms(a: datetime | None, b: datetime | None) -> float | None:
     return None if a is None or b is None else round((b - a).total_seconds() * 1000, 3)
 
 
-def result_body(row: dict[str, Any], total_ms: float | None = None) -> dict[str, Any]:
-    """The answer for a finished request; raises the error for a failed or expired one."""
+def raise_if_unsuccessful(row: dict[str, Any], field: str = "input") -> None:
+    """The error a finished request's caller gets when it failed or expired."""
     if row["status"] == RequestStatus.EXPIRED:
         raise DeadlineExceeded(
             "the deadline passed before a worker could run the request", reason="expired"
         )
     if row["status"] == RequestStatus.FAILED:
-        raise ModelError(f"the model failed on this input: {row['error']}", field="input")
+        raise ModelError(f"the model failed on this input: {row['error']}", field=field)
+
+
+def result_body(row: dict[str, Any], total_ms: float | None = None) -> dict[str, Any]:
+    """The answer for a finished request; raises the error for a failed or expired one."""
+    raise_if_unsuccessful(row)
     if total_ms is None:
         total_ms = _ms(row["received_at"], row["persisted_at"])
     return {
@@ -66,10 +70,7 @@ def result_body(row: dict[str, Any], total_ms: float | None = None) -> dict[str,
 
 def check_headers(settings: Settings, idempotency_key: str | None) -> None:
     """What the request's own headers carry, checked before its body is read."""
-    if idempotency_key is not None:
-        check_header_token(
-            idempotency_key, "Idempotency-Key", max_chars=settings.max_idempotency_key_chars
-        )
+    check_key(settings, idempotency_key)
 
 
 def accept(spec: ModelSpec, body: InferBody) -> dict[str, Any]:
@@ -80,7 +81,7 @@ def accept(spec: ModelSpec, body: InferBody) -> dict[str, Any]:
 
 def request_message(
     spec: ModelSpec,
-    body: InferBody,
+    input_: Any,
     params: dict[str, Any],
     *,
     tenant: Tenant,
@@ -96,12 +97,12 @@ def request_message(
         priority=TIER_TO_CLASS[tenant.tier],
         model=spec.name,
         version=spec.version,
-        input=spec.message_input(body.input),  # token ids too, where the model takes them
+        input=spec.message_input(input_),  # token ids too, where the model takes them
         params=params,
         deadline=received + timeout_ms / 1000,
         received_at=received,
         # Only an Idempotency-Key needs the fingerprint; skip the hashing otherwise.
-        body_hash=body_hash(spec.ref, body.input, params) if idempotency_key else "",
+        body_hash=body_hash(spec.ref, input_, params) if idempotency_key else "",
         weight=tenant.weight,
     )
 
@@ -136,6 +137,16 @@ async def answer_infer(
 ) -> ORJSONResponse:
     """``POST /v1/infer`` once the key and headers are checked and the body is in:
     errors are raised (ingest/http.py maps them)."""
+    take_instance_slot(st, tenant)
+    try:
+        return await _infer(st, raw_body, tenant, received, idempotency_key)
+    finally:
+        st.inflight.release()
+
+
+def take_instance_slot(st: AppState, tenant: Tenant) -> None:
+    """Refuse (503) when this API instance is saturated, else hold one of its in-flight
+    slots: the caller releases it (``st.inflight.release()``) when it answers."""
     metrics.request_tier.set(tenant.tier)
     s = st.settings
     if st.overload.should_shed(tenant.tier, s.loop_lag_shed_ms, s.answer_delay_shed_ms):
@@ -152,10 +163,6 @@ async def answer_infer(
             retry_after_s=1,
             reason="instance_capacity",
         )
-    try:
-        return await _infer(st, raw_body, tenant, received, idempotency_key)
-    finally:
-        st.inflight.release()
 
 
 async def _infer(
@@ -170,10 +177,10 @@ async def _infer(
         tenant.tier, st.settings.default_timeout_ms
     )
     check_admission(st.load, st.settings, tenant, spec.ref, timeout_ms)
-    rid = request_id_for(tenant.id, idempotency_key)
+    rid = str(uuid.uuid4())  # with an Idempotency-Key, the claim may name an earlier one
     msg = request_message(
         spec,
-        body,
+        body.input,
         params,
         tenant=tenant,
         request_id=rid,
@@ -182,33 +189,45 @@ async def _infer(
         idempotency_key=idempotency_key,
     )
     deadline = msg.deadline
+    c = None
+    if idempotency_key is not None:
+        c = await claim(
+            st.engine,
+            tenant_id=tenant.id,
+            key=idempotency_key,
+            request_id=rid,
+            body_hash=msg.body_hash,
+            deadline=deadline,
+            received=received,
+            ttl_h=st.settings.idempotency_ttl_h,
+        )
+        rid = msg.request_id = c.request_id
+        if not c.first and c.first_received is not None:
+            # The first attempt's time: its row's key (the request log's partition).
+            msg.received_at = c.first_received.timestamp()
     annotate(rid, spec.ref, tenant.tier)
     fut = st.waiter.register(rid)
     try:
         send = True
-        if idempotency_key is not None:
-            c = await claim(
-                st.engine,
-                tenant_id=tenant.id,
-                key=idempotency_key,
-                request_id=rid,
-                body_hash=msg.body_hash,
-                deadline=deadline,
-                received=received,
-            )
-            if not c.first:
-                done = await st.waiter.fetch([rid])
-                if done:
-                    return ORJSONResponse(result_body(done[0]), headers=limit_headers)
-                # Still in flight: wait for the first attempt, unless its caller already
-                # gave up, in which case it may never have reached Kafka: send it again
-                # (same request id, so at most one result row either way).
-                send = c.first_deadline is not None and c.first_deadline < datetime.now(UTC)
-                if c.first_received is not None:  # its row's key: the first attempt's time
-                    msg.received_at = c.first_received.timestamp()
+        if c is not None and not c.first:
+            done = await st.waiter.fetch([rid])
+            if done:
+                return ORJSONResponse(result_body(done[0]), headers=limit_headers)
+            # Still in flight: wait for the first attempt, unless its caller already
+            # gave up, in which case it may never have reached Kafka: send it again
+            # (same request id, so at most one result row either way).
+            send = c.first_deadline is not None and c.first_deadline < datetime.now(UTC)
         if send:
             topic = request_topic(st.settings, msg.priority)
-            await st.producer.produce(topic, msg.encode(), headers=tracing.headers())
+            try:
+                await st.producer.produce(topic, msg.encode(), headers=tracing.headers())
+            except Unavailable:
+                if c is not None and c.first and idempotency_key is not None:
+                    # Nothing reached Kafka: the client's retry sends it again at once.
+                    await release(
+                        st.engine, tenant_id=tenant.id, key=idempotency_key, request_id=rid
+                    )
+                raise
             metrics.admitted(tenant.tier)
         try:
             row = await asyncio.wait_for(
@@ -246,18 +265,9 @@ async def get_request(
     canonical = canonical_uuid(request_id)
     if canonical is None:
         raise NotFound(f"no request {shown(request_id)}; ids are canonical UUIDs")
-    request_id = canonical
-    async with st.engine.connect() as conn:
-        row = (
-            await conn.execute(
-                select(*RESULT_COLUMNS).where(
-                    requests.c.request_id == request_id, requests.c.tenant_id == tenant.id
-                )
-            )
-        ).first()
-    if row is None:
-        raise NotFound(f"no finished request {request_id} for this tenant (it may still be queued)")
-    data = dict(row._mapping)
+    data = await fetch_request(st.engine, tenant.id, canonical)
+    if data is None:
+        raise NotFound(f"no finished request {canonical} for this tenant (it may still be queued)")
     return ORJSONResponse(
         {
             "status": data["status"],

@@ -1,212 +1,339 @@
-"""Making a job durable: validate every item, record it, then put it in Kafka.
+"""Making a job durable: stage and validate every item, record the job, then put it
+in Kafka (decisions 10 and 26).
 
-Submission has two phases so that a crash at any point leaves either no job or
-a complete one that runs:
-
-1. Items are parsed and validated as they stream in and COPYed into
-   ``job_items`` inside one transaction; the ``jobs`` row is inserted last, in
-   the same transaction. An invalid item rolls everything back (nothing
-   half-created stays behind); a crash before the commit leaves nothing.
-2. After the commit the job is ``submitting``: its items are read back and
-   produced to Kafka, then it is marked ``submitted`` and the client gets 202.
-   A crash here leaves a ``submitting`` job whose heartbeat goes stale; any API
-   instance then finishes phase 2 (request ids are deterministic, so items
-   produced twice still yield one result row each).
+1. The body is read at the client's pace into a temp file, each item validated as
+   it arrives (ingest/job_upload.py); no database connection is held meanwhile.
+2. One transaction COPYs the staged items into ``job_items``, charges the tenant's
+   job-item budget and inserts the ``jobs`` row last: a crash or a refusal leaves
+   nothing; a committed job is complete.
+3. The job is ``submitting`` until its items are produced to Kafka; then it is
+   ``submitted`` and the client gets 202. A crash here leaves a ``submitting`` job
+   whose heartbeat goes stale; any API instance then finishes it (request ids are
+   deterministic, so items produced twice still yield one result row each).
 """
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import logging
 import secrets
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import psycopg
 from confluent_kafka import KafkaError, Message, Producer
-from psycopg.types.json import Jsonb
 
 from core.config import Settings
 from core.errors import IdempotencyConflict, InvalidInput, PayloadTooLarge, Unavailable
 from core.kafka import producer_config
-from core.messages import RequestMessage, job_item_request_id
+from core.limits import check_object
+from core.messages import RequestMessage
 from core.models.spec import ModelSpec
 from core.topics import request_topic
-from results.db import libpq_url
+from ingest import job_quota
+from ingest.destinations import AllowList, check_addresses, parse_destination
+from ingest.job_schemas import JobBody, JobOptions, check_metadata, validate
+from ingest.job_upload import ItemStager, Staged, body_chunks
+from ingest.webhook_client import NotResolved, resolve
+from results.db import make_engine
+from results.job_items import copy_items, unsent_page
+from results.job_submission import (
+    NewJob,
+    claim_stale,
+    forget_expired_key,
+    heartbeat,
+    insert_job,
+    job_for_key,
+    job_to_publish,
+    mark_submitted,
+)
+from results.tenants import Tenant
+
+if TYPE_CHECKING:
+    from ingest.state import AppState
 
 log = logging.getLogger("gristmill.ingest.jobs")
 
-MAX_CUSTOM_ID = 255
-_COPY_CHUNK = 5_000
+_FIRST_PAGE_ROWS = 100  # item rows read for Kafka in the first page of a publish
+_PAGE_BYTES = 4 << 20  # later pages are sized to about this many bytes of messages
+_QUEUE_KIB = 16 << 10  # 16 MiB: a local broker keeps up with far less in flight
+_HEARTBEAT_S = 2.0  # a publishing job's heartbeat, well inside submit_stale_s
+# How long the items produced by one publish may take to be acknowledged by Kafka.
+_PUBLISH_ACK_S = 120.0
 
 
 @dataclass
-class JobRequest:
-    tenant_id: str
+class Submission:
+    """A validated job whose items are staged; nothing is written yet."""
+
+    tenant: Tenant
     spec: ModelSpec
     params: dict[str, Any]
-    completion_window_s: int
-    webhook_url: str | None = None
-    metadata: dict[str, Any] | None = None
-    idempotency_key: str | None = None
+    window_s: int
+    webhook_url: str | None
+    metadata: dict[str, str] | None
+    idempotency_key: str | None
+    staged: Staged
     job_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Recorded:
     job_id: str
     created: bool  # False: an earlier submission with the same key and body
     webhook_secret: str | None = None
 
 
-def parse_item(obj: Any, where: str, spec: ModelSpec) -> tuple[str | None, Any]:
-    """One item, ``{"custom_id"?: str, "input": ...}``; errors name ``where`` (index/line)."""
-    if not isinstance(obj, dict):
-        raise InvalidInput(f"{where}: each item must be a JSON object", field=where)
-    unknown = sorted(set(obj) - {"custom_id", "input"})
-    if unknown:
-        raise InvalidInput(f"{where}: unknown field {unknown[0]!r}", field=f"{where}.{unknown[0]}")
-    if "input" not in obj:
-        raise InvalidInput(f"{where}: field 'input' is required", field=f"{where}.input")
-    custom_id = obj.get("custom_id")
-    if custom_id is not None and (not isinstance(custom_id, str) or len(custom_id) > MAX_CUSTOM_ID):
+@dataclass(frozen=True)
+class Options:
+    """A job's options, checked: everything but its items."""
+
+    spec: ModelSpec
+    params: dict[str, Any]
+    window_s: int
+    webhook_url: str | None
+
+
+async def check_options(st: AppState, opts: JobOptions) -> Options:
+    """The model, params, window and webhook destination, or the 4xx naming the field."""
+    s = st.settings
+    spec = await st.catalog.resolve(opts.model)
+    if opts.params is not None:  # as /v1/infer's (ingest/schemas.py): storable, capped
+        check_object(
+            opts.params, "params", max_bytes=s.max_params_bytes, max_depth=s.max_json_depth
+        )
+    params = spec.normalize_params(opts.params)
+    window = (
+        s.default_completion_window_s
+        if opts.completion_window_s is None
+        else (opts.completion_window_s)
+    )
+    if not 0 < window <= s.max_completion_window_s:
         raise InvalidInput(
-            f"{where}: custom_id must be a string of at most {MAX_CUSTOM_ID} characters",
-            field=f"{where}.custom_id",
+            f"completion_window_s must be 1..{s.max_completion_window_s}",
+            field="completion_window_s",
         )
+    if opts.webhook_url is not None:
+        await check_webhook(s, opts.webhook_url)
+    return Options(spec, params, window, opts.webhook_url)
+
+
+async def check_webhook(settings: Settings, url: str) -> None:
+    """400 unless the URL is well formed and resolves only to addresses webhooks may
+    reach (checked again at every delivery: ingest/webhook_client.py)."""
+    dest = parse_destination(url)
     try:
-        spec.validate_input(obj["input"])
-    except InvalidInput as exc:
-        raise InvalidInput(f"{where}: {exc.message}", field=f"{where}.input") from exc
-    return custom_id, obj["input"]
+        async with asyncio.timeout(settings.webhook_timeout_s):
+            addresses = await resolve(dest.host, dest.port)
+    except (NotResolved, TimeoutError):
+        addresses = []
+    check_addresses(dest, addresses, AllowList.parse(settings.webhook_allow_networks))
 
 
-async def jsonl_items(
-    chunks: AsyncIterator[bytes], spec: ModelSpec, settings: Settings, hasher: Any
-) -> AsyncIterator[tuple[str | None, Any]]:
-    """Items of a JSONL upload, parsed as the bytes arrive (memory stays bounded)."""
-    buf = b""
-    line_no = 0
-    size = 0
-    count = 0
-
-    def one(line: bytes) -> tuple[str | None, Any] | None:
-        nonlocal count
-        if not line.strip():
-            return None
-        try:
-            obj = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInput(
-                f"line {line_no}: not valid JSON ({exc})", field=f"line {line_no}"
-            ) from exc
-        count += 1
-        if count > settings.max_job_items:
-            raise PayloadTooLarge(f"a job may hold at most {settings.max_job_items} items")
-        return parse_item(obj, f"line {line_no}", spec)
-
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > settings.max_job_bytes:
-            raise PayloadTooLarge(f"job upload exceeds {settings.max_job_bytes} bytes")
-        hasher.update(chunk)
-        buf += chunk
-        lines = buf.split(b"\n")
-        buf = lines.pop()
-        for line in lines:
-            line_no += 1
-            item = one(line)
-            if item is not None:
-                yield item
-    if buf:
-        line_no += 1
-        item = one(buf)
-        if item is not None:
-            yield item
+def _stager(st: AppState, spec: ModelSpec, job_id: str) -> ItemStager:
+    s = st.settings
+    return ItemStager(
+        job_id,
+        spec,
+        max_items=s.max_job_items,
+        max_line=s.max_body_bytes,
+        max_depth=s.max_json_depth,
+        folder=s.upload_dir,
+    )
 
 
-async def record_job(
-    settings: Settings,
-    job: JobRequest,
-    items: AsyncIterator[tuple[str | None, Any]],
-    body_hash: Callable[[], str],
-) -> Recorded:
-    """Phase 1: every item and then the job row, in one transaction."""
-    secret = ("whsec_" + secrets.token_urlsafe(24)) if job.webhook_url else None
-    try:
-        conn = await psycopg.AsyncConnection.connect(libpq_url(settings.database_url))
-    except psycopg.OperationalError as exc:
-        raise Unavailable("the database is unavailable", retry_after_s=2) from exc
-    async with conn, conn.transaction() as tx:
-        total = 0
-        async with conn.cursor().copy(
-            "COPY job_items (job_id, item_index, custom_id, input, request_id) FROM STDIN"
-        ) as copy:
-            async for custom_id, value in items:
-                await copy.write_row(
-                    (
-                        job.job_id,
-                        total,
-                        custom_id,
-                        orjson.dumps(value).decode(),
-                        job_item_request_id(job.job_id, total),
-                    )
-                )
-                total += 1
-        if total == 0:
-            raise InvalidInput("a job needs at least one item", field="items")
-        now = datetime.now(UTC)
-        cur = await conn.execute(
-            """INSERT INTO jobs (job_id, tenant_id, model, model_version, params, metadata,
-                       total_items, expires_at, idempotency_key, body_hash, webhook_url,
-                       webhook_secret)
-                   VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-                   ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING job_id""",
-            (
-                job.job_id,
-                job.tenant_id,
-                job.spec.name,
-                job.spec.version,
-                Jsonb(job.params),
-                Jsonb(job.metadata) if job.metadata is not None else None,
-                total,
-                now + timedelta(seconds=job.completion_window_s),
-                job.idempotency_key,
-                body_hash(),
-                job.webhook_url,
-                secret,
-            ),
-        )
-        if await cur.fetchone() is not None:
-            return Recorded(job.job_id, True, secret)
-        # The key was used before: same body is the same job, another body is a 422.
-        prev = await (
-            await conn.execute(
-                "SELECT job_id, body_hash FROM jobs WHERE tenant_id = %s AND idempotency_key = %s",
-                (job.tenant_id, job.idempotency_key),
+async def stage_json(
+    st: AppState, tenant: Tenant, stream: AsyncIterator[bytes], key: str | None
+) -> Submission:
+    """A JSON job body: read (capped as it arrives), parsed, every item staged."""
+    s = st.settings
+    raw = b"".join(
+        [
+            c
+            async for c in body_chunks(
+                stream,
+                idle_timeout_s=s.upload_idle_timeout_s,
+                max_bytes=s.max_job_json_bytes,
+                what="a JSON job body (upload large jobs as JSONL, application/x-ndjson)",
+                min_rate_bps=s.upload_min_bytes_per_s,
             )
-        ).fetchone()
-        raise psycopg.Rollback(tx)  # drop the items we just copied
-    assert prev is not None
-    if prev[1] != body_hash():
+        ]
+    )
+    if not raw.strip():
+        raise InvalidInput("request body is empty; expected a JSON object")
+    try:
+        data = await asyncio.to_thread(orjson.loads, raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"request body is not valid JSON: {exc}") from exc
+    body = validate(data, JobBody)
+    if len(body.items) > s.max_job_json_items:
+        raise PayloadTooLarge(
+            f"a JSON job may hold at most {s.max_job_json_items} items; upload larger "
+            "jobs as JSONL (application/x-ndjson)"
+        )
+    check_metadata(body.metadata)
+    opts = await check_options(st, body)
+    job_id = str(uuid.uuid4())
+    stager = _stager(st, opts.spec, job_id)
+    stager.hasher.update(raw)
+
+    def stage_all() -> Staged:
+        for i, obj in enumerate(body.items):
+            stager.add_object(obj, f"items[{i}]")
+        return stager.finish()
+
+    try:
+        staged = await asyncio.to_thread(stage_all)
+    except BaseException:
+        stager.close()
+        raise
+    return Submission(
+        tenant,
+        opts.spec,
+        opts.params,
+        opts.window_s,
+        opts.webhook_url,
+        body.metadata,
+        key,
+        staged,
+        job_id,
+    )
+
+
+async def stage_jsonl(
+    st: AppState,
+    tenant: Tenant,
+    stream: AsyncIterator[bytes],
+    opts_in: JobOptions,
+    key: str | None,
+) -> Submission:
+    """A JSONL upload: options from the query, then one item per line, staged as the
+    lines arrive."""
+    s = st.settings
+    opts = await check_options(st, opts_in)
+    job_id = str(uuid.uuid4())
+    stager = _stager(st, opts.spec, job_id)
+    stager.hasher.update(
+        orjson.dumps(
+            [opts_in.model, opts_in.params, opts_in.completion_window_s, opts_in.webhook_url]
+        )
+    )
+    try:
+        async for chunk in body_chunks(
+            stream,
+            idle_timeout_s=s.upload_idle_timeout_s,
+            max_bytes=s.max_job_bytes,
+            what="a job upload",
+            min_rate_bps=s.upload_min_bytes_per_s,
+        ):
+            await asyncio.to_thread(stager.feed, chunk)
+        staged = await asyncio.to_thread(stager.finish)
+    except BaseException:
+        stager.close()
+        raise
+    return Submission(
+        tenant, opts.spec, opts.params, opts.window_s, opts.webhook_url, None, key, staged, job_id
+    )
+
+
+class _KeyTaken(Exception):
+    """A concurrent submission recorded a job with the same Idempotency-Key first."""
+
+
+def _replay(prev: Any, sub: Submission) -> Recorded:
+    if prev.body_hash != sub.staged.body_hash:
         raise IdempotencyConflict(
             "Idempotency-Key was already used with a different job", field="Idempotency-Key"
         )
-    return Recorded(str(prev[0]), False)
+    return Recorded(str(prev.job_id), False)
+
+
+async def record_job(st: AppState, sub: Submission) -> Recorded:
+    """Phase 1: the staged items, the budget charge and the job row, in one transaction."""
+    s = st.settings
+    tenant, key = sub.tenant, sub.idempotency_key
+    secret = ("whsec_" + secrets.token_urlsafe(24)) if sub.webhook_url else None
+    try:
+        async with st.engine.begin() as conn:
+            if key is not None:
+                await forget_expired_key(conn, tenant.id, key, s.idempotency_ttl_h)
+                prev = await job_for_key(conn, tenant.id, key)
+                if prev is not None:
+                    return _replay(prev, sub)
+            await copy_items(conn, sub.staged.file)
+            # Charged after the COPY: the budget's row lock lasts only until the commit.
+            await job_quota.charge(conn, s, tenant, sub.staged.count)
+            created = await insert_job(
+                conn,
+                NewJob(
+                    job_id=sub.job_id,
+                    tenant_id=tenant.id,
+                    model=sub.spec.name,
+                    model_version=sub.spec.version,
+                    params=sub.params,
+                    metadata=sub.metadata,
+                    total_items=sub.staged.count,
+                    expires_at=datetime.now(UTC) + timedelta(seconds=sub.window_s),
+                    idempotency_key=key,
+                    body_hash=sub.staged.body_hash,
+                    webhook_url=sub.webhook_url,
+                    webhook_secret=secret,
+                ),
+            )
+            if not created:
+                raise _KeyTaken  # rolls back our items and our charge
+    except _KeyTaken:
+        assert key is not None
+        async with st.engine.connect() as conn:
+            prev = await job_for_key(conn, tenant.id, key)
+        if prev is None:  # the other submission's key expired meanwhile: very unlikely
+            raise Unavailable(
+                "a concurrent submission holds this key; retry", retry_after_s=1
+            ) from None
+        return _replay(prev, sub)
+    return Recorded(sub.job_id, True, secret)
+
+
+class _Deliveries:
+    """Kafka acknowledgements of one publish. Callbacks may run in any thread that
+    polls the shared producer, so the counts are guarded."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.pending = 0
+        self.errors: list[str] = []
+
+    def sent(self, n: int) -> None:
+        """``n`` messages are about to be produced (counted first: another thread's poll
+        may serve their acknowledgements before the last of them is produced)."""
+        with self._lock:
+            self.pending += n
+
+    def on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
+        with self._lock:
+            self.pending -= 1
+            if err is not None:
+                self.errors.append(err.str())
 
 
 class JobPublisher:
-    """Phase 2: produce a recorded job's items to Kafka, then mark it submitted."""
+    """Phase 2: produce a recorded job's items to Kafka, then mark it submitted.
+
+    Publishes run concurrently in a thread pool of their own, sharing one producer
+    (thread-safe) and a small PostgreSQL pool; each waits only for its own messages'
+    acknowledgements, so a million-item job never holds up a small one."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.dsn = libpq_url(settings.database_url)
+        workers = settings.max_uploads + 2  # uploads' publishes, a retry, the stale finisher
+        self.engine = make_engine(settings.database_url, pool_size=workers)
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="job-publish")
         self._producer = Producer(
             producer_config(
                 settings,
@@ -215,108 +342,95 @@ class JobPublisher:
                     "batch.size": 1_000_000,
                     "compression.type": "lz4",
                     "queue.buffering.max.messages": 500_000,
+                    # Messages waiting for the broker, all publishes together (KiB): the
+                    # publisher's memory is bounded whatever the jobs' size.
+                    "queue.buffering.max.kbytes": _QUEUE_KIB,
                     "message.timeout.ms": 60_000,
                 },
             )
         )
-        self._lock = threading.Lock()  # one publish at a time shares the producer cleanly
 
-    def publish(self, job_id: str, *, progress: Callable[[int], None] | None = None) -> int:
+    async def publish(self, job_id: str) -> int:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self.publish_sync, job_id)
+
+    async def claim_stale(self) -> str | None:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._executor, claim_stale, self.engine, self.settings.submit_stale_s
+        )
+
+    def publish_sync(self, job_id: str, *, progress: Callable[[int], None] | None = None) -> int:
         """Produce every item whose current attempt has no result yet (all of them for a
-        new job; the unfinished ones after a crash or a retry). Blocking: run it in a
-        thread. Returns how many items were produced."""
-        errors: list[str] = []
-
-        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
-            if err is not None:
-                errors.append(err.str())
-
+        new job; the unfinished ones after a crash or a retry). Blocking. Returns how
+        many items were produced."""
         topic = request_topic(self.settings, "jobs")
+        acks = _Deliveries()
         sent = 0
-        with self._lock, psycopg.connect(self.dsn, autocommit=True) as conn:
-            job = conn.execute(
-                "SELECT j.tenant_id, j.model, j.model_version, j.params, j.created_at, "
-                "j.expires_at, t.weight FROM jobs j JOIN tenants t ON t.id = j.tenant_id "
-                "WHERE j.job_id = %s",
-                (job_id,),
-            ).fetchone()
-            if job is None:
-                return 0
-            tenant_id, model, version, params, created_at, expires_at, weight = job
-            beat = time.monotonic()
-            with conn.transaction(), conn.cursor(name=f"publish-{job_id}") as cur:
-                cur.itersize = _COPY_CHUNK
-                cur.execute(
-                    "SELECT i.item_index, i.input, i.request_id, i.attempt FROM job_items i "
-                    "WHERE i.job_id = %s AND NOT EXISTS (SELECT 1 FROM requests r "
-                    "WHERE r.request_id = i.request_id) ORDER BY i.item_index",
-                    (job_id,),
+        with self.engine.connect() as conn:
+            job = job_to_publish(conn, job_id)
+        if job is None:
+            return 0
+        beat = time.monotonic()
+        after, rows = -1, _FIRST_PAGE_ROWS
+        while page := unsent_page(self.engine, job_id, after, rows):
+            page_bytes = 0
+            acks.sent(len(page))
+            for index, value, request_id, job_attempt in page:
+                msg = RequestMessage(
+                    request_id=request_id,
+                    tenant_id=str(job.tenant_id),
+                    priority="jobs",
+                    model=job.model,
+                    version=job.model_version,
+                    input=orjson.Fragment(value),  # already JSON: written as it is
+                    params=job.params,
+                    deadline=job.expires_at.timestamp(),
+                    received_at=job.created_at.timestamp(),
+                    job_id=job_id,
+                    item_index=index,
+                    job_attempt=job_attempt,
+                    weight=job.weight,
                 )
-                for index, value, request_id, job_attempt in cur:
-                    msg = RequestMessage(
-                        request_id=str(request_id),
-                        tenant_id=str(tenant_id),
-                        priority="jobs",
-                        model=model,
-                        version=version,
-                        input=value,
-                        params=params,
-                        deadline=expires_at.timestamp(),
-                        received_at=created_at.timestamp(),
-                        job_id=job_id,
-                        item_index=index,
-                        job_attempt=job_attempt,
-                        weight=weight,
-                    )
-                    while True:
-                        try:
-                            self._producer.produce(
-                                topic,
-                                value=msg.encode(),
-                                key=str(request_id),
-                                on_delivery=on_delivery,
-                            )
-                            break
-                        except BufferError:
-                            self._producer.poll(0.05)
-                    sent += 1
-                    if sent % 1000 == 0:
-                        self._producer.poll(0)
-                        if progress:
-                            progress(sent)
-                        if time.monotonic() - beat > 2:
-                            beat = time.monotonic()
-                            self._heartbeat(job_id)
-            remaining = self._producer.flush(120)
-            if remaining or errors:
-                raise Unavailable(
-                    f"could not make {remaining or len(errors)} job items durable in Kafka: "
-                    f"{errors[:1]}",
-                    retry_after_s=5,
-                )
-            conn.execute("UPDATE jobs SET submit_state = 'submitted' WHERE job_id = %s", (job_id,))
+                page_bytes += self._produce(topic, msg, acks)
+                sent += 1
+            self._producer.poll(0)
+            if progress:
+                progress(sent)
+            if time.monotonic() - beat > _HEARTBEAT_S:
+                beat = time.monotonic()
+                heartbeat(self.engine, job_id)
+            after = page[-1][0]
+            # Pages of about _PAGE_BYTES whatever the items' size: memory stays bounded.
+            rows = max(100, min(10_000, _PAGE_BYTES * len(page) // max(1, page_bytes)))
+        self._await_acks(acks, sent)
+        mark_submitted(self.engine, job_id)
         return sent
 
-    def _heartbeat(self, job_id: str) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute("UPDATE jobs SET submit_heartbeat_at = now() WHERE job_id = %s", (job_id,))
+    def _produce(self, topic: str, msg: RequestMessage, acks: _Deliveries) -> int:
+        """Produce one message (waiting while the producer's queue is full); its size."""
+        value = msg.encode()
+        while True:
+            try:
+                self._producer.produce(
+                    topic, value=value, key=msg.request_id, on_delivery=acks.on_delivery
+                )
+                return len(value)
+            except BufferError:  # the producer's queue is full: let it drain
+                self._producer.poll(0.05)
 
-    def claim_stale(self) -> str | None:
-        """A job some API instance left 'submitting' (it died): take it over."""
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            row = conn.execute(
-                """UPDATE jobs SET submit_heartbeat_at = now()
-                   WHERE job_id = (SELECT job_id FROM jobs WHERE submit_state = 'submitting'
-                                     AND submit_heartbeat_at < now() - make_interval(secs => %s)
-                                   ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED)
-                   RETURNING job_id""",
-                (self.settings.submit_stale_s,),
-            ).fetchone()
-        return str(row[0]) if row else None
+    def _await_acks(self, acks: _Deliveries, sent: int) -> None:
+        deadline = time.monotonic() + _PUBLISH_ACK_S
+        while acks.pending > 0 and time.monotonic() < deadline:
+            self._producer.poll(0.05)
+        if acks.pending or acks.errors:
+            raise Unavailable(
+                f"could not make {acks.pending or len(acks.errors)} of {sent} job items "
+                f"durable in Kafka: {acks.errors[:1]}",
+                retry_after_s=5,
+            )
 
     def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
         self._producer.flush(10)
-
-
-def body_hasher() -> Any:
-    return hashlib.sha256()
+        self.engine.dispose()

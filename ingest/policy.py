@@ -26,15 +26,23 @@ def ratelimit_headers(v: Verdict) -> dict[str, str]:
     }
 
 
-def check_rate(limiter: TenantLimiter, settings: Settings, tenant: Tenant) -> dict[str, str]:
-    """One request against the tenant's requests/s; returns headers for the answer."""
+def check_rate(
+    limiter: TenantLimiter, settings: Settings, tenant: Tenant, items: int = 1
+) -> dict[str, str]:
+    """One request against the tenant's requests/s; returns headers for the answer.
+
+    A request of many inputs (an embeddings array, a KServe batch) costs one token per
+    input, as that many single requests would; it is taken while the bucket holds any
+    tokens and may leave it in debt, so one larger than the burst is not refused
+    forever (the next request waits the debt off)."""
     v = limiter.check(
         tenant.id,
         "requests",
         rate=tenant.rate_rps or settings.tier_rate_rps[tenant.tier],
         burst=tenant.burst or settings.tier_burst[tenant.tier],
-        n=1,
+        n=items,
         now=time.monotonic(),
+        allow_debt=items > 1,
     )
     headers = ratelimit_headers(v)
     if not v.allowed:
@@ -44,46 +52,6 @@ def check_rate(limiter: TenantLimiter, settings: Settings, tenant: Tenant) -> di
             headers=headers,
         )
     return headers
-
-
-def check_job_items(limiter: TenantLimiter, settings: Settings, tenant: Tenant) -> dict[str, str]:
-    """May this tenant submit a job now? Refused while a big earlier job's items are
-    still being paid off (the bucket is in debt); the items are charged once the
-    job is recorded (``charge_job_items``), whatever its size."""
-    rate = tenant.job_items_per_s or settings.tier_job_items_per_s[tenant.tier]
-    v = limiter.check(
-        tenant.id,
-        "job_items",
-        rate=rate,
-        burst=rate * 60,
-        n=0,
-        now=time.monotonic(),
-        allow_debt=True,
-    )
-    headers = ratelimit_headers(v)
-    if not v.allowed:
-        raise RateLimited(
-            f"job item rate of {rate:g} items/s exceeded; wait before the next job",
-            retry_after_s=v.retry_after_s,
-            headers=headers,
-        )
-    return headers
-
-
-def charge_job_items(
-    limiter: TenantLimiter, settings: Settings, tenant: Tenant, items: int
-) -> None:
-    """Charge an accepted job's items (it was admitted when the bucket had tokens)."""
-    rate = tenant.job_items_per_s or settings.tier_job_items_per_s[tenant.tier]
-    limiter.check(
-        tenant.id,
-        "job_items",
-        rate=rate,
-        burst=rate * 60,
-        n=items,
-        now=time.monotonic(),
-        allow_debt=True,
-    )
 
 
 def check_admission(

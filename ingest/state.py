@@ -14,7 +14,8 @@ from ingest.job_submit import JobPublisher
 from ingest.load_watch import LoadWatch
 from ingest.overload import Overload
 from ingest.producer import AsyncProducer
-from ingest.ratelimit import InflightLimiter, TenantLimiter
+from ingest.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
+from ingest.streams import StreamHub
 from ingest.waiters import ResultWaiter
 
 
@@ -31,6 +32,9 @@ class AppState:
     inflight: InflightLimiter
     load: LoadWatch
     overload: Overload
+    uploads: SlotLimiter  # job uploads being staged and recorded
+    follows: SlotLimiter  # follow=true result streams
+    streams: StreamHub | None = None  # made on the first token stream (ingest/completions.py)
 
 
 def get_state(request: Request) -> AppState:

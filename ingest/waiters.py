@@ -31,26 +31,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from core.errors import Unavailable
 from results import announce
 from results.db import RESULTS_CHANNEL, libpq_url
+from results.requests import RESULT_COLUMNS
 from results.schema import requests
 
 log = logging.getLogger("gristmill.ingest.waiters")
-
-RESULT_COLUMNS = (
-    requests.c.request_id,
-    requests.c.status,
-    requests.c.output,
-    requests.c.output_vector,
-    requests.c.error,
-    requests.c.model,
-    requests.c.model_version,
-    requests.c.batch_size,
-    requests.c.received_at,
-    requests.c.consumed_at,
-    requests.c.batched_at,
-    requests.c.compute_start_at,
-    requests.c.compute_end_at,
-    requests.c.persisted_at,
-)
 
 
 # One statement for any number of ids (= ANY(array)), so it is compiled once and its

@@ -1,9 +1,12 @@
 """Job-completion webhooks: signed, retried with backoff, never in the pipeline's way.
 
-Each API instance runs this loop; ``FOR UPDATE SKIP LOCKED`` hands every due
-delivery to one instance. The body is signed with HMAC-SHA256 using the job's
-secret (returned once, at submission): header
-``Gristmill-Signature: t=<unix seconds>,v1=<hex hmac of "<t>.<body>">``.
+Each API instance runs ``webhook_loop``. A pass claims due deliveries under a lease
+(results/webhooks.py: each goes to one instance), delivers them concurrently with no
+database transaction open, and records each outcome as a status class. The body is
+signed with HMAC-SHA256 using the job's secret (returned once, at submission):
+header ``Gristmill-Signature: t=<unix seconds>,v1=<hex hmac of "<t>.<body>">``.
+Where a webhook may go, and how one is sent: decision 27, ingest/destinations.py,
+ingest/webhook_client.py.
 """
 
 from __future__ import annotations
@@ -17,16 +20,26 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
+import httpcore
 import orjson
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.config import Settings
+from ingest import webhook_client
+from ingest.destinations import AllowList
+from results import webhooks as store
 
 log = logging.getLogger("gristmill.ingest.webhooks")
 
 SIGNATURE_HEADER = "Gristmill-Signature"
+# A receiver's answer is never used; reading a little of it lets the connection end
+# cleanly, and nothing a receiver sends can fill our memory.
+MAX_RESPONSE_BYTES = 64 * 1024
+# A claim outlives the delivery's deadline by this much (seconds), the time to record
+# the outcome, so no other instance claims a delivery still under way.
+LEASE_MARGIN_S = 5.0
+# Deliveries claimed per pass and instance (each runs concurrently, within its deadline).
+CLAIM_BATCH = 10
 
 
 def sign(secret: str, body: bytes, ts: int) -> str:
@@ -54,15 +67,6 @@ def next_delay_s(attempt: int, rng: random.Random | None = None) -> float:
     return (rng or random).uniform(cap / 2, cap)
 
 
-_DUE = text("""
-    SELECT job_id, webhook_url, webhook_secret, webhook_attempts, tenant_id, total_items,
-           succeeded, failed, expired, cancelled, cancelled_at, finished_at
-    FROM jobs
-    WHERE webhook_next_at <= now() AND webhook_delivered_at IS NULL
-      AND webhook_url IS NOT NULL AND finished_at IS NOT NULL
-    ORDER BY webhook_next_at LIMIT 10 FOR UPDATE SKIP LOCKED""")
-
-
 def payload(row: Any) -> dict[str, Any]:
     status = (
         "cancelled"
@@ -84,65 +88,48 @@ def payload(row: Any) -> dict[str, Any]:
     }
 
 
-async def deliver_due(engine: AsyncEngine, client: httpx.AsyncClient, settings: Settings) -> int:
-    """One pass: deliver what is due. Returns how many deliveries were attempted."""
-    async with engine.begin() as conn:
-        rows = (await conn.execute(_DUE)).all()
-        for row in rows:
-            body = orjson.dumps(payload(row))
-            error = None
-            try:
-                r = await client.post(
-                    row.webhook_url,
-                    content=body,
-                    headers={
-                        "Content-Type": "application/json",
-                        SIGNATURE_HEADER: sign(row.webhook_secret, body, int(time.time())),
-                    },
-                )
-                if r.status_code >= 300:
-                    error = f"HTTP {r.status_code}"
-            except httpx.HTTPError as exc:
-                error = repr(exc)
-            attempts = row.webhook_attempts + 1
-            if error is None:
-                await conn.execute(
-                    text(
-                        "UPDATE jobs SET webhook_delivered_at = now(), webhook_attempts = :a, "
-                        "webhook_error = NULL, webhook_next_at = NULL WHERE job_id = :j"
-                    ),
-                    {"a": attempts, "j": row.job_id},
-                )
-            else:
-                give_up = attempts >= settings.webhook_max_attempts
-                nxt = (
-                    None
-                    if give_up
-                    else datetime.now(UTC) + timedelta(seconds=next_delay_s(attempts))
-                )
-                await conn.execute(
-                    text(
-                        "UPDATE jobs SET webhook_attempts = :a, webhook_error = :e, "
-                        "webhook_next_at = :n WHERE job_id = :j"
-                    ),
-                    {
-                        "a": attempts,
-                        "e": error + (" (gave up)" if give_up else ""),
-                        "n": nxt,
-                        "j": row.job_id,
-                    },
-                )
-                log.warning(
-                    "webhook for job %s failed (%s), attempt %d", row.job_id, error, attempts
-                )
-        return len(rows)
+async def deliver_one(
+    engine: AsyncEngine, pool: httpcore.AsyncConnectionPool, settings: Settings, row: Any
+) -> str | None:
+    """Send one claimed delivery and record its outcome; returns the failure class."""
+    body = orjson.dumps(payload(row))
+    error = await webhook_client.post(
+        pool,
+        row.webhook_url,
+        body,
+        {
+            "Content-Type": "application/json",
+            SIGNATURE_HEADER: sign(row.webhook_secret, body, int(time.time())),
+        },
+        deadline_s=settings.webhook_timeout_s,
+        max_response_bytes=MAX_RESPONSE_BYTES,
+    )
+    attempt = int(row.webhook_attempts)
+    if error is None:
+        await store.record_delivered(engine, str(row.job_id), attempt)
+        return None
+    give_up = attempt >= settings.webhook_max_attempts
+    nxt = None if give_up else datetime.now(UTC) + timedelta(seconds=next_delay_s(attempt))
+    await store.record_failed(engine, str(row.job_id), attempt, error, nxt)
+    log.info("webhook for job %s failed (%s), attempt %d", row.job_id, error, attempt)
+    return error
+
+
+async def deliver_due(
+    engine: AsyncEngine, pool: httpcore.AsyncConnectionPool, settings: Settings
+) -> int:
+    """One pass: claim what is due and deliver it. Returns how many were attempted."""
+    rows = await store.claim_due(engine, settings.webhook_timeout_s + LEASE_MARGIN_S, CLAIM_BATCH)
+    if rows:
+        await asyncio.gather(*(deliver_one(engine, pool, settings, r) for r in rows))
+    return len(rows)
 
 
 async def webhook_loop(engine: AsyncEngine, settings: Settings, interval_s: float = 1.0) -> None:
-    async with httpx.AsyncClient(timeout=settings.webhook_timeout_s) as client:
+    async with webhook_client.new_pool(AllowList.parse(settings.webhook_allow_networks)) as pool:
         while True:
             try:
-                await deliver_due(engine, client, settings)
+                await deliver_due(engine, pool, settings)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB, UUID
 
@@ -117,6 +118,22 @@ requests = Table(
     Index("requests_job_item", "job_id", "item_index"),
     Index("requests_received_brin", "received_at", postgresql_using="brin"),
     postgresql_partition_by="RANGE (received_at)",
+)
+
+
+# A generating request's tokens so far, one row per flush of the scheduler that runs it
+# (scheduler/generation/service.py, decision 32): what its stream delivered, read by a
+# stream that reconnects and by the next owner after a crash. Deleted in the
+# transaction that writes the request's final row to ``requests``.
+generation_progress = Table(
+    "generation_progress",
+    metadata,
+    Column("request_id", UUID(as_uuid=False), primary_key=True),
+    Column("first_index", Integer, primary_key=True),  # the first token's output index
+    Column("tenant_id", UUID(as_uuid=False), nullable=False),
+    Column("token_ids", JSONB, nullable=False),  # [int, ...]
+    Column("texts", JSONB, nullable=False),  # [str, ...]: the text each token released
+    Column("written_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
 
@@ -232,6 +249,25 @@ jobs = Table(
     # as long as the tenant's request log retention.
     Column("output_expires_at", DateTime(timezone=True)),
     Column("output_expired_at", DateTime(timezone=True)),
+    Index(
+        "jobs_webhook_due",
+        "webhook_next_at",
+        postgresql_where=text("webhook_next_at IS NOT NULL AND webhook_delivered_at IS NULL"),
+    ),
+    Index(
+        "jobs_idempotency_created",
+        "created_at",
+        postgresql_where=text("idempotency_key IS NOT NULL"),
+    ),
+)
+
+# Each tenant's job-item token bucket (results/job_quota.py).
+job_item_budgets = Table(
+    "job_item_budgets",
+    metadata,
+    Column("tenant_id", UUID(as_uuid=False), primary_key=True),
+    Column("tokens", Float),  # NULL: never charged; negative: a large job's debt
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
 job_items = Table(
@@ -250,6 +286,8 @@ api_instances = Table(
     metadata,
     Column("instance_id", Text, primary_key=True),
     Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # this process's metrics window (core/metrics_window.py), for the dashboard
+    Column("metrics", JSONB, nullable=False, server_default="{}"),
 )
 
 scheduler_load = Table(
@@ -261,6 +299,8 @@ scheduler_load = Table(
     Column("lag", JSONB, nullable=False, server_default="{}"),
     # the largest tenants' queues per model ref and class (results.load.REST: the rest)
     Column("tenant_backlog", JSONB, nullable=False, server_default="{}"),
+    # this scheduler's metrics window (core/metrics_window.py), for the dashboard
+    Column("metrics", JSONB, nullable=False, server_default="{}"),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 

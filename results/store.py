@@ -66,7 +66,7 @@ def _array_param(pgtype: str) -> str:
 _INSERT_REQUESTS = (
     f"INSERT INTO requests ({', '.join(c for c, _ in _REQUEST_COLUMNS)}) "
     f"SELECT * FROM unnest({', '.join(_array_param(t) for _, t in _REQUEST_COLUMNS)}) "
-    "ON CONFLICT DO NOTHING RETURNING request_id, job_id, status, persisted_at"
+    "ON CONFLICT DO NOTHING RETURNING request_id, job_id, status, persisted_at, item_index"
 )
 _NOTIFY = f"SELECT pg_notify('{RESULTS_CHANNEL}', p) FROM unnest(%b::text[]) AS p"
 _OUTPUT = [c for c, _ in _REQUEST_COLUMNS].index("output")
@@ -107,11 +107,13 @@ def write_results(
     arrays = column_arrays(request_rows)
     cur.execute(_INSERT_REQUESTS, arrays)
     rows = cur.fetchall()
-    written = [str(rid) for rid, _, _, _ in rows]
+    written = [str(rid) for rid, *_ in rows]
     notes = announcements(request_rows, arrays[_OUTPUT], arrays[_VECTOR], rows)
     if notes:
         cur.execute(_NOTIFY, (notes,))
-    record_job_results(conn, ((None if j is None else str(j), st) for _, j, st, _ in rows))
+    record_job_results(
+        conn, ((str(rid), None if j is None else str(j), i, st) for rid, j, st, _, i in rows)
+    )
     return written
 
 
@@ -127,7 +129,7 @@ def announcements(
     announced by id and fetched. Job items have no waiter (job results are read by
     polling the job's rows): announcing thousands a second would only keep every API
     instance busy."""
-    persisted_at: dict[str, datetime] = {str(rid): at for rid, _, _, at in returned}
+    persisted_at: dict[str, datetime] = {str(rid): at for rid, _, _, at, *_ in returned}
     inline: list[bytes] = []
     by_id: list[str] = []
     for row, output, vector in zip(request_rows, outputs, vectors, strict=True):

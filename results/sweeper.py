@@ -2,7 +2,7 @@
 
 Every scheduler runs one; a session-level advisory lock makes one of them the leader
 and the others wait (if the leader's process or connection dies, PostgreSQL frees the
-lock and the next attempt of another takes over). ``gristmill sweep --once`` runs one
+lock and the next attempt of another takes over). ``gristmill sweep`` runs one
 pass by hand. A pass, in this order:
 
 1. job outputs past ``output_expires_at`` (once the job is finished or its window has
@@ -10,8 +10,8 @@ pass by hand. A pass, in this order:
    are deleted in small batches and ``output_expired_at`` is set; jobs older than
    retention are then deleted;
 2. the rows of tenants whose retention is shorter than what the partitions keep;
-3. idempotency keys older than their time to live, and batch rows older than the
-   longest retention;
+3. Idempotency-Keys older than their time to live (sync claims deleted, jobs' keys
+   freed), and batch rows older than the longest retention;
 4. partitions: made ``ahead`` of now, and dropped whole once older than the longest
    retention (results/partitions.py), only after steps 1-3 caught up, so a job's items
    never outlive the partition its results would go to.
@@ -88,9 +88,14 @@ _BATCHES = """
     DELETE FROM batches WHERE batch_id = ANY(ARRAY(
         SELECT batch_id FROM batches WHERE formed_at < :cut LIMIT :n))"""
 _IDEMPOTENCY = """
-    DELETE FROM idempotency_keys WHERE (tenant_id, key) IN (
-        SELECT tenant_id, key FROM idempotency_keys
-        WHERE created_at < :cut LIMIT :n)"""
+    DELETE FROM idempotency_keys WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM idempotency_keys WHERE created_at < :cut LIMIT :n))"""
+# A job's Idempotency-Key is freed (the job stays) once as old: a reused key is then a
+# new job. The partial index jobs_idempotency_created finds them.
+_JOB_KEYS = """
+    UPDATE jobs SET idempotency_key = NULL WHERE job_id = ANY(ARRAY(
+        SELECT job_id FROM jobs
+        WHERE idempotency_key IS NOT NULL AND created_at < :cut LIMIT :n))"""
 # Jobs whose output is due: past output_expires_at, or older than their tenant's
 # retention; either way only once no item can still run (finished, or window closed).
 _DUE_JOBS = text("""
@@ -283,9 +288,10 @@ class Sweeper:
 
     def _idempotency(self, now: datetime, report: SweepReport, deadline: float) -> None:
         cut = now - timedelta(hours=self.s.idempotency_ttl_h)
-        n, done = self._batches(_IDEMPOTENCY, {"cut": cut}, deadline)
-        report.idempotency_keys += n
-        report.caught_up &= done
+        for sql in (_IDEMPOTENCY, _JOB_KEYS):
+            n, done = self._batches(sql, {"cut": cut}, deadline)
+            report.idempotency_keys += n
+            report.caught_up &= done
 
     def _partitions(self, now: datetime, keep: timedelta, report: SweepReport) -> None:
         with self.engine.begin() as conn:

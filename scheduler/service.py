@@ -32,19 +32,26 @@ from core import tracing as core_tracing
 from core.config import Settings
 from core.kafka import producer_config
 from core.models.catalog import build_specs
+from core.models.causal_lm import CausalLMSpec
 from core.topics import dead_letter_topic, ensure_topics
 from results import modelregistry
 from results.db import make_engine
 from results.durability import refusal
 from results.faults import first_line
 from results.jobs import cancelled_unfinished_stmt
-from results.load import forget_scheduler, process_id, report_scheduler
+from results.load import (
+    forget_scheduler,
+    process_id,
+    publish_scheduler_metrics,
+    report_scheduler,
+)
 from results.store import persist
 from results.sweeper import Sweeper
 from scheduler import metrics, tracing
 from scheduler.batcher import Pending
 from scheduler.deadletter import DeadLetters
 from scheduler.dispatch import DispatchCore, Reject
+from scheduler.generation.service import GenerationService
 from scheduler.intake import decode
 from scheduler.lane import ConsumerLane, held_lag, lane_specs
 from scheduler.offsets import TopicPartition
@@ -60,6 +67,7 @@ SHUTDOWN_DRAIN_S = 10.0
 # a burst through for its whole age (docs/decisions/0008).
 LOAD_REPORT_S = 0.25
 CANCELLED_REFRESH_S = 1.0
+METRICS_PUBLISH_S = 1.0  # the dashboard's step (core/metrics_window.py)
 ANNOUNCE_S = 5.0
 # How long a thread may hold the GIL while another waits for it (Python's default is
 # 5 ms). Receivers and dispatchers wait on sockets and locks, then need the GIL at once
@@ -100,14 +108,39 @@ class SchedulerService:
         self.workers = WorkerThreads(
             self.core, self.cond, self.persister.submit, batch_timeout_s=settings.batch_timeout_s
         )
+        served = models or [m for m in settings.worker_models.split(",") if m]
+        # A generation model runs steps, not batches (decision 32): its own worker
+        # process and step loop, beside the batching workers.
+        gen = [m for m in served if isinstance(self._spec(m), CausalLMSpec)]
+        batched = [m for m in served if m not in gen]
+        n_local = settings.workers if n_workers is None else n_workers
         self.pool = WorkerPool(
             socket_path=socket_dir / "workers.sock",
-            n_local=settings.workers if n_workers is None else n_workers,
-            models=models or [m for m in settings.worker_models.split(",") if m],
+            n_local=n_local if batched else 0,
+            models=batched,
             on_ready=self._on_worker_ready,
         )
+        self.gen: GenerationService | None = None
+        self.gen_pool: WorkerPool | None = None
+        if gen:
+            spec = self._spec(gen[0])
+            assert isinstance(spec, CausalLMSpec)
+            self.gen = GenerationService(self.engine, spec, self._done, self.stopping)
+            self.gen_pool = WorkerPool(
+                socket_path=socket_dir / "lm.sock",
+                n_local=1,
+                models=gen[:1],
+                on_ready=self.gen.on_worker,
+            )
         # Sync traffic and job items are read by separate consumers (decision 0011).
         self.lanes = [ConsumerLane(settings, spec, self) for spec in lane_specs(settings)]
+
+    def _spec(self, ref: str) -> object:
+        name, _, version = ref.partition("@")
+        versions = self.specs.get(name, {})
+        if version:
+            return versions.get(version)
+        return versions[max(versions)] if versions else None
 
     def _done(self, offsets: list[tuple[TopicPartition, int]], rows: int) -> None:
         with self.cond:
@@ -127,25 +160,32 @@ class SchedulerService:
                     modelregistry.announce(conn, name, version, max_batch, profile)
         except Exception as exc:  # PostgreSQL down: the next heartbeat retries
             log.warning("model announce failed: %s", first_line(exc))
+        if self.gen is not None:
+            self.gen.announce()
 
     def _heartbeat_loop(self) -> None:
         ticks = 0
         while not self.stopping.wait(LOAD_REPORT_S):
             ticks += 1
-            self._report_load()
+            self._report_load(publish=ticks % round(METRICS_PUBLISH_S / LOAD_REPORT_S) == 0)
             if ticks % round(CANCELLED_REFRESH_S / LOAD_REPORT_S) == 0:
                 self._refresh_cancelled()
             if ticks % round(ANNOUNCE_S / LOAD_REPORT_S) == 0:
                 self._announce()
 
-    def _report_load(self) -> None:
-        """Capacity and backlog for the API's admission control."""
+    def _report_load(self, *, publish: bool = False) -> None:
+        """Capacity and backlog for the API's admission control; with ``publish``, this
+        scheduler's metrics window for the dashboard too."""
         lag = held_lag(self.lanes)
         with self.cond:
             report = self.core.load(lag)
+        # Read outside the lock above: the window's gauges take it themselves.
+        window = metrics.window(time.time()) if publish else None
         try:
             with self.engine.begin() as conn:
                 report_scheduler(conn, self.scheduler_id, report)
+                if window is not None:
+                    publish_scheduler_metrics(conn, self.scheduler_id, window)
         except Exception as exc:
             log.warning("load report failed: %s", first_line(exc))
 
@@ -164,6 +204,7 @@ class SchedulerService:
     def accept(self, msgs: list[Message], owned: set[TopicPartition], now: float) -> None:
         """Queue fetched requests; unreadable ones are recorded and skipped."""
         items: list[Pending] = []
+        generate: list[Pending] = []
         rejects: list[Reject] = []
         for msg in msgs:
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
@@ -179,18 +220,26 @@ class SchedulerService:
             )
             if isinstance(got, Pending):
                 got.trace = tracing.context_of(msg)
-                items.append(got)
+                if self.gen is not None and got.msg.model == self.gen.spec.name:
+                    generate.append(got)
+                else:
+                    items.append(got)
             else:
                 rejects.append(got)
         with self.cond:
             rejects = self.core.accept(items, rejects, owned)
+            generate = self.core.hold(generate, owned)
             self.cond.notify_all()
         if rejects:
             self.persister.submit(rejects)
+        if generate and self.gen is not None:
+            self.gen.submit(generate)
 
     def give_up_partitions(self, tps: list[TopicPartition]) -> None:
         with self.cond:
             self.core.revoke(tps)
+        if self.gen is not None:
+            self.gen.revoke(tps)
 
     def committable(self, only: set[TopicPartition]) -> dict[TopicPartition, int]:
         with self.cond:
@@ -215,6 +264,9 @@ class SchedulerService:
         metrics.serve(self, self.settings)
         core_tracing.setup(self.settings, "gristmill-scheduler")
         self.pool.start()
+        if self.gen is not None and self.gen_pool is not None:
+            self.gen.start()
+            self.gen_pool.start()
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
         # Retention and partitions: every scheduler offers, one leads (advisory lock).
         sweeper = Sweeper(make_engine(self.settings.database_url, pool_size=1), self.settings)
@@ -231,6 +283,8 @@ class SchedulerService:
     def stop(self, *_: object) -> None:
         self.stopping.set()
         self.pool.stop_restarts()
+        if self.gen_pool is not None:
+            self.gen_pool.stop_restarts()
         with self.cond:
             self.cond.notify_all()
 
@@ -250,6 +304,12 @@ class SchedulerService:
         self.workers.join(deadline=time.time() + self.settings.batch_timeout_s)
         self.workers.stop_workers()
         self.persister.shutdown()
+        if self.gen is not None and self.gen_pool is not None:
+            # What is generating is left to the partitions' next owner, which resumes
+            # it from the progress rows flushed here; finished rows are written first.
+            self.gen.join()
+            self.gen.stop_workers()
+            self.gen_pool.stop()
         for lane in self.lanes:  # final commit, then leave both groups
             lane.finish()
         self.producer.flush(5)

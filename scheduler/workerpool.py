@@ -24,9 +24,10 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
-from core.protocol import Hello, WorkBatch, WorkResult
+from core.protocol import GenStep, GenStepResult, Hello, WorkBatch, WorkResult
 from core.redact import write_private
 from core.vocab import ModelRef
+from scheduler.spawner import Spawner
 
 log = logging.getLogger("gristmill.scheduler.workers")
 
@@ -79,7 +80,7 @@ class WorkerHandle:
         self.send(batch)
         return self.receive(timeout_s)
 
-    def send(self, batch: WorkBatch) -> None:
+    def send(self, batch: WorkBatch | GenStep) -> None:
         """Queue ``batch`` on the worker; it runs its batches one at a time, in order.
         ``WorkerLost(ran=False)`` if the worker is already gone."""
         if self.proc is not None and self.proc.poll() is not None:
@@ -97,6 +98,19 @@ class WorkerHandle:
                 raise WorkerLost(f"worker {self.worker_id} is gone: {exc!r}", ran=False) from exc
 
     def receive(self, timeout_s: float) -> WorkResult:
+        result = self._receive(timeout_s)
+        assert isinstance(result, WorkResult)
+        return result
+
+    def receive_step(self, timeout_s: float) -> GenStepResult:
+        """A generation step's result (a worker of a generation model gets only steps)."""
+        result = self._receive(timeout_s)
+        if not isinstance(result, GenStepResult):
+            self.kill()
+            raise WorkerLost(f"the worker answered a step with {type(result).__name__}")
+        return result
+
+    def _receive(self, timeout_s: float) -> WorkResult | GenStepResult:
         """The result of the oldest batch in flight. That batch started when it was sent
         or when the result before it came back, whichever was later; if no result comes
         within ``timeout_s`` of that, the worker hung and is killed."""
@@ -108,7 +122,7 @@ class WorkerHandle:
                 raise WorkerLost(
                     f"the worker hung: no result within the {timeout_s:g}s batch timeout"
                 )
-            result: WorkResult = self.conn.recv()
+            result: WorkResult | GenStepResult = self.conn.recv()
         except (EOFError, OSError) as exc:
             self.alive = False
             code = self.proc.poll() if self.proc is not None else None
@@ -159,6 +173,7 @@ class WorkerPool:
         self._stopping = threading.Event()
         self._no_restarts = threading.Event()
         self._listener: Listener | None = None
+        self._spawner = Spawner()  # workers die with this process, not with a thread
 
     def start(self) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -190,7 +205,7 @@ class WorkerPool:
             "--worker-id",
             f"{os.getpid()}-w{i}",
         ]
-        self._procs[i] = subprocess.Popen(cmd, env=env)
+        self._procs[i] = self._spawner.popen(cmd, env)
         log.info("spawned worker %d (pid %d)", i, self._procs[i].pid)  # type: ignore[union-attr]
 
     def stop_restarts(self) -> None:

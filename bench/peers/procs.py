@@ -1,5 +1,6 @@
 """Process bookkeeping for the benchmark: CPU seconds of a process tree, who listens on a
-port, and stopping exactly the processes we started (never by name)."""
+port, and stopping exactly the processes we started (never by name), also when the
+benchmark itself is killed (the lifeline, decision 28)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,16 @@ import signal
 import subprocess
 
 import psutil
+
+from gristmill.devservices.lifeline import Group, lifeline
+
+_held: dict[int, Group | None] = {}  # pid -> its group, held by the lifeline
+
+
+def hold(proc: subprocess.Popen[bytes] | subprocess.Popen[str], label: str) -> None:
+    """``proc`` leads its own session: its whole group ends when the benchmark ends,
+    however it ends (``stop_tree`` releases it after an orderly stop)."""
+    _held[proc.pid] = lifeline().hold_group(proc.pid, label)
 
 
 def tree(pid: int) -> list[psutil.Process]:
@@ -76,3 +87,4 @@ def stop_tree(proc: subprocess.Popen[bytes] | subprocess.Popen[str], grace_s: fl
     for p in alive:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
+    lifeline().release(_held.pop(proc.pid, None))

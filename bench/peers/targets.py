@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import httpx
 
-from bench.peers.procs import cpu_seconds, listener_pid, stop_tree
+from bench.peers.procs import cpu_seconds, hold, listener_pid, stop_tree
 from bench.peers.setup import REPO, peers_python
 from bench.peers.stats import STATS_DIR_ENV, BatchTotals, read_totals
 from core.config import Settings
@@ -65,6 +65,7 @@ class Target(ABC):
         proc = subprocess.Popen(
             argv, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+        hold(proc, f"{self.name} {name}")
         self.stack.callback(stop_tree, proc)
         return proc
 
@@ -182,6 +183,7 @@ class RayTarget(Target):
             argv, env=env, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=log, text=True, start_new_session=True,
         )  # fmt: skip
+        hold(self.proc, "Ray Serve")
         self.stack.callback(stop_tree, self.proc, 60)
         self.stack.callback(self._quit)
         self._lines: queue.Queue[str] = queue.Queue()

@@ -7,9 +7,12 @@ Importing this module must stay cheap: the API uses it to validate requests.
 from __future__ import annotations
 
 from core.config import ModelSettings
+from core.models.causal_lm import CausalLMSpec
 from core.models.embedding import EmbedSpec
 from core.models.sim import SimSpec
 from core.models.spec import ModelSpec
+
+LM_NAME = "gristmill-lm"
 
 
 def build_specs(settings: ModelSettings) -> dict[str, dict[str, ModelSpec]]:
@@ -31,6 +34,13 @@ def build_specs(settings: ModelSettings) -> dict[str, dict[str, ModelSpec]]:
             max_param_chars=settings.max_param_chars,
             max_tokens=settings.embed_max_tokens,
             tokenizer_dir=settings.embed_model_dir,
+        ),
+        # Continuous batching (decision 23): the batch size is the running sequences' cap.
+        CausalLMSpec(
+            name=LM_NAME,
+            version="1",
+            max_batch_size=64,
+            max_input_chars=settings.max_input_chars,
         ),
     ]
     out: dict[str, dict[str, ModelSpec]] = {}

@@ -55,3 +55,6 @@ class SimSpec(ModelSpec):
     params: tuple[ParamSpec, ...] = field(
         default_factory=lambda: (ParamSpec("salt", str, "", batching=True),)
     )
+
+    def embedding_dim(self) -> int | None:
+        return self.vector_dim or None

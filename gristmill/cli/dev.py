@@ -4,18 +4,26 @@ Starts a throwaway Kafka (KRaft, from Maven jars) and PostgreSQL (initdb) under
 the state directory, unless KAFKA_BOOTSTRAP / DATABASE_URL point at real ones;
 migrates; creates a ``dev`` tenant with a fresh key; starts the API and a
 scheduler with its workers; checks one request end to end; prints how to call
-it and writes ``.gristmill/dev.env``. Ctrl-C stops everything.
+it and writes ``.gristmill/dev.env``.
+
+Stopping (decision 28): Ctrl-C or SIGTERM stops everything in order, within
+``APPS_GRACE_S`` + ``SERVICES_GRACE_S`` at most; another Ctrl-C at least half a
+second later stops everything at once. If this process dies without stopping
+(SIGKILL, the OOM killer), the lifeline's watchdog stops what it started within
+seconds, and the next start stops whatever is still left of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -23,26 +31,115 @@ import httpx
 from core.config import settings_from_env
 from core.redact import write_private
 from gristmill.devservices import KafkaCluster, PostgresServer, free_port
-from gristmill.devservices.stack import api_command, scheduler_command
+from gristmill.devservices.kafka import STOP_GRACE_S as KAFKA_STOP_GRACE_S
+from gristmill.devservices.leftovers import (
+    RECORD_FILE,
+    StateDirError,
+    lock_state_dir,
+    stop_leftovers,
+)
+from gristmill.devservices.lifeline import Group, lifeline, stop
+from gristmill.devservices.ports import port_free, port_holder
+from gristmill.devservices.stack import LOOPBACK_WEBHOOKS, api_command, scheduler_command
+from gristmill.devservices.stopsignals import StopSignals
+from scheduler.service import SHUTDOWN_DRAIN_S
+
+# SIGTERM to SIGKILL for the API and the scheduler: the scheduler drains what it has
+# consumed (SHUTDOWN_DRAIN_S, 10 s), then finishes the batches on its workers, persists
+# them and commits its offsets; 10 s more covers that for batches of a few seconds (a
+# loaded dev system with the sim model stops API and scheduler in 5.0 s on the shared
+# 2-core box, decision 28). Killed later than that, its unfinished requests are read
+# again by the partitions' next owner (at-least-once): nothing accepted is lost.
+APPS_GRACE_S = SHUTDOWN_DRAIN_S + 10.0
+# Kafka gets its own controlled-shutdown bound; PostgreSQL's fast shutdown the same.
+SERVICES_GRACE_S = KAFKA_STOP_GRACE_S
+READY_TIMEOUT_S = 300.0
 
 
-def _child(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-    log = log_path.open("ab")
-    return subprocess.Popen(
-        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+class _Stopped(Exception):
+    """A stop signal came while starting: raised by us between steps, never by the
+    signal handler (an exception thrown into a Popen or a cleanup loses processes)."""
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _port_message(port: int, holder: str) -> str:
+    return (
+        f"port {port} is already in use by {holder}.\n"
+        f"Stop that process, or start on another port: gristmill dev --port {port + 1} "
+        f"(or --port 0 to pick a free one; it is printed and written to dev.env). "
+        f"With make: make dev DEV_ARGS='--port 0'."
     )
 
 
+class _Apps:
+    """The API and the scheduler: each leads its own session, held by the lifeline."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env, self.logs = env, logs
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.held: dict[str, Group | None] = {}
+        self.log_marks: dict[str, int] = {}  # where this run's part of each log begins
+
+    def start(self, name: str, cmd: list[str], label: str) -> None:
+        with (self.logs / f"{name}.log").open("ab") as log:
+            self.log_marks[name] = log.tell()
+            proc = subprocess.Popen(
+                cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.procs[name] = proc
+        self.held[name] = lifeline().hold_group(proc.pid, label)
+
+    def log_since_start(self, name: str) -> str:
+        try:
+            with (self.logs / f"{name}.log").open("rb") as f:
+                f.seek(self.log_marks.get(name, 0))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def exited(self) -> str | None:
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                return f"the {name} exited with {p.returncode}; see {self.logs / (name + '.log')}"
+        return None
+
+    def stop(self, now: threading.Event) -> None:
+        targets = [g for g in self.held.values() if g is not None]
+        started = time.monotonic()
+        # SIGTERM to each group (uvicorn's processes stop, the scheduler drains, its
+        # workers ignore it and wait for their scheduler), SIGKILL after the grace.
+        _, survivors = stop(targets, grace_s=APPS_GRACE_S, give_up=now.is_set)
+        for p in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(1)
+        if targets:
+            _say(f"API and scheduler stopped in {time.monotonic() - started:.1f} s")
+        if survivors:
+            _say(f"still running after SIGKILL: {'; '.join(survivors)}")
+        for g in targets:
+            lifeline().release(g)
+        self.held.clear()
+
+
 def _wait_ready(
-    url: str, key: str, model: str, timeout_s: float, procs: list[subprocess.Popen[bytes]]
+    url: str,
+    key: str,
+    model: str,
+    timeout_s: float,
+    exited: Callable[[], str | None],
+    stopping: threading.Event,
 ) -> dict[str, object]:
     """Poll until one real request succeeds end to end."""
-    deadline = time.time() + timeout_s
+    deadline = time.monotonic() + timeout_s
     last = "no answer yet"
-    while time.time() < deadline:
-        for p in procs:
-            if p.poll() is not None:
-                raise RuntimeError(f"{p.args!r} exited with {p.returncode}; see .gristmill/logs")
+    while time.monotonic() < deadline:
+        if stopping.is_set():
+            raise _Stopped
+        if (why := exited()) is not None:
+            raise RuntimeError(why)
         try:
             r = httpx.post(
                 f"{url}/v1/infer",
@@ -56,8 +153,43 @@ def _wait_ready(
             last = f"{r.status_code} {r.text[:200]}"
         except httpx.HTTPError as exc:
             last = repr(exc)
-        time.sleep(1.0)
+        stopping.wait(1.0)
     raise RuntimeError(f"system did not become ready in {timeout_s:.0f}s: {last}")
+
+
+def _stop_services(
+    kafka: KafkaCluster | None, pg: PostgresServer | None, now: threading.Event
+) -> None:
+    """Kafka and PostgreSQL stop together (each is bounded by SERVICES_GRACE_S); a second
+    Ctrl-C meanwhile kills both at once."""
+    errors: list[str] = []
+
+    def run(what: str, fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            errors.append(f"{what}: {exc}")
+
+    def stop_pg() -> None:
+        if pg is not None:
+            pg.stop(timeout_s=SERVICES_GRACE_S)
+
+    threads = []
+    if kafka is not None:
+        threads.append(threading.Thread(target=run, args=("Kafka", kafka.stop), daemon=True))
+    if pg is not None:
+        threads.append(threading.Thread(target=run, args=("PostgreSQL", stop_pg), daemon=True))
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + SERVICES_GRACE_S + 5
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        if now.wait(0.1):
+            lifeline().stop_all(grace_s=0)  # SIGKILL: the orderly stops then return
+            break
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    for e in errors:
+        _say(f"stopping {e}")
 
 
 def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
@@ -66,42 +198,53 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
     from results.db import make_engine
     from results.tenants import Tenant, create_tenant, get_tenant, issue_key
 
+    # Installed before anything starts: no signal may find us half set up. A second
+    # Ctrl-C kills everything from the handler itself, whatever the main thread waits on.
+    stop_signals = StopSignals(on_now=lifeline().kill_now)
+    stop_signals.install()
+
+    def checkpoint() -> None:
+        if stop_signals.orderly.is_set():
+            raise _Stopped
+
     services = state_dir / "services"
     logs = state_dir / "logs"
-    # A throwaway system: each run starts from clean data (see docs/architecture.md).
-    shutil.rmtree(services, ignore_errors=True)
-    logs.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     # A local broker and a throwaway database: allowed below production durability.
     env.setdefault("GRISTMILL_ALLOW_WEAK_DURABILITY", "true")
+    env.setdefault("GRISTMILL_WEBHOOK_ALLOW_NETWORKS", LOOPBACK_WEBHOOKS)
     kafka: KafkaCluster | None = None
     pg: PostgresServer | None = None
-    procs: list[subprocess.Popen[bytes]] = []
-    stop = threading.Event()
-    running = threading.Event()
-
-    def on_signal(*_: object) -> None:
-        stop.set()
-        if not running.is_set():  # still starting up: abort right away
-            raise KeyboardInterrupt
-
-    # SIGINT explicitly too: a backgrounded process inherits it ignored.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    apps = _Apps(env, logs)
+    lock: int | None = None
     try:
+        lock = lock_state_dir(state_dir)
+        stop_leftovers(state_dir, services, _say)
+        if port == 0:
+            port = free_port()
+        elif not port_free(port):  # checked before the minutes it takes to start the rest
+            raise StateDirError(_port_message(port, port_holder(port)))
+        lifeline().record_to(state_dir / RECORD_FILE)
+        # A throwaway system: each run starts from clean data (see docs/architecture.md);
+        # nothing of an earlier run still runs on it (stop_leftovers).
+        shutil.rmtree(services, ignore_errors=True)
+        logs.mkdir(parents=True, exist_ok=True)
         if "KAFKA_BOOTSTRAP" not in env:
-            print("starting Kafka (KRaft) ...", flush=True)
+            _say("starting Kafka (KRaft) ...")
             kafka = KafkaCluster(services / "kafka", n_brokers=1, partitions=6)
             kafka.start()
             env["KAFKA_BOOTSTRAP"] = kafka.bootstrap
+        checkpoint()
         if "DATABASE_URL" not in env:
-            print("starting PostgreSQL ...", flush=True)
+            _say("starting PostgreSQL ...")
             pg = PostgresServer(services / "postgres")
             pg.start()
             env["DATABASE_URL"] = pg.url
+        checkpoint()
         settings = settings_from_env(env)
         migrate_database(settings)
         ensure_topics(settings)
+        checkpoint()
         with make_engine(settings.database_url).begin() as conn:
             try:
                 tenant: Tenant = get_tenant(conn, "dev")
@@ -109,26 +252,30 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
                 tenant = create_tenant(conn, "dev", "enterprise")
             _, key = issue_key(conn, tenant)
 
-        api_port = port or free_port()
-        url = f"http://127.0.0.1:{api_port}"
-        print(
-            f"starting API on {url} and a scheduler with {workers} worker(s) [{models}] ...",
-            flush=True,
+        url = f"http://127.0.0.1:{port}"
+        _say(f"starting API on {url} and a scheduler with {workers} worker(s) [{models}] ...")
+        apps.start("api", api_command(port, settings.api_processes), f"API (port {port})")
+        apps.start(
+            "scheduler",
+            scheduler_command(workers, models, state_dir / "run"),
+            "scheduler and its workers",
         )
-        procs.append(_child(api_command(api_port, settings.api_processes), env, logs / "api.log"))
-        procs.append(
-            _child(
-                scheduler_command(workers, models, state_dir / "run"), env, logs / "scheduler.log"
+        try:
+            answer = _wait_ready(
+                url, key, "sim", READY_TIMEOUT_S, apps.exited, stop_signals.orderly
             )
-        )
-        answer = _wait_ready(url, key, "sim", 300, procs)
+        except RuntimeError:
+            # uvicorn exits with 3 when it cannot bind: taken since we checked it.
+            if re.search("address already in use", apps.log_since_start("api"), re.I):
+                raise StateDirError(_port_message(port, port_holder(port))) from None
+            raise
 
         write_private(
             state_dir / "dev.env",
             f"GRISTMILL_URL={url}\nGRISTMILL_API_KEY={key}\n"
             f"KAFKA_BOOTSTRAP={env['KAFKA_BOOTSTRAP']}\nDATABASE_URL={env['DATABASE_URL']}\n",
         )
-        print(
+        _say(
             f"""
 Gristmill is running.
   API:       {url}   (docs at {url}/docs)
@@ -143,32 +290,46 @@ Try it:
        -H 'Content-Type: application/json' -d '{{"model": "sim", "input": "hello"}}'
 
 First answer: {answer.get("output")}  (batch of {answer.get("batch_size")})
-Press Ctrl-C to stop.""",
-            flush=True,
+Press Ctrl-C to stop."""
         )
-        while not stop.is_set():
-            for p in procs:
-                if p.poll() is not None:
-                    print(f"{p.args!r} exited with {p.returncode}; stopping", flush=True)
-                    stop.set()
-            stop.wait(1.0)
+        while not stop_signals.orderly.wait(1.0):
+            if (why := apps.exited()) is not None:
+                _say(f"{why}; stopping")
+                return 1
         return 0
-    except KeyboardInterrupt:
+    except _Stopped:
         return 0
+    except StateDirError as exc:
+        print(f"gristmill dev: {exc}", file=sys.stderr, flush=True)
+        return 1
     except Exception as exc:
-        print(f"gristmill dev failed: {exc}", file=sys.stderr)
+        print(f"gristmill dev failed: {exc}", file=sys.stderr, flush=True)
         return 1
     finally:
-        print("stopping ...", flush=True)
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        if kafka is not None:
-            kafka.stop()
-        if pg is not None:
-            pg.stop()
+        _shutdown(apps, kafka, pg, stop_signals.now)
+        if lock is not None:
+            lifeline().record_to(None)
+            if not lifeline().held():
+                with contextlib.suppress(FileNotFoundError):
+                    (state_dir / RECORD_FILE).unlink()
+            os.close(lock)
+        lifeline().close()  # its watchdog exits too before we do
+
+
+def _shutdown(
+    apps: _Apps, kafka: KafkaCluster | None, pg: PostgresServer | None, now: threading.Event
+) -> None:
+    """API and scheduler first (the scheduler still needs Kafka and PostgreSQL to finish
+    its batch and commit), then Kafka and PostgreSQL; then anything still held."""
+    if not apps.procs and kafka is None and pg is None and not lifeline().held():
+        return
+    started = time.monotonic()
+    _say("stopping ... (Ctrl-C again to stop at once)")
+    apps.stop(now)
+    _stop_services(kafka, pg, now)
+    running, survivors = lifeline().stop_all(grace_s=0)
+    if running:
+        _say(f"killed what was left: {'; '.join(running)}")
+    if survivors:
+        _say(f"still running after SIGKILL: {'; '.join(survivors)}")
+    _say(f"stopped in {time.monotonic() - started:.1f} s")

@@ -369,7 +369,7 @@ def plan_cmd(
 @app.command()
 def dev(
     state_dir: Path = typer.Option(Path(".gristmill"), help="where services keep their data"),
-    port: int = typer.Option(8000, help="API port"),
+    port: int = typer.Option(8000, help="API port (0: pick a free one; it is printed)"),
     workers: int = typer.Option(2, help="worker processes"),
     models: str = typer.Option("sim,all-minilm-l6-v2", help="models the workers serve"),
 ) -> None:

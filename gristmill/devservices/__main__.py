@@ -1,5 +1,6 @@
 """``python -m gristmill.devservices up --dir .gristmill/services``: run Kafka and PostgreSQL
-in the foreground until Ctrl-C or SIGTERM, then stop both cleanly."""
+in the foreground until Ctrl-C or SIGTERM, then stop both cleanly (another Ctrl-C half a
+second or more later: at once; if this process is killed, the lifeline stops both)."""
 
 from __future__ import annotations
 
@@ -7,27 +8,24 @@ import argparse
 import contextlib
 import signal
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from core.redact import write_private
 from gristmill.devservices.kafka import KafkaCluster
+from gristmill.devservices.lifeline import lifeline
 from gristmill.devservices.postgres import PostgresServer
+from gristmill.devservices.stopsignals import SIGNALS, StopSignals
 
 
 def _up(args: argparse.Namespace) -> int:
     base = Path(args.dir).resolve()
     base.mkdir(parents=True, exist_ok=True)
-    stop = threading.Event()
-
-    def _on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
+    stop = StopSignals(on_now=lifeline().kill_now)
     # Handlers go in before starting anything so a Ctrl-C during startup still cleans up.
-    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    stop.install()
     try:
         with contextlib.ExitStack() as stack:
             started = time.monotonic()
@@ -48,7 +46,7 @@ def _up(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            while not stop.wait(1.0):
+            while not stop.orderly.wait(1.0):
                 pass
             print("# stopping...", file=sys.stderr, flush=True)
     finally:

@@ -23,6 +23,7 @@ from xml.sax.saxutils import quoteattr
 
 from core.config import KafkaSettings
 from core.kafka import admin_config
+from gristmill.devservices.lifeline import Group, lifeline
 from gristmill.devservices.ports import free_port, port_open
 
 if TYPE_CHECKING:  # only named in annotations; tls.py imports nothing from here
@@ -130,6 +131,7 @@ class _Node:
     controller_port: int
     proc: subprocess.Popen[bytes] | None = None
     secure_port: int | None = None  # the SASL_SSL client listener's, when there is one
+    held: Group | None = None  # by the lifeline while the JVM runs
 
     @property
     def node_id(self) -> int:
@@ -291,6 +293,7 @@ class KafkaCluster:
             _signal_group(node.proc, signal.SIGKILL)
             node.proc.wait()
             node.proc = None
+            lifeline().release(node.held)
 
     def stop_node(self, node_index: int) -> None:
         """Gracefully stop one node (SIGTERM, SIGKILL after 20 s)."""
@@ -412,13 +415,15 @@ class KafkaCluster:
                     start_new_session=True,
                 )
             formatters.append((node, proc))
+        held = [lifeline().hold_group(p.pid, f"kafka format {p.pid}") for _, p in formatters]
         failures = []
-        for node, proc in formatters:
+        for (node, proc), hold in zip(formatters, held, strict=True):
             try:
                 rc = proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 _signal_group(proc, signal.SIGKILL)
                 rc = proc.wait()
+            lifeline().release(hold)
             if rc != 0:
                 failures.append(
                     f"node {node.index}: kafka-storage format exited {rc}:\n"
@@ -452,6 +457,9 @@ class KafkaCluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        node.held = lifeline().hold_group(
+            node.proc.pid, f"Kafka node {node.index} (port {node.port})"
+        )
 
     def _wait_ready(self, nodes: Sequence[_Node], deadline: float) -> None:
         """Each node's PLAINTEXT port is open and its metadata lists every running broker."""
@@ -506,6 +514,7 @@ class KafkaCluster:
                 _signal_group(node.proc, signal.SIGKILL)
                 node.proc.wait()
             node.proc = None
+            lifeline().release(node.held)
 
 
 # The single-node case is "a broker"; same class, n_brokers defaults to 1.

@@ -36,3 +36,31 @@ def wait_for_port(host: str, port: int, timeout_s: float) -> None:
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{host}:{port} did not accept connections within {timeout_s:.1f}s")
         time.sleep(0.1)
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True if a server could listen on host:port now (bound as uvicorn binds it, with
+    SO_REUSEADDR, so a port in TIME_WAIT counts as free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def port_holder(port: int) -> str:
+    """Who listens on ``port``: "pid N (command line)", or why we cannot tell."""
+    import psutil
+
+    from gristmill.devservices.procs import cmdline
+
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return "a process we may not inspect"
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port:
+            return f"pid {c.pid} ({cmdline(c.pid)})" if c.pid else "another user's process"
+    return "a process that is not listening yet"

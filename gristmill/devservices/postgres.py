@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from gristmill.devservices.lifeline import PgData, lifeline, postmaster
 from gristmill.devservices.ports import free_port
 from gristmill.devservices.procs import alive, children
 
@@ -143,6 +144,7 @@ class PostgresServer:
         self._bindir: Path | None = None
         self._as_root = os.geteuid() == 0
         self._user: pwd.struct_passwd | None = None
+        self._held: PgData | None = None  # by the lifeline from start() to stop()
 
     # ----------------------------------------------------------------- public API
 
@@ -158,19 +160,9 @@ class PostgresServer:
 
     @property
     def pid(self) -> int | None:
-        """PID of the running postmaster, or None."""
-        try:
-            pid = int((self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
-        except (OSError, ValueError):
-            return None
-        if not alive(pid):
-            return None
-        # A stale postmaster.pid (after kill()) may name a recycled PID; check it is ours.
-        try:
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-        except OSError:
-            return None
-        return pid if comm.startswith(("postgres", "postmaster")) else None
+        """PID of the running postmaster, or None (a stale postmaster.pid after kill() may
+        name a recycled PID: only a live postgres process counts)."""
+        return postmaster(self.data_dir)
 
     @property
     def running(self) -> bool:
@@ -179,6 +171,8 @@ class PostgresServer:
     def start(self, timeout_s: float = 60) -> None:
         """initdb on first use, start the server, and create database ``gristmill``."""
         self._prepare()
+        # Held before it starts: if we die while pg_ctl waits, the server still goes.
+        self._held = lifeline().hold_pgdata(self.data_dir, f"PostgreSQL (port {self.port})")
         if not self.running:
             self._remove_stale_locks()
             self._pg_ctl("start", "-w", "-t", str(int(timeout_s)), "-l", str(self.log_path))
@@ -186,12 +180,14 @@ class PostgresServer:
 
     def stop(self, timeout_s: float = 30) -> None:
         """Fast shutdown (rolls back open transactions); SIGKILL if that fails."""
+        if self.running:
+            try:
+                self._pg_ctl("stop", "-m", "fast", "-w", "-t", str(int(timeout_s)))
+            except PostgresError:
+                self.kill()
         if not self.running:
-            return
-        try:
-            self._pg_ctl("stop", "-m", "fast", "-w", "-t", str(int(timeout_s)))
-        except PostgresError:
-            self.kill()
+            lifeline().release(self._held)
+            self._held = None
 
     def restart(self, timeout_s: float = 60) -> None:
         """``pg_ctl restart``: clean stop and start, data kept, same port."""
@@ -359,7 +355,7 @@ class PostgresServer:
         with open(self._pg_ctl_out, "ab") as out:
             out.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
             out.flush()
-            result = subprocess.run(
+            proc = subprocess.Popen(
                 cmd,
                 cwd=self.workdir,
                 env=env,
@@ -367,11 +363,18 @@ class PostgresServer:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                check=False,
             )
-        if result.returncode != 0:
+            held = lifeline().hold_group(proc.pid, f"{what} {proc.pid}")
+            try:
+                rc = proc.wait()
+            finally:
+                if proc.poll() is None:  # interrupted: do not leave it running
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                lifeline().release(held)
+        if rc != 0:
             raise PostgresError(
-                f"{what} failed (rc={result.returncode}): {' '.join(cmd)}\n"
+                f"{what} failed (rc={rc}): {' '.join(cmd)}\n"
                 f"--- last {LOG_TAIL_LINES} lines of {self._pg_ctl_out} ---\n"
                 f"{_tail(self._pg_ctl_out)}\n"
                 f"--- last {LOG_TAIL_LINES} lines of {self.log_path} ---\n{_tail(self.log_path)}"

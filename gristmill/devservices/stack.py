@@ -7,6 +7,7 @@ each run then uses its own topic prefix and consumer group so runs never mix.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -26,11 +27,14 @@ from core.config import Settings, settings_from_env
 from core.metrics import multiprocess_env
 from core.topics import ensure_topics
 from gristmill.devservices import KafkaCluster, PostgresServer, free_port
+from gristmill.devservices.lifeline import Group, lifeline
 from gristmill.migrate import migrate_database
 from results.db import make_engine
 from results.tenants import create_tenant, issue_key, set_plan
 
 REPO = Path(__file__).resolve().parents[2]  # repo root: processes run from here
+# A system on loopback sends webhooks to receivers on loopback (decision 27).
+LOOPBACK_WEBHOOKS = '["127.0.0.0/8", "::1/128"]'
 
 
 def api_command(port: int, processes: int = 1, forwarded_allow_ips: str = "") -> list[str]:
@@ -125,6 +129,7 @@ class System:
     keys: dict[str, str] = field(default_factory=dict)  # tier -> API key
     tenant_ids: dict[str, str] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    held: dict[str, Group | None] = field(default_factory=dict)  # by the lifeline
     tmp_dirs: list[Path] = field(default_factory=list)  # short socket dirs, removed on close
 
     @property
@@ -153,6 +158,7 @@ class System:
             cwd=REPO,
             start_new_session=True,
         )
+        self._hold(name, f"API {name} (port {port})")
         url = f"http://127.0.0.1:{port}"
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -187,17 +193,37 @@ class System:
             cwd=REPO,
             start_new_session=True,
         )
+        self._hold(name, f"scheduler {name} and its workers")
+
+    def _hold(self, name: str, label: str) -> None:
+        lifeline().release(self.held.pop(name, None))  # a restart: the old one is gone
+        self.held[name] = lifeline().hold_group(self.procs[name].pid, label)
 
     def stop(self, name: str, sig: int = signal.SIGTERM, timeout_s: float = 30) -> int | None:
-        p = self.procs.pop(name)
-        if p.poll() is None:
-            os.killpg(p.pid, sig)
+        return self.stop_many([name], sig, timeout_s)[name]
+
+    def stop_many(
+        self, names: list[str], sig: int = signal.SIGTERM, timeout_s: float = 30
+    ) -> dict[str, int | None]:
+        """Signal each process group at once, SIGKILL the groups still there after
+        ``timeout_s``; returns the exit codes."""
+        procs = {name: self.procs.pop(name) for name in names}
+        for p in procs.values():
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, sig)
+        deadline = time.monotonic() + timeout_s
+        for name, p in procs.items():
             try:
-                p.wait(timeout_s)
+                p.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+                p.kill()
                 p.wait()
-        return p.returncode
+            # The leader is gone; take what it left in its group (workers) along.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            lifeline().release(self.held.pop(name, None))
+        return {name: p.returncode for name, p in procs.items()}
 
     def wait_until_serving(self, model: str = "sim", timeout_s: float = 120) -> None:
         deadline = time.time() + timeout_s
@@ -219,8 +245,7 @@ class System:
         raise RuntimeError(f"model {model} not served in time: {last}")
 
     def close(self) -> None:
-        for name in list(self.procs):
-            self.stop(name)
+        self.stop_many(list(self.procs))
         for d in self.tmp_dirs:
             shutil.rmtree(d, ignore_errors=True)
 
@@ -245,6 +270,7 @@ def build_system(
         "PYTHONUNBUFFERED": "1",
         # One broker and a throwaway database: below the durability a deployment needs.
         "GRISTMILL_ALLOW_WEAK_DURABILITY": "true",
+        "GRISTMILL_WEBHOOK_ALLOW_NETWORKS": LOOPBACK_WEBHOOKS,
         **(extra_env or {}),
     }
     system = System(services=services, env=env, workdir=workdir)

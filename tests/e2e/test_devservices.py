@@ -1,15 +1,21 @@
-"""The dev/test servers themselves: a real Kafka round trip and a PostgreSQL restart."""
+"""The dev/test servers themselves: a real Kafka round trip, a PostgreSQL restart, and
+nothing left running when the command that started a whole system is killed."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import psycopg
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
@@ -117,3 +123,69 @@ def test_postgres_start_restart_kill(pg_workdir: Path) -> None:
     if os.geteuid() == 0:
         # The data directory belongs to the unprivileged server user, not to root.
         assert (pg_workdir / "pg" / "data").stat().st_uid != 0
+
+
+# A test session's or a chaos run's system, started by a command that is then killed.
+_SYSTEM_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    workdir, kind = Path(sys.argv[1]), sys.argv[2]
+    if kind == "chaos":
+        from gristmill.chaos.rig import own_services, running_rig
+        services_cm = own_services(workdir / "services", n_brokers=1)
+    else:
+        from gristmill.devservices.stack import build_system, local_services
+        services_cm = local_services(workdir / "services")
+    with services_cm as services:
+        if kind == "chaos":
+            rig_cm = running_rig(services, workdir / "system", schedulers=1, apis=1, workers=1)
+            system = rig_cm.__enter__().system
+        else:
+            (workdir / "system").mkdir()
+            system = build_system(services, workdir / "system")
+            system.start_scheduler(workers=1, models="sim")
+            system.url = system.start_api()
+            system.wait_until_serving("sim")
+        print(json.dumps({
+            "bootstrap": services.bootstrap, "database_url": services.database_url,
+            "pg_data": str(services.postgres.data_dir), "api": system.url,
+        }), flush=True)
+        time.sleep(600)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["stack", "chaos"])
+def test_kill9_of_the_command_running_a_system_leaves_nothing(pg_workdir: Path, kind: str) -> None:
+    from tests.e2e.proctree import Tree
+
+    env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP", "DATABASE_URL")}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SYSTEM_SCRIPT, str(pg_workdir), kind],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    tree = Tree()
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, "the system did not start"
+        info = json.loads(line)
+        tree.add(psutil.Process(proc.pid))
+        tree.add_postmaster(Path(info["pg_data"]))
+        assert len(tree.procs) >= 8  # Kafka, postmaster and backends, API, scheduler, worker
+        for address in (info["bootstrap"], info["api"], info["database_url"]):
+            tree.ports[int(address.rsplit(":", 1)[1].split("/")[0])] = address
+        proc.kill()
+        proc.wait()
+        left = tree.leftovers_after(10)
+        assert not left, f"still running 10 s after kill -9 of the {kind} command: {left}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        tree.kill_all()

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from core.config import Settings, settings_from_env
 from core.errors import GristmillError
-from core.messages import RequestMessage, request_id_for
+from core.messages import RequestMessage
 from core.models.catalog import build_specs
 from core.models.sim import sim_output
 from core.models.token_ids import input_text
@@ -140,10 +140,10 @@ def persist_and_read(
     if key is not None:  # a tenant of its own: examples reuse short keys
         with engine.begin() as conn:
             tenant = create_tenant(conn, f"storable-{uuid.uuid4().hex}", "free")
-    rid = request_id_for(tenant.id, key) if key is not None else str(uuid.uuid4())
+    rid = str(uuid.uuid4())  # a claim keeps the id it is given (each key is a new tenant's)
     msg = request_message(
         spec,
-        body,
+        body.input,
         params,
         tenant=tenant,
         request_id=rid,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from core.config import Settings
 from core.models.catalog import build_specs, latest
+from core.models.causal_lm import CausalLMSpec
 from core.models.embedding import EmbedSpec
 from core.models.sim import SimSpec
 from core.models.spec import ModelSpec
@@ -33,6 +34,17 @@ def load_model(spec: ModelSpec, settings: Settings) -> Model:
                 cuda_graphs=settings.embed_cuda_graphs,
                 model_dir=settings.embed_model_dir,
             ),
+        )
+    if isinstance(spec, CausalLMSpec):
+        from workers.models.causal_lm.serving import CausalLMModel
+
+        return CausalLMModel(
+            spec,
+            device=settings.lm_device,
+            kv_cache_mb=settings.lm_kv_cache_mb,
+            max_step_tokens=settings.lm_max_step_tokens,
+            max_running=settings.lm_max_running,
+            cpu_threads=settings.lm_cpu_threads,
         )
     raise TypeError(f"no runtime for model {spec.ref} ({type(spec).__name__})")
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from core.config import Settings
 from core.errors import InvalidInput
-from core.messages import RequestMessage, body_hash, request_id_for
+from core.messages import RequestMessage, body_hash, job_item_request_id, job_item_request_ids
 from core.models.catalog import build_specs, latest
 from core.models.sim import SimSpec, sim_output
 from workers.models.sim import SimModel
@@ -51,10 +53,21 @@ def test_latest_version_is_numeric_aware() -> None:
     assert latest({"2": a, "10": b}) is b
 
 
-def test_request_id_is_stable_per_tenant_and_key() -> None:
-    assert request_id_for("t1", "k") == request_id_for("t1", "k")
-    assert request_id_for("t1", "k") != request_id_for("t2", "k")
-    assert request_id_for("t1", None) != request_id_for("t1", None)
+def test_job_item_request_ids_are_uuid5_of_job_index_and_attempt() -> None:
+    ns = uuid.UUID("0b5c0f7e-4f3a-4a39-9c53-6f0c3f6e2a11")
+    for job in ("j", str(uuid.uuid4())):
+        for attempt in (0, 1, 12):
+            ids = job_item_request_ids(job, attempt)
+            for index in (0, 1, 9, 10, 99_999, 2**31 - 1):
+                want = str(uuid.uuid5(ns, f"job\x00{job}\x00{index}\x00{attempt}"))
+                assert ids(index) == job_item_request_id(job, index, attempt) == want
+
+
+def test_job_item_request_id_is_stable_per_job_index_and_attempt() -> None:
+    assert job_item_request_id("j", 3) == job_item_request_id("j", 3, 0)
+    assert job_item_request_id("j", 3) != job_item_request_id("j", 4)
+    assert job_item_request_id("j", 3, 1) != job_item_request_id("j", 3, 0)
+    assert job_item_request_id("j", 3) != job_item_request_id("k", 3)
 
 
 def test_body_hash_ignores_key_order() -> None:

@@ -9,8 +9,8 @@ key), and the code of this revision works before the next one, which partitions 
 request log: upgrade a running system by migrating to this revision, rolling the
 schedulers and APIs, then migrating to head (docs/decisions/0029).
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0009
+Revises: 0008
 """
 
 from datetime import UTC, datetime, timedelta
@@ -19,8 +19,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import BYTEA
 
-revision = "0006"
-down_revision = "0005"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 
