@@ -20,9 +20,14 @@ The other half, PostgreSQL's, is measured on the CPU machine by bench/store/pers
 (rows/s through Kafka and the scheduler into a real database, and PostgreSQL's CPU per
 row); docs/bench/store.md puts the two together.
 
-    python3 -m bench.store.gpu_feed --seconds 20 --out $OUT/gpu_feed.json
-    GRISTMILL_EMBED_MODEL_DIR=.modelcache/all-minilm-l6-v2 \\
-        python3 -m bench.store.gpu_feed --source model --out $OUT/gpu_feed_model.json
+Needs neither PostgreSQL nor Kafka (nothing connects to either), only numpy, torch
+and the project's Python dependencies. With ``--model-dir`` (the all-MiniLM-L6-v2
+files) and no ``--source``, it runs all three: synthetic job batches, synthetic sync
+batches, and the model's job batches, into one JSON:
+
+    python3 -m bench.store.gpu_feed --model-dir .modelcache/all-minilm-l6-v2 \\
+        --out gpu_feed.json
+    python3 -m bench.store.gpu_feed --seconds 20 --out gpu_feed.json   # synthetic only
 """
 
 from __future__ import annotations
@@ -88,18 +93,25 @@ def persist_cpu(w: Write, tx: Any) -> int:
     return len(rows)
 
 
-def _gpu_worker(out: Any, batch: int, seconds: float) -> None:
-    """A worker process: the embedding model on CUDA, fed token ids, as fast as it goes."""
+def _gpu_worker(out: Any, batch: int, seconds: float, model_dir: str) -> None:
+    """A worker process: the embedding model on CUDA, fed token ids, as fast as it goes.
+    Its first message describes the device."""
+    import torch
+
     from core.config import Settings
     from core.models.catalog import build_specs
     from core.models.text_tokenizer import shared_tokenizer
     from core.models.token_ids import tokenized_input
     from workers.models.loader import load_model
 
-    settings = Settings(embed_max_batch=batch)
+    settings = Settings(embed_max_batch=batch, embed_model_dir=model_dir)
     spec = build_specs(settings)[MODEL]["1"]
     model = load_model(spec, settings)
     model.warmup()
+    cuda = torch.cuda.is_available()
+    out.put(
+        {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__}
+    )
     tok = shared_tokenizer(settings.embed_model_dir or None, 256)
     assert tok is not None
     texts = [f"a sentence to embed about the number {i} and what follows" for i in range(batch)]
@@ -144,6 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     priority = "jobs" if args.kind == "job" else "paid"
     pendings = [_pending(args.batch, priority, key) for _ in range(8)]
     cpu0 = os.times()
+    device: dict[str, Any] = {}
     if args.source == "synthetic":
         rng = np.random.default_rng(0)
         outs = [rng.standard_normal((args.batch, DIM)).astype(np.float32) for _ in range(8)]
@@ -156,9 +169,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         ctx = mp.get_context("spawn")
         q: Any = ctx.Queue(maxsize=8)
-        proc = ctx.Process(target=_gpu_worker, args=(q, args.batch, args.seconds + 60))
+        proc = ctx.Process(
+            target=_gpu_worker, args=(q, args.batch, args.seconds + 60, args.model_dir or "")
+        )
         proc.start()
-        first = q.get()  # warm-up done: time from the first result
+        device = q.get()  # warm-up done: time from the first result
+        first = q.get()
         t0 = time.perf_counter()
         i = 0
         produced = 0
@@ -179,6 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     rows = sum(done)
     return {
+        **device,
         "source": args.source,
         "kind": args.kind,
         "batch": args.batch,
@@ -196,14 +213,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--source", choices=("synthetic", "model"), default="synthetic")
+    ap.add_argument(
+        "--source",
+        choices=("synthetic", "model"),
+        help="default: synthetic; with --model-dir, all three runs (module doc)",
+    )
     ap.add_argument("--kind", choices=("job", "sync"), default="job")
+    ap.add_argument("--model-dir", help="the all-MiniLM-L6-v2 files (for --source model)")
     ap.add_argument("--batch", type=int, default=1024, help="rows a batch (the GPU's 1024)")
     ap.add_argument("--threads", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    result = run(args)
+    if args.source is not None or not args.model_dir:
+        result: Any = run(
+            argparse.Namespace(**{**vars(args), "source": args.source or "synthetic"})
+        )
+    else:
+        plan = [("synthetic", "job"), ("synthetic", "sync"), ("model", "job")]
+        result = {
+            "runs": [
+                run(argparse.Namespace(**{**vars(args), "source": src, "kind": kind}))
+                for src, kind in plan
+            ]
+        }
     print(json.dumps(result, indent=2))
     if args.out:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
