@@ -17,6 +17,7 @@ from ingest.openai_wire import (
     EncodingFormat,
     Prefer,
     check_dimensions,
+    embedding,
     embeddings_answer,
     encoded,
     models_answer,
@@ -150,6 +151,16 @@ def test_stored_vector_from_json_or_bytes() -> None:
     assert list(stored_vector({"output": None, "output_vector": raw})) == [0.25, 4.0]
     with pytest.raises(ValueError):
         stored_vector({"output": {"digest": "ab", "chars": 2}})
+
+
+def test_stored_bytes_are_the_answer_unless_shortened() -> None:
+    raw = struct.pack("<3f", 0.6, 0.8, 0.0)
+    row = {"output": None, "output_vector": raw}
+    assert embedding(row, EncodingFormat.BASE64, None) == base64.b64encode(raw).decode()
+    assert embedding(row, EncodingFormat.BASE64, 3) == base64.b64encode(raw).decode()
+    assert embedding(row, EncodingFormat.FLOAT, None) == list(struct.unpack("<3f", raw))
+    short = embedding(row, EncodingFormat.FLOAT, 1)  # shortened, then unit length again
+    assert short == [1.0]
 
 
 def test_the_answer_has_openais_shape_in_input_order() -> None:
