@@ -733,12 +733,18 @@ def test_retry_is_charged(strict: System) -> None:
     assert job(strict, h, a)["attempt"] == 1
 
 
+# When the rows' requests were received: every message of one request carries the same
+# received_at (the request log's key), so a redelivered row meets its first one.
+RECEIVED = datetime.now(UTC)
+
+
 def _request_row(rid: str, tenant_id: str, job_id: str, index: int, status: str) -> dict[str, Any]:
-    now = datetime.now(UTC)
+    now = RECEIVED
     return {
         "request_id": rid, "tenant_id": tenant_id, "priority": "jobs", "model": "sim",
         "model_version": "1", "params": {"salt": ""}, "input": None, "status": status,
         "output": sim_output(f"i{index}") if status == "succeeded" else None,
+        "output_vector": None,
         "error": None if status == "succeeded" else "the deadline passed", "attempts": 1,
         "batch_id": None, "batch_size": None, "job_id": job_id, "item_index": index,
         "received_at": now, "produced_at": None, "consumed_at": None, "batched_at": None,

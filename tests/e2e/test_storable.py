@@ -164,6 +164,7 @@ def persist_and_read(
                     request_id=rid,
                     body_hash=consumed.body_hash,
                     deadline=consumed.deadline,
+                    received=consumed.received_at,
                 )
             finally:
                 await async_engine.dispose()
