@@ -25,8 +25,9 @@ log = logging.getLogger("gristmill.ingest.refused")
 
 # Refusals about the caller (who it is, how much it sends, how fast), not about a field of
 # its input: 401 no or bad key, 403 not allowed, 408 body too slow, 413 body too large,
-# 429 over its rate or concurrency limits, 431 headers too large.
-REFUSED_STATUSES = frozenset({401, 403, 408, 413, 429, 431})
+# 429 over its rate or concurrency limits. (Headers too large are refused by uvicorn
+# itself, before the application sees the request.)
+REFUSED_STATUSES = frozenset({401, 403, 408, 413, 429})
 # Lines per second per API process, and the burst: about 150 bytes a line, so at most
 # 1.5 KB/s (130 MB a day) of log per process under a sustained flood; the first second
 # of a flood names its callers, the counts say how large it is (decision 37).

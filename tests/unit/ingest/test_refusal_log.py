@@ -74,7 +74,7 @@ def run(status: int, caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records]
 
 
-@pytest.mark.parametrize("status", [401, 403, 408, 413, 429, 431])
+@pytest.mark.parametrize("status", [401, 403, 408, 413, 429])
 def test_refusals_about_the_caller_are_logged(
     status: int, caplog: pytest.LogCaptureFixture
 ) -> None:
