@@ -160,6 +160,7 @@ def main(argv: list[str]) -> int:
     )
     a = ap.parse_args(argv)
     work = a.work or Path(tempfile.mkdtemp(prefix="gristmill-smoke-"))
+    work.mkdir(parents=True, exist_ok=True)
     work.chmod(0o711)
     image = Image(a.layout.resolve(), work)
     results: list[tuple[str, str]] = []
