@@ -102,6 +102,9 @@ def test_completion_is_the_models_own_greedy_continuation(
     assert row.output["text"] == choice.text
     assert row.output["completion_tokens"] == c.usage.completion_tokens
     assert row.output["time_to_first_token_ms"] > 0
+    if c.usage.completion_tokens > 1:  # the gaps between tokens, in the same row
+        itl = row.output["inter_token_ms"]
+        assert 0 < itl["p50"] <= itl["p95"] <= itl["max"]
     assert left == []  # progress rows go when the final row is written
 
 
