@@ -376,3 +376,54 @@ def test_the_sdks_exceptions_carry_openais_error_fields(lm_system: System) -> No
     with pytest.raises(openai.AuthenticationError) as au:
         bad_key.completions.create(model=MODEL, prompt="x")
     assert au.value.code == "unauthorized"
+
+
+def test_streams_of_several_tenants_while_a_job_of_generation_items_runs(
+    lm_system: System, reference: object
+) -> None:
+    """The job's items share the step loop with live streams: every stream gets its own
+    tokens in order, and every item its own continuation."""
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(40)]
+    r = httpx.post(
+        f"{lm_system.url}/v1/jobs",
+        json={
+            "model": MODEL,
+            "items": [{"custom_id": f"j{i}", "input": p} for i, p in enumerate(prompts)],
+            "params": {"max_tokens": 60, "temperature": 0},
+        },
+        headers=lm_system.headers("enterprise"),
+        timeout=60,
+    )
+    assert r.status_code == 202, r.text
+    job_id = r.json()["job_id"]
+
+    def stream(i: int) -> tuple[str, list[str]]:
+        tier = ("free", "paid", "enterprise")[i % 3]
+        chunks = client(lm_system, tier).completions.create(
+            model=MODEL, prompt=PROMPTS[i], max_tokens=40, temperature=0, stream=True
+        )
+        return PROMPTS[i], [c.choices[0].text for c in chunks]
+
+    job_headers = lm_system.headers("enterprise")
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(stream, i) for i in range(6)]
+        # The streams are open while the job's items are still being generated.
+        before = httpx.get(f"{lm_system.url}/v1/jobs/{job_id}", headers=job_headers).json()
+        streamed = [f.result(timeout=300) for f in futures]
+    assert before["finished_at"] is None, before
+    for prompt, pieces in streamed:
+        assert "".join(pieces) == reference(prompt, 40), prompt  # type: ignore[operator]
+        assert len(pieces) > 3
+    deadline = time.time() + 300
+    while True:
+        j = httpx.get(f"{lm_system.url}/v1/jobs/{job_id}", headers=job_headers).json()
+        if j["status"] in ("completed", "failed", "cancelled", "expired") and j["finished_at"]:
+            break
+        assert time.time() < deadline, j
+        time.sleep(0.5)
+    assert j["status"] == "completed" and j["counts"]["succeeded"] == len(prompts), j
+    got = httpx.get(f"{lm_system.url}/v1/jobs/{job_id}/results", headers=job_headers, timeout=60)
+    results = [orjson.loads(line) for line in got.content.splitlines() if line]
+    assert len(results) == len(prompts)
+    for x in results:
+        assert x["output"]["text"] == reference(prompts[x["index"]], 60)  # type: ignore[operator]
