@@ -34,7 +34,7 @@ from core.config import Settings
 from core.errors import GristmillError, Unauthorized, Unavailable
 from ingest.error_shapes import shape_for
 from ingest.http import error_response
-from ingest.refusal_log import current_tenant
+from ingest.refusal_counts import current_tenant
 from results.db import libpq_url
 from results.tenants import KEYS_CHANNEL, Tenant, hash_key, lookup_stmt, well_formed
 

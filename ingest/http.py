@@ -46,7 +46,7 @@ from core.errors import (
 from core.limits import shown
 from ingest.error_shapes import Shape, error_body, shape_for
 from ingest.error_shapes import body as shaped_body
-from ingest.refusal_log import note_refusal
+from ingest.refusal_counts import note_refusal
 
 log = logging.getLogger("gristmill.ingest")
 
@@ -56,7 +56,7 @@ _REFERENCE = "_gristmill_reference"
 
 def error_response(err: GristmillError, shape: Shape = Shape.GRISTMILL) -> ORJSONResponse:
     """``err``'s answer; ``shape``: the body its route's clients read (error_shapes.py)."""
-    note_refusal(err)  # the request log's refusal counts (ingest/refusal_log.py)
+    note_refusal(err)  # the request log's refusal counts (ingest/refusal_counts.py)
     headers = dict(err.headers)
     if err.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))

@@ -22,7 +22,7 @@ from core.vocab import TIER_TO_CLASS, RequestStatus
 from ingest import metrics
 from ingest.idempotency import check_key, claim, release
 from ingest.policy import check_admission, check_rate
-from ingest.refusal_log import TIMEOUTS, Timeout
+from ingest.refusal_counts import TIMEOUTS, Timeout
 from ingest.schemas import ERROR_RESPONSES, InferAnswer, InferBody, RequestRecord, parse_infer
 from ingest.state import AppState, get_state
 from ingest.tracing import annotate

@@ -1,130 +1,106 @@
-"""What the API refused and when it gave up, kept for the request log. Pure.
+"""One log line per refused request, naming the caller's address: what an operator
+greps to find a hostile caller (a flood of made-up keys, a tenant over its limits, bodies
+too large or too slow).
 
-Refusals (401, 429, 503, 504) are counted per second, tenant, tier, status and reason
-in the API process and written about once a second (ingest/request_log_flush.py), so
-an overload of N refusals a second costs one small insert a second, not N rows. The
-reason is the error's own short word (``reason_of``), never the error's text.
-A sync request the API gave up on (its 504) is remembered individually (request id,
-received_at, when): the request log's late_answers view tells a 504 whose result was
-stored later from one answered in time. Both buffers are bounded: past their cap,
-new distinct keys fold into the tenant-less count, and timeouts beyond it are dropped
-(and counted), so a flood cannot grow an API process's memory.
+The address is the one uvicorn put in the ASGI scope: the TCP peer, or the
+``X-Forwarded-For`` address when the peer is one of ``GRISTMILL_FORWARDED_ALLOW_IPS``
+(the ingress). A caller cannot plant an address here by sending the header itself.
+
+A refusal costs the caller almost nothing, so the log could become the attack: lines are
+drawn from a token bucket (``LogBudget``, pure, the clock passed in), and the next line
+that is written says how many were left out. Decision 37.
 """
 
 from __future__ import annotations
 
-import math
+import logging
 import time
-from contextvars import ContextVar
-from dataclasses import dataclass
+from collections.abc import Callable
 
-from core.errors import GristmillError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-# The statuses recorded as refusals.
-REFUSED = frozenset({401, 429, 503, 504})
-# Distinct (second, tenant, tier, status, reason) keys held between flushes; a few
-# seconds of every tenant refused for every reason fits well below it.
-MAX_KEYS = 20_000
-# Timeouts held between flushes: a second of 504s at several thousand requests/s.
-MAX_TIMEOUTS = 20_000
+from core.limits import shown
 
-# The tenant of the request being answered (set by authentication), so a refusal raised
-# anywhere after it is counted against its tenant; None before (a bad key).
-current_tenant: ContextVar[tuple[str, str] | None] = ContextVar("current_tenant", default=None)
+log = logging.getLogger("gristmill.ingest.refused")
 
-
-def reason_of(err: GristmillError) -> str:
-    """A refusal's reason: the error's own word (core/errors.py), the label its
-    Prometheus counter carries too, so the log and the metrics agree."""
-    return err.reason
+# Refusals about the caller (who it is, how much it sends, how fast), not about a field of
+# its input: 401 no or bad key, 403 not allowed, 408 body too slow, 413 body too large,
+# 429 over its rate or concurrency limits. (Headers too large are refused by uvicorn
+# itself, before the application sees the request.)
+REFUSED_STATUSES = frozenset({401, 403, 408, 413, 429})
+# Lines per second per API process, and the burst: about 150 bytes a line, so at most
+# 1.5 KB/s (130 MB a day) of log per process under a sustained flood; the first second
+# of a flood names its callers, the counts say how large it is (decision 37).
+LINES_PER_S = 10.0
+BURST_LINES = 20.0
 
 
-@dataclass(frozen=True, slots=True)
-class RefusalKey:
-    second: int  # epoch seconds
-    tenant_id: str | None
-    tier: str | None
-    status: int
-    reason: str
+class LogBudget:
+    """A token bucket of log lines. Pure: ``take`` is given the time (seconds)."""
+
+    def __init__(self, rate_per_s: float = LINES_PER_S, burst: float = BURST_LINES):
+        self.rate_per_s = rate_per_s
+        self.burst = burst
+        self._tokens = burst
+        self._at: float | None = None
+        self.left_out = 0  # refusals not logged since the last line written
+
+    def take(self, now: float) -> int | None:
+        """None: leave this one out (counted). Else: write it, and say how many before
+        it were left out (returned, then reset)."""
+        if self._at is not None:
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate_per_s)
+        self._at = now
+        if self._tokens < 1.0:
+            self.left_out += 1
+            return None
+        self._tokens -= 1.0
+        left_out, self.left_out = self.left_out, 0
+        return left_out
 
 
-@dataclass(frozen=True, slots=True)
-class Timeout:
-    request_id: str
-    tenant_id: str
-    received_at: float  # epoch s: the request log's partition key for this request
-    gave_up_at: float  # epoch s
+def client_address(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+def refusal_line(scope: Scope, status: int, left_out: int) -> str:
+    """``refused 401 POST '/v1/infer' from 203.0.113.7``; the path is the client's, so it
+    is quoted and cut short (no forged lines)."""
+    line = (
+        f"refused {status} {scope.get('method', '?')} {shown(scope.get('path', ''))} "
+        f"from {client_address(scope)}"
+    )
+    if left_out:
+        line += f" ({left_out} earlier refusals not logged: over {LINES_PER_S:g} lines/s)"
+    return line
 
 
 class RefusalLog:
-    """Refusal counts by second and key, drained once their second is over."""
+    """ASGI middleware: watches each response's status; logs the refused ones."""
 
-    def __init__(self, max_keys: int = MAX_KEYS):
-        self.max_keys = max_keys
-        self._counts: dict[RefusalKey, int] = {}
-        self.folded = 0  # refusals counted without their tenant because the cap was hit
+    def __init__(
+        self,
+        app: ASGIApp,
+        budget: LogBudget | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.app = app
+        self.budget = budget or LogBudget()
+        self.clock = clock
 
-    def record(
-        self, now: float, status: int, reason: str, tenant: tuple[str, str] | None
-    ) -> None:
-        tenant_id, tier = tenant if tenant is not None else (None, None)
-        key = RefusalKey(math.floor(now), tenant_id, tier, status, reason)
-        if key not in self._counts and len(self._counts) >= self.max_keys:
-            key = RefusalKey(key.second, None, tier, status, reason)
-            self.folded += 1
-        self._counts[key] = self._counts.get(key, 0) + 1
-
-    def drain(self, now: float, *, everything: bool = False) -> list[tuple[RefusalKey, int]]:
-        """Counts of the seconds that are over (all of them when ``everything``)."""
-        current = math.floor(now)
-        out = [(k, n) for k, n in self._counts.items() if everything or k.second < current]
-        for k, _ in out:
-            del self._counts[k]
-        return out
-
-    def restore(self, counts: list[tuple[RefusalKey, int]]) -> None:
-        """Put back counts a failed write could not store (merged, within the cap)."""
-        for k, n in counts:
-            if k in self._counts or len(self._counts) < self.max_keys:
-                self._counts[k] = self._counts.get(k, 0) + n
-
-    def pending(self) -> int:
-        return len(self._counts)
-
-
-class TimeoutLog:
-    """Sync requests the API gave up on, until they are written."""
-
-    def __init__(self, max_pending: int = MAX_TIMEOUTS):
-        self.max_pending = max_pending
-        self._items: list[Timeout] = []
-        self.dropped = 0
-
-    def record(self, t: Timeout) -> None:
-        if len(self._items) >= self.max_pending:
-            self.dropped += 1
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
             return
-        self._items.append(t)
 
-    def drain(self) -> list[Timeout]:
-        out, self._items = self._items, []
-        return out
+        async def watching(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                if status in REFUSED_STATUSES:
+                    left_out = self.budget.take(self.clock())
+                    if left_out is not None:
+                        log.warning("%s", refusal_line(scope, status, left_out))
+            await send(message)
 
-    def restore(self, items: list[Timeout]) -> None:
-        room = self.max_pending - len(self._items)
-        self.dropped += max(0, len(items) - room)
-        self._items[:0] = items[: max(0, room)]
-
-
-# One of each per API process (like a metrics registry): errors are mapped to answers in
-# one place (ingest/http.py), which has no handle on the app's state.
-REFUSALS = RefusalLog()
-TIMEOUTS = TimeoutLog()
-
-
-def note_refusal(err: GristmillError, now: float | None = None) -> None:
-    """Count ``err`` if it is a refusal, against the tenant being answered."""
-    if err.status in REFUSED:
-        REFUSALS.record(
-            time.time() if now is None else now, err.status, reason_of(err), current_tenant.get()
-        )
+        await self.app(scope, receive, watching)

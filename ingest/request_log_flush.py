@@ -12,7 +12,7 @@ import time
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ingest.refusal_log import REFUSALS, TIMEOUTS, RefusalLog, TimeoutLog
+from ingest.refusal_counts import REFUSALS, TIMEOUTS, RefusalCounts, TimeoutLog
 from results.request_log import write_refusals, write_timeouts
 
 log = logging.getLogger("gristmill.ingest.request_log")
@@ -24,7 +24,7 @@ FLUSH_S = 1.0
 
 async def flush_once(
     engine: AsyncEngine,
-    refusals: RefusalLog = REFUSALS,
+    refusals: RefusalCounts = REFUSALS,
     timeouts: TimeoutLog = TIMEOUTS,
     *,
     everything: bool = False,

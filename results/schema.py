@@ -305,7 +305,7 @@ scheduler_load = Table(
 )
 
 # Refused requests (401, 429, 503, 504), counted per second, tenant, tier, status and
-# reason by each API process and written about once a second (ingest/refusal_log.py):
+# reason by each API process and written about once a second (ingest/refusal_counts.py):
 # an overload never becomes a row per refusal. Partitioned by range of ``at``.
 refusals = Table(
     "refusals",

@@ -1,94 +1,86 @@
-"""Refusals counted per second, tenant and reason; answer timeouts buffered; both bounded."""
+"""The log of refused requests: which statuses, what a line says, and its budget."""
 
 from __future__ import annotations
 
-from core.errors import (
-    DeadlineExceeded,
-    InvalidInput,
-    RateLimited,
-    Unauthorized,
-    Unavailable,
-)
+import asyncio
+import logging
+
+import pytest
+from starlette.types import Message, Receive, Scope, Send
+
 from ingest.refusal_log import (
-    RefusalKey,
+    BURST_LINES,
+    LINES_PER_S,
+    LogBudget,
     RefusalLog,
-    Timeout,
-    TimeoutLog,
-    current_tenant,
-    reason_of,
+    client_address,
+    refusal_line,
 )
 
-T = 1_790_000_000.0
-ACME = ("t-acme", "paid")
+
+def scope(path: str = "/v1/infer", client: tuple[str, int] | None = ("203.0.113.7", 5555)) -> Scope:
+    return {"type": "http", "method": "POST", "path": path, "client": client}
 
 
-def test_reasons_are_the_errors_own_metric_labels() -> None:
-    assert reason_of(Unauthorized("unknown or revoked API key")) == "unauthorized"
-    assert reason_of(RateLimited("rate limit of 5 requests/s exceeded")) == "tenant_rate"
-    assert reason_of(DeadlineExceeded("no result within timeout_ms=10")) == "deadline"
-    assert reason_of(DeadlineExceeded("dropped", reason="expired")) == "expired"
-    assert reason_of(Unavailable("overloaded: ...", reason="predicted_delay")) == (
-        "predicted_delay"
-    )
-    assert reason_of(Unavailable("ingest queue to Kafka is full", reason="kafka")) == "kafka"
-    assert reason_of(Unavailable("something new")) == "unavailable"
-    assert reason_of(InvalidInput("x")) == "invalid_input"
+def test_a_burst_is_written_then_left_out_then_counted_when_the_budget_refills() -> None:
+    budget = LogBudget(rate_per_s=10, burst=3)
+    assert [budget.take(0.0) for _ in range(3)] == [0, 0, 0]
+    assert [budget.take(0.0) for _ in range(5)] == [None] * 5
+    # 0.1 s later: one token back, and the line says five were left out.
+    assert budget.take(0.1) == 5
+    assert budget.take(0.1) is None
+    assert budget.take(0.2) == 1
 
 
-def test_one_count_per_second_tenant_status_and_reason() -> None:
-    log = RefusalLog()
-    for i in range(1000):
-        log.record(T + i / 2000, 429, "tenant_rate", ACME)  # 1,000 in half a second
-    log.record(T + 0.9, 503, "predicted_delay", ACME)
-    log.record(T + 1.2, 429, "tenant_rate", ACME)
-    log.record(T + 0.1, 401, "unauthorized", None)
-    assert log.drain(T + 0.95) == []  # its second is not over
-    got = dict(log.drain(T + 1.5))
-    assert got == {
-        RefusalKey(int(T), "t-acme", "paid", 429, "tenant_rate"): 1000,
-        RefusalKey(int(T), "t-acme", "paid", 503, "predicted_delay"): 1,
-        RefusalKey(int(T), None, None, 401, "unauthorized"): 1,
-    }
-    assert dict(log.drain(T + 5, everything=True)) == {
-        RefusalKey(int(T) + 1, "t-acme", "paid", 429, "tenant_rate"): 1
-    }
-    assert log.pending() == 0
+def test_the_budget_never_holds_more_than_its_burst() -> None:
+    budget = LogBudget(rate_per_s=LINES_PER_S, burst=BURST_LINES)
+    budget.take(0.0)
+    taken = [budget.take(3600.0) for _ in range(int(BURST_LINES) + 5)]
+    assert taken.count(None) == 5
 
 
-def test_past_the_cap_new_tenants_fold_into_the_tenantless_count() -> None:
-    log = RefusalLog(max_keys=3)
-    for i in range(10):
-        log.record(T, 429, "tenant_rate", (f"t{i}", "free"))
-    got = dict(log.drain(T + 1))
-    assert sum(got.values()) == 10 and len(got) == 4
-    assert got[RefusalKey(int(T), None, "free", 429, "tenant_rate")] == 7
-    assert log.folded == 7
+def test_a_line_names_status_method_path_and_address() -> None:
+    line = refusal_line(scope(), 401, 0)
+    assert line == "refused 401 POST '/v1/infer' from 203.0.113.7"
+    assert "12 earlier refusals not logged" in refusal_line(scope(), 429, 12)
 
 
-def test_a_failed_write_puts_its_counts_back() -> None:
-    log = RefusalLog()
-    log.record(T, 503, "kafka", ACME)
-    drained = log.drain(T + 1)
-    log.record(T, 503, "kafka", ACME)
-    log.restore(drained)
-    assert dict(log.drain(T + 1)) == {RefusalKey(int(T), "t-acme", "paid", 503, "kafka"): 2}
+def test_a_hostile_path_cannot_forge_a_line() -> None:
+    line = refusal_line(scope(path="/x\nrefused 401 GET '/' from 10.0.0.1" + "a" * 500), 401, 0)
+    assert "\n" not in line and len(line) < 200
 
 
-def test_timeouts_are_kept_until_written_and_bounded() -> None:
-    log = TimeoutLog(max_pending=2)
-    ts = [Timeout(f"r{i}", "t", T, T + 1) for i in range(3)]
-    for t in ts:
-        log.record(t)
-    assert log.dropped == 1
-    got = log.drain()
-    assert got == ts[:2] and log.drain() == []
-    log.record(ts[2])
-    log.restore(got)  # room for one of the two
-    assert log.drain() == [ts[0], ts[2]] and log.dropped == 2
+def test_no_client_in_the_scope_is_said_plainly() -> None:
+    assert client_address(scope(client=None)) == "unknown"
 
 
-def test_the_tenant_of_the_request_is_a_context_variable() -> None:
-    assert current_tenant.get() is None
-    token = current_tenant.set(ACME)
-    assert current_tenant.get() == ACME
-    current_tenant.reset(token)
+def run(status: int, caplog: pytest.LogCaptureFixture) -> list[str]:
+    async def app(s: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b""}
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gristmill.ingest.refused"):
+        asyncio.run(RefusalLog(app, clock=lambda: 0.0)(scope(), receive, send))
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    return [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("status", [401, 403, 408, 413, 429])
+def test_refusals_about_the_caller_are_logged(
+    status: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert run(status, caplog) == [f"refused {status} POST '/v1/infer' from 203.0.113.7"]
+
+
+@pytest.mark.parametrize("status", [200, 202, 400, 404, 422, 500, 503])
+def test_other_answers_are_not(status: int, caplog: pytest.LogCaptureFixture) -> None:
+    assert run(status, caplog) == []
