@@ -19,7 +19,7 @@ from core import __version__
 from core.config import Settings
 from core.models.catalog import build_specs
 from core.topics import ensure_topics
-from ingest import infer, jobs, metrics
+from ingest import admin, infer, jobs, metrics
 from ingest.auth import Authenticator, AuthGate
 from ingest.catalog import ModelCatalog
 from ingest.fast_path import InferFastPath
@@ -89,7 +89,12 @@ def create_app(settings: Settings) -> FastAPI:
             engine=engine,
             producer=AsyncProducer(settings, timeout_ms=settings.produce_timeout_ms),
             auth=Authenticator(engine, settings),
-            catalog=ModelCatalog(build_specs(settings), engine),
+            catalog=ModelCatalog(
+                settings,
+                engine,
+                database_url=settings.database_url,
+                deployment=settings.topic_prefix,
+            ),
             waiter=waiter,
             jobs=JobPublisher(settings),
             limiter=limiter,
@@ -119,6 +124,7 @@ def create_app(settings: Settings) -> FastAPI:
             asyncio.create_task(state.load.run()),
             asyncio.create_task(state.overload.lag.run()),
             asyncio.create_task(metrics.publish_loop(state)),
+            asyncio.create_task(state.catalog.run()),
         ]
         try:
             yield
@@ -148,6 +154,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(infer.router)
     app.include_router(jobs.router, responses=ERROR_RESPONSES)
     app.include_router(metrics.router)
+    app.include_router(admin.router, responses=ERROR_RESPONSES)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -206,6 +213,7 @@ def api_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
                 op.pop("parameters", None)
             if path.startswith("/v1/") and path != "/v1/models":
                 op["security"] = [{"bearer": []}]
+    # The built-in versions: those registered later are listed by GET /v1/models.
     specs = build_specs(settings)
     models = sorted([*specs, *(f"{name}@{v}" for name, vs in specs.items() for v in vs)])
     infer_op = schema["paths"]["/v1/infer"]["post"]
