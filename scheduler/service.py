@@ -8,7 +8,10 @@ Threads, each with one job:
   * per worker a dispatcher and a receiver (scheduler/worker_threads.py);
   * the persister's pool (scheduler/persister.py) stores the core's planned writes and
     reports their offsets done;
-  * a heartbeat reports load and refreshes the cancelled jobs and the model registry.
+  * a heartbeat reports load and refreshes the cancelled jobs;
+  * a model loop reads the registry every second, tells the workers which versions to
+    load and unload (scheduler/model_control.py) and reports each version's readiness;
+    the workers' status messages wake it.
 They share the core under one condition variable (decision 0018).
 """
 
@@ -29,7 +32,8 @@ from confluent_kafka import Message, Producer
 from core import tracing as core_tracing
 from core.config import Settings
 from core.kafka import producer_config
-from core.models.catalog import build_specs
+from core.models.spec import ModelSpec
+from core.protocol import ModelStatus
 from core.topics import dead_letter_topic, ensure_topics
 from results import modelregistry
 from results.db import make_engine
@@ -37,6 +41,7 @@ from results.durability import refusal
 from results.faults import first_line
 from results.jobs import cancelled_unfinished_stmt
 from results.load import forget_scheduler, process_id, report_scheduler
+from results.modelregistry import record_from_row, versions_stmt
 from results.store import persist
 from scheduler import metrics, tracing
 from scheduler.batcher import Pending
@@ -44,6 +49,7 @@ from scheduler.deadletter import DeadLetters
 from scheduler.dispatch import DispatchCore, Reject
 from scheduler.intake import decode
 from scheduler.lane import ConsumerLane, held_lag, lane_specs
+from scheduler.model_control import Command, Commandable, ModelControl
 from scheduler.offsets import TopicPartition
 from scheduler.persister import Persister
 from scheduler.worker_threads import WorkerThreads
@@ -58,6 +64,10 @@ SHUTDOWN_DRAIN_S = 10.0
 LOAD_REPORT_S = 0.25
 CANCELLED_REFRESH_S = 1.0
 ANNOUNCE_S = 5.0
+# The registry is read, and each version's readiness reported, this often (s): a promote
+# or a canary reaches the workers within it, and the API treats readiness older than
+# results.modelregistry.READINESS_STALE_S (5 s) as gone.
+REGISTRY_REFRESH_S = 1.0
 # How long a thread may hold the GIL while another waits for it (Python's default is
 # 5 ms). Receivers and dispatchers wait on sockets and locks, then need the GIL at once
 # while the consumer and persist threads run Python in bursts: at 5 ms a handoff can
@@ -76,7 +86,6 @@ class SchedulerService:
     ):
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         self.settings = settings
-        self.specs = build_specs(settings)
         # Host and pid alone repeat across the scheduler containers of one pod (one host
         # name, a PID namespace each): their load reports would overwrite each other.
         self.scheduler_id = process_id(
@@ -84,6 +93,9 @@ class SchedulerService:
             f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}",
         )
         self.core = DispatchCore.from_settings(settings)
+        served = models or [m for m in settings.worker_models.split(",") if m]
+        self.control = ModelControl(settings, served, self.core)
+        self.models_changed = threading.Event()  # a worker reported; the model loop runs now
         self.cond = threading.Condition()  # the one lock around the core
         self.stopping = threading.Event()  # stop consuming
         self.engine = make_engine(settings.database_url, pool_size=5)
@@ -100,11 +112,18 @@ class SchedulerService:
         self.pool = WorkerPool(
             socket_path=socket_dir / "workers.sock",
             n_local=settings.workers if n_workers is None else n_workers,
-            models=models or [m for m in settings.worker_models.split(",") if m],
+            models=served,
             on_ready=self._on_worker_ready,
+            on_status=self._on_status,
+            preload=False,  # the model control says what to load: the registry's versions
         )
         # Sync traffic and job items are read by separate consumers (decision 0011).
         self.lanes = [ConsumerLane(settings, spec, self) for spec in lane_specs(settings)]
+
+    @property
+    def specs(self) -> dict[str, dict[str, ModelSpec]]:
+        """Every known version's spec (intake keys batches by their parameters)."""
+        return self.control.specs
 
     def _done(self, offsets: list[tuple[TopicPartition, int]], rows: int) -> None:
         with self.cond:
@@ -112,8 +131,64 @@ class SchedulerService:
 
     # ---- workers and the registry ------------------------------------------------------
     def _on_worker_ready(self, h: WorkerHandle) -> None:
-        self.workers.add(h)
+        w = self.workers.add(h)
+        with self.cond:
+            self.control.add_worker(
+                h, w, h.hello.memory_budget_bytes, h.hello.accepts, h.hello.models, time.time()
+            )
+            commands = self.control.tick(time.time())
+            self.cond.notify_all()
+        self._send(commands)
+        self.models_changed.set()
         self._announce()
+
+    def _on_status(self, h: WorkerHandle, status: ModelStatus) -> None:
+        """A worker's reader thread: no I/O here but the commands it answers with."""
+        with self.cond:
+            self.control.on_status(h, status, time.time())
+            commands = self.control.tick(time.time())
+            self.cond.notify_all()
+        self._send(commands)
+        self.models_changed.set()
+
+    def _send(self, commands: list[tuple[Commandable, Command]]) -> None:
+        for handle, msg in commands:
+            if isinstance(handle, WorkerHandle) and not handle.command(msg):
+                log.warning("worker %s is gone; %r not sent", handle.worker_id, msg)
+
+    def _model_loop(self) -> None:
+        """Read the registry, move the workers toward it, report readiness."""
+        ticks = 0
+        while not self.stopping.is_set():
+            self.models_changed.wait(REGISTRY_REFRESH_S)
+            self.models_changed.clear()
+            ticks += 1
+            self._read_registry()
+            with self.cond:
+                commands = self.control.tick(time.time())
+                readiness = self.control.readiness()
+                curves = self.core.class_curves() if ticks % round(ANNOUNCE_S) == 0 else {}
+                self.cond.notify_all()
+            self._send(commands)
+            try:
+                with self.engine.begin() as conn:
+                    modelregistry.report_readiness(conn, self.scheduler_id, readiness)
+                    for (ref, cls), (limit, profile, n) in curves.items():
+                        modelregistry.report_curve(conn, *ref, cls, limit, profile, n)
+            except Exception as exc:  # PostgreSQL down: the next pass reports
+                log.warning("readiness report failed: %s", first_line(exc))
+
+    def _read_registry(self) -> None:
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(versions_stmt()).all()
+        except Exception as exc:  # keep what was read last; the built-ins before that
+            log.warning("model registry read failed: %s", first_line(exc))
+            return
+        records = [record_from_row(r) for r in rows]
+        previous = {r.name: r.previous_live for r in rows if r.previous_live}
+        with self.cond:
+            self.control.set_registry(records, previous)
 
     def _announce(self) -> None:
         with self.cond:
@@ -211,8 +286,10 @@ class SchedulerService:
             raise SystemExit(why)
         metrics.serve(self, self.settings)
         core_tracing.setup(self.settings, "gristmill-scheduler")
+        self._read_registry()  # before the first worker says hello: what to load
         self.pool.start()
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
+        threading.Thread(target=self._model_loop, daemon=True, name="models").start()
         for lane in self.lanes:
             lane.start(self.stopping)
         log.info("scheduler running")
@@ -249,6 +326,7 @@ class SchedulerService:
         try:  # stop counting toward capacity at once rather than after the staleness window
             with self.engine.begin() as conn:
                 forget_scheduler(conn, self.scheduler_id)
+                modelregistry.forget_readiness(conn, self.scheduler_id)
         except Exception as exc:
             log.warning("could not withdraw load report: %s", first_line(exc))
         log.info("scheduler stopped: %s", self.core.stats)

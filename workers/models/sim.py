@@ -23,7 +23,10 @@ class SimModel(Model):
         self.spec: SimSpec = spec
         self.poison_prefix = poison_prefix  # test-only fault trigger (see above)
         self._batch_s = spec.batch_ms / 1000.0
-
+        # What a version's weights would hold: really allocated, so the worker's memory
+        # accounting measures something (spec.memory_mb, 0 by default).
+        self._held = bytearray(int(spec.memory_mb * 1_000_000))
+        time.sleep(spec.load_ms / 1000)  # a version that takes a while to load
     def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> list[Any]:
         if not 1 <= len(inputs) <= self.spec.max_batch_size:
             raise ValueError(f"batch of {len(inputs)}; sim takes 1..{self.spec.max_batch_size}")
@@ -33,7 +36,13 @@ class SimModel(Model):
                     _poisoned(x[len(self.poison_prefix) :])
         time.sleep(self._batch_s)
         salt = params.get("salt", "")
-        return [sim_output(x, salt) for x in inputs]
+        return [sim_output(x, salt, self.spec.variant) for x in inputs]
+
+    def memory_bytes(self) -> int:
+        return len(self._held)
+
+    def close(self) -> None:
+        self._held = bytearray()
 
     def warmup(self) -> dict[int, float]:
         # The cost is flat by construction; report it rather than sleep through a sweep.
