@@ -1,10 +1,9 @@
 """The model registry's admin API: ``/v1/admin/models...``.
 
-Only keys with the admin scope reach it (``gristmill tenants add-key NAME --admin``); a
-tenant's ordinary key gets 403, a missing or unknown one 401. The key is checked here
-on every call, without the request path's cache: admin calls are rare, and a revoked
-admin key must stop at once. Every change is written with an audit row naming the key
-(results/modelregistry.py), the same functions ``gristmill models`` calls.
+Only keys with the admin scope reach it (``gristmill tenants add-key NAME --admin``;
+ingest/admin_auth.py checks it on every call: 401 unknown, 403 a tenant's ordinary key).
+Every change is written with an audit row naming the key (results/modelregistry.py),
+through the same functions ``gristmill models`` calls.
 """
 
 from __future__ import annotations
@@ -12,18 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import ORJSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Connection
-from sqlalchemy.exc import SQLAlchemyError
 
-from core.errors import Forbidden, Unauthorized, Unavailable
 from core.models import lifecycle
 from core.models.registry import VersionRecord, new_record
+from ingest.admin_auth import require_admin
 from ingest.state import get_state
 from results import modelregistry
-from results.tenants import admin_lookup_stmt
 
 router = APIRouter(prefix="/v1/admin")
 T = TypeVar("T")
@@ -59,26 +56,6 @@ class Rollback(BaseModel):
     version: str | None = Field(None, description="the canary to withdraw; default: the live one")
 
 
-async def _admin(request: Request, authorization: str | None) -> str:
-    """The actor an admin key names in the audit trail; 401/403 otherwise."""
-    if not authorization:
-        raise Unauthorized("missing Authorization header (expected 'Bearer <admin api key>')")
-    scheme, _, key = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        raise Unauthorized("Authorization header must be 'Bearer <api key>'")
-    st = get_state(request)
-    try:
-        async with st.engine.connect() as conn:
-            row = (await conn.execute(admin_lookup_stmt(key.strip()))).first()
-    except (SQLAlchemyError, OSError) as exc:
-        raise Unavailable("cannot reach the database to check the key", retry_after_s=2) from exc
-    if row is None:
-        raise Unauthorized("unknown or revoked API key")
-    if not row.admin:
-        raise Forbidden("this key has no admin scope; the model registry needs an admin key")
-    return f"key {row.prefix}... of tenant {row.name}"
-
-
 async def _write(request: Request, fn: Callable[[Connection], T]) -> T:
     async with get_state(request).engine.begin() as conn:
         return await conn.run_sync(fn)
@@ -111,12 +88,12 @@ def _change(c: lifecycle.Change) -> dict[str, Any]:
     }
 
 
-Auth = Annotated[str | None, Header()]
+# The actor an admin key names in the audit trail (401/403 for any other caller).
+Admin = Annotated[str, Depends(require_admin)]
 
 
 @router.get("/models")
-async def list_models(request: Request, authorization: Auth = None) -> ORJSONResponse:
-    await _admin(request, authorization)
+async def list_models(request: Request, actor: Admin) -> ORJSONResponse:
     listed = await _write(request, modelregistry.list_versions)
     st = get_state(request)
     await st.catalog.refresh()
@@ -145,8 +122,7 @@ async def list_models(request: Request, authorization: Auth = None) -> ORJSONRes
 
 
 @router.post("/models", status_code=201)
-async def register(request: Request, body: Register, authorization: Auth = None) -> ORJSONResponse:
-    actor = await _admin(request, authorization)
+async def register(request: Request, actor: Admin, body: Register) -> ORJSONResponse:
     record = new_record(
         body.model,
         backend=body.backend,
@@ -163,9 +139,8 @@ async def register(request: Request, body: Register, authorization: Auth = None)
 
 @router.post("/models/{name}/versions/{version}/canary")
 async def canary(
-    request: Request, name: str, version: str, body: Share, authorization: Auth = None
+    request: Request, actor: Admin, name: str, version: str, body: Share
 ) -> ORJSONResponse:
-    actor = await _admin(request, authorization)
     change = await _write(
         request,
         lambda c: modelregistry.apply(
@@ -178,12 +153,11 @@ async def canary(
 @router.post("/models/{name}/versions/{version}/promote")
 async def promote(
     request: Request,
+    actor: Admin,
     name: str,
     version: str,
     body: Promote | None = None,
-    authorization: Auth = None,
 ) -> ORJSONResponse:
-    actor = await _admin(request, authorization)
     require = body.require_replay if body is not None else False
     change = await _write(
         request, lambda c: modelregistry.promote(c, name, version, actor, require_replay=require)
@@ -193,9 +167,8 @@ async def promote(
 
 @router.post("/models/{name}/rollback")
 async def rollback(
-    request: Request, name: str, body: Rollback | None = None, authorization: Auth = None
+    request: Request, actor: Admin, name: str, body: Rollback | None = None
 ) -> ORJSONResponse:
-    actor = await _admin(request, authorization)
     version = body.version if body is not None else None
     change = await _write(
         request,
@@ -205,10 +178,7 @@ async def rollback(
 
 
 @router.post("/models/{name}/versions/{version}/retire")
-async def retire(
-    request: Request, name: str, version: str, authorization: Auth = None
-) -> ORJSONResponse:
-    actor = await _admin(request, authorization)
+async def retire(request: Request, actor: Admin, name: str, version: str) -> ORJSONResponse:
     change = await _write(
         request,
         lambda c: modelregistry.apply(c, name, lambda m: lifecycle.retire(m, version), actor),
@@ -217,10 +187,7 @@ async def retire(
 
 
 @router.get("/models/{name}/audit")
-async def audit(
-    request: Request, name: str, limit: int = 50, authorization: Auth = None
-) -> ORJSONResponse:
-    await _admin(request, authorization)
+async def audit(request: Request, actor: Admin, name: str, limit: int = 50) -> ORJSONResponse:
     rows = await _write(
         request, lambda c: modelregistry.audit_log(c, name, max(1, min(limit, 1000)))
     )
