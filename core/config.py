@@ -364,7 +364,7 @@ class SchedulerSettings(_Concern):
     # A version loaded on a worker stays at least this long before the least-recently-
     # used rule may unload it for another (s): a load costs seconds (an embedding model
     # 5-15 s on a CPU), so two versions taking turns must not spend the worker on
-    # loading (scheduler/residency.py, decision 22).
+    # loading (scheduler/residency.py, decision 30).
     model_min_residency_s: float = Field(30.0, ge=0)
 
 
@@ -398,7 +398,7 @@ class WorkerSettings(_Concern):
     # What the versions loaded in one worker may hold together (MB); 0: no limit. Past
     # it the scheduler unloads the least recently used one (scheduler/residency.py).
     worker_memory_mb: int = Field(0, ge=0)
-    # The HTTP backend (workers/models/http_backend.py, decision 23): tries per call for
+    # The HTTP backend (workers/models/http_backend.py, decision 31): tries per call for
     # a transient failure (connection refused, timeout, 429, 5xx), failed calls in a row
     # that open the circuit, and how long it stays open before a probe.
     http_attempts: int = Field(3, ge=1)
