@@ -4,7 +4,8 @@ open the circuit (503 + Retry-After for requests; jobs wait), and the service be
 killed and started again in the middle of a job with nothing lost.
 
 The upstream is a real HTTP server started by the test (bench/upstream.py). CI runs a
-2,000-item job through a restart; the 100,000-item run is bench/http_backend.py.
+2,000-item job through a restart; the 100,000-item run is
+``python -m bench.lifecycle http``.
 """
 
 from __future__ import annotations
