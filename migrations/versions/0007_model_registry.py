@@ -2,16 +2,16 @@
 audit trail, per-scheduler readiness of each version, cost curves per worker class,
 and replay reports. Managed through operator routes that need an admin key (0005).
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 """
 
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
-revision = "0006"
-down_revision = "0005"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
