@@ -64,7 +64,7 @@ def make_app(delay_ms: float = 0.0, seed: int | None = None) -> Starlette:
                 body = orjson.loads(await request.body())
                 text = body["text"]
             except (orjson.JSONDecodeError, KeyError, TypeError):
-                return _json({"error": "expected {\"text\": string}"}, 400)
+                return _json({"error": 'expected {"text": string}'}, 400)
             if not isinstance(text, str):
                 return _json({"error": "text must be a string"}, 400)
             if state.delay_ms:

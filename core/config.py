@@ -411,6 +411,17 @@ class WorkerSettings(_Concern):
     # Padded tokens per sub-batch: past the GPU's launch-bound knee, small enough to keep
     # padding waste and activation memory low (docs/bench/gpu.md).
     embed_bucket_tokens: int = Field(32_768, gt=0)
+    # The causal LM (gristmill-lm, decision 23): where it runs, the KV cache's memory
+    # (per scheduler it serves), and one step's limits. On this CPU: 64 MiB holds 65,536
+    # tokens of context; 256 tokens a step and 64 sequences from the step-cost curve
+    # (docs/bench/generation.md). A GPU takes more of each (bench/generation/gpu.py).
+    lm_device: str = "auto"  # auto: cuda when available, else cpu
+    lm_kv_cache_mb: int = Field(64, ge=1)
+    lm_max_step_tokens: int = Field(256, ge=1)
+    lm_max_running: int = Field(64, ge=1)
+    # Torch threads of a CPU worker (one: a second stalls whenever another process takes
+    # a core of a small shared machine, docs/bench/generation.md).
+    lm_cpu_threads: int = Field(1, ge=1)
 
 
 class ModelSettings(_Concern):
@@ -421,6 +432,9 @@ class ModelSettings(_Concern):
     max_param_chars: int = Field(1_000, ge=1)
     sim_batch_ms: float = Field(100.0, ge=0)
     sim_max_batch: int = Field(100, ge=1)
+    # Benchmarks of the result store: sim answers with a float32 vector of this many
+    # values (the embedding model's shape: 384) instead of its digest; 0: the digest.
+    sim_vector_dim: int = Field(0, ge=0, le=65_536)
     embed_max_batch: int = Field(256, ge=1)
     # Inputs are truncated to this many tokens ([CLS]/[SEP] included); the model's
     # position table holds 512.

@@ -62,8 +62,9 @@ def stage_histogram(registry: CollectorRegistry) -> Histogram:
     )
 
 
-def observe_many(child: Histogram, values: Sequence[float]) -> None:
-    """What ``child.observe(v)`` for each of ``values`` records, in one step.
+def observe_many(child: Histogram, values: Sequence[float], repeat: int = 1) -> None:
+    """What ``child.observe(v)`` for each of ``values`` records (each ``repeat`` times),
+    in one step.
 
     A scheduler observes four stages for every request it persists: at a GPU's rate
     (tens of thousands of requests a second per process) one ``observe`` call each cost
@@ -71,16 +72,16 @@ def observe_many(child: Histogram, values: Sequence[float]) -> None:
     observe, so this counts the values per bucket and adds the counts to the child's
     bucket and sum values, the ones ``observe`` adds to (tests/unit/core/test_metrics.py
     checks the two agree on the installed library)."""
-    if not values:
+    if not values or repeat < 1:
         return
     bounds: Sequence[float] = child._upper_bounds
     counts = [0] * len(bounds)
     total = 0.0
     for v in values:
-        counts[bisect_left(bounds, v)] += 1  # the first bound >= v, as observe's scan
+        counts[bisect_left(bounds, v)] += repeat  # the first bound >= v, as observe's scan
         total += v
     child._raise_if_not_observable()
-    child._sum.inc(total)
+    child._sum.inc(total * repeat)
     buckets = child._buckets
     for i, n in enumerate(counts):
         if n:

@@ -11,10 +11,24 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from core.generation import StepOutput, StepPlan
 from core.models.registry import VersionRecord
 
 if TYPE_CHECKING:
     import numpy as np
+
+
+@dataclass
+class GenerationInfo:
+    """What a worker's generation model gives the scheduler's continuous-batching policy
+    (scheduler/generation/config.py, decision 23): its KV pool, sized by the worker from
+    its memory budget, and the step's limits."""
+
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    max_step_tokens: int
+    max_running: int
 
 
 @dataclass
@@ -23,6 +37,8 @@ class ModelInfo:
     version: str
     max_batch_size: int
     profile_ms: dict[int, float] = field(default_factory=dict)  # warmup: ms per batch size
+    # Set for a generation model: it takes GenStep messages, not batches.
+    generation: GenerationInfo | None = None
     # What the worker loaded: the registry record it was asked for (or the built-in
     # one it started with), the digest its files had, and the memory it holds (bytes).
     record: VersionRecord | None = None
@@ -107,6 +123,29 @@ class WorkBatch:
     token_ids: bool = False
     # W3C trace context of the scheduler's batch span (core/tracing.py), when traced.
     traceparent: str | None = None
+
+
+@dataclass
+class GenStep:
+    """One step of continuous batching (core/generation.py) for a generation model. The
+    worker keeps a KV pool per scheduler connection and nothing per sequence: the plan
+    says which tokens go where. ``batch_id`` names the step as a batch's id names the
+    batch: answers come back in send order and are checked against it."""
+
+    batch_id: str
+    model: str
+    version: str
+    plan: StepPlan
+
+
+@dataclass
+class GenStepResult:
+    batch_id: str
+    output: StepOutput | None  # None: the step failed (``error``)
+    error: str | None
+    compute_start: float  # epoch s
+    compute_end: float
+    device: dict[str, float | str] | None = None
 
 
 @dataclass

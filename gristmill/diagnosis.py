@@ -365,7 +365,9 @@ def judge_workers(
     out: list[Finding] = []
     served: dict[str, tuple[int, float]] = {}
     for cap in capacities:
-        for ref, items_per_s in cap.items():
+        for ref, reported in cap.items():
+            # A capacity record ({"items_s": ...}, decision 24) or a bare rate.
+            items_per_s = reported["items_s"] if isinstance(reported, dict) else reported
             n, total = served.get(ref, (0, 0.0))
             served[ref] = (n + 1, total + items_per_s)
     for ref, (n, total) in sorted(served.items()):

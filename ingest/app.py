@@ -19,7 +19,7 @@ from core import __version__
 from core.config import Settings
 from core.models.catalog import build_specs
 from core.topics import ensure_topics
-from ingest import admin, infer, jobs, metrics
+from ingest import admin, completions, dashboard, infer, jobs, kserve, metrics, openai_compat
 from ingest.auth import Authenticator, AuthGate
 from ingest.catalog import ModelCatalog
 from ingest.fast_path import InferFastPath
@@ -27,6 +27,7 @@ from ingest.http import BodyLimit, ErrorGuard, install_error_handlers
 from ingest.idempotency import sweeper
 from ingest.job_submit import JobPublisher
 from ingest.load_watch import LoadWatch
+from ingest.openai_wire import models_answer
 from ingest.overload import Overload
 from ingest.producer import AsyncProducer
 from ingest.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
@@ -133,6 +134,8 @@ def create_app(settings: Settings) -> FastAPI:
                 task.cancel()
             with contextlib.suppress(Exception):  # the database may be the thing that is gone
                 await state.load.leave()
+            if state.streams is not None:
+                await state.streams.stop()
             await waiter.stop()
             await state.auth.stop()
             state.producer.close()
@@ -152,9 +155,13 @@ def create_app(settings: Settings) -> FastAPI:
     # Added last, so it runs first: a bad key is refused before anything reads the body.
     app.add_middleware(AuthGate)
     app.include_router(infer.router)
+    app.include_router(completions.router)
     app.include_router(jobs.router, responses=ERROR_RESPONSES)
+    app.include_router(openai_compat.router)
+    app.include_router(kserve.router)
     app.include_router(metrics.router)
     app.include_router(admin.router, responses=ERROR_RESPONSES)
+    app.include_router(dashboard.router)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -180,9 +187,10 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/v1/models", responses={500: ERROR_RESPONSES[500]})
     async def list_models(request: Request) -> dict[str, object]:
+        # Gristmill's ``models`` and OpenAI's list (``object``, ``data``) in one body.
         st = get_state(request)
         await st.catalog.refresh()
-        return {"models": st.catalog.listing()}
+        return models_answer(st.catalog.listing())
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -211,7 +219,7 @@ def api_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
                 op["parameters"] = params
             else:
                 op.pop("parameters", None)
-            if path.startswith("/v1/") and path != "/v1/models":
+            if (path.startswith("/v1/") and path != "/v1/models") or path.endswith("/infer"):
                 op["security"] = [{"bearer": []}]
     # The built-in versions: those registered later are listed by GET /v1/models.
     specs = build_specs(settings)

@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.config import Settings
 from core.errors import GristmillError, Unauthorized, Unavailable
+from ingest.error_shapes import shape_for
 from ingest.http import error_response
 from results.db import libpq_url
 from results.tenants import KEYS_CHANNEL, Tenant, hash_key, lookup_stmt, well_formed
@@ -239,7 +240,7 @@ class AuthGate:
             auth: Authenticator = scope["app"].state.gristmill.auth
             tenant = await auth.authenticate(authorization)
         except GristmillError as exc:
-            await error_response(exc)(scope, receive, send)
+            await error_response(exc, shape_for(scope["path"]))(scope, receive, send)
             return
         scope.setdefault("state", {})["tenant"] = tenant
         await self.app(scope, receive, send)

@@ -38,6 +38,9 @@ from ingest.routing import (
     RouteTable,
     Served,
     choose,
+    known_routes,
+    lookup,
+    open_versions,
 )
 from results.db import libpq_url
 from results.modelregistry import (
@@ -201,6 +204,16 @@ class ModelCatalog:
                     }
                 )
         return out
+
+    def known(self, ref: str) -> ModelSpec:
+        """The spec of ``name`` (its live version) or ``name@version`` as the registry
+        holds it, served or not (metadata); NotFound naming it if unknown or retired."""
+        name, version = parse_ref(ref)
+        return self.spec(lookup(self.table, name, version))
+
+    def versions(self, name: str) -> list[str]:
+        """``name``'s versions that are not retired (NotFound if it has none)."""
+        return open_versions(known_routes(self.table, name))
 
     def decide(
         self, ref: str, *, tenant_id: str | None, idempotency_key: str | None = None

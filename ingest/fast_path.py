@@ -1,4 +1,5 @@
-"""``POST /v1/infer`` served straight from uvicorn, in front of FastAPI.
+"""``POST /v1/infer`` (and OpenAI's ``POST /v1/embeddings``) served straight from
+uvicorn, in front of FastAPI.
 
 The sync endpoint is the hot path. At 1,000 requests/s FastAPI's layers around it
 (middleware stack, routing, dependency solving for two headers) were a fifth of the
@@ -23,13 +24,19 @@ from starlette.types import Receive, Scope, Send
 
 from core.config import Settings
 from ingest import metrics
+from ingest.error_shapes import shape_for
 from ingest.http import answer, capped, declared_too_large, timed, too_large
 from ingest.infer import answer_infer, check_headers
+from ingest.openai_compat import answer_embeddings
+from ingest.openai_wire import parse_prefer
 from ingest.state import AppState
 
 log = logging.getLogger("gristmill.ingest")
 
 PATH = "/v1/infer"
+# OpenAI's embeddings route takes the same path: its clients' traffic is as hot.
+EMBEDDINGS = "/v1/embeddings"
+PATHS = frozenset({PATH, EMBEDDINGS})
 
 
 class _Disconnected(Exception):
@@ -43,29 +50,39 @@ class InferFastPath:
         self.body_timeout_s = settings.body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != PATH or scope["method"] != "POST":
+        path = scope.get("path")
+        if scope["type"] != "http" or path not in PATHS or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         received = time.time()
         error: Exception | None = None
         try:
             authorization = idempotency_key = None
+            prefer: list[str] = []
             for name, value in scope["headers"]:
                 if name == b"authorization":
                     authorization = value.decode("latin-1")
                 elif name == b"idempotency-key":
                     idempotency_key = value.decode("latin-1")
+                elif name == b"prefer":
+                    prefer.append(value.decode("latin-1"))
             state: AppState = self.app.state.gristmill
             tenant = await state.auth.authenticate(authorization)  # before the body
             check_headers(state.settings, idempotency_key)
             body = await self._body(scope, receive)
-            response = await answer_infer(state, tenant, idempotency_key, body, received)
+            if path == PATH:
+                response = await answer_infer(state, tenant, idempotency_key, body, received)
+            else:
+                response = await answer_embeddings(
+                    state, tenant, idempotency_key, parse_prefer(prefer), body, received
+                )
         except _Disconnected:
             return
         except Exception as exc:
             error = exc
-            response = answer(exc, f"POST {PATH}")
-        metrics.responded(response.status_code, error)
+            response = answer(exc, f"POST {path}", shape_for(path))
+        if path == PATH:
+            metrics.responded(response.status_code, error)
         await response(scope, receive, send)
 
     async def _body(self, scope: Scope, receive: Receive) -> bytes:

@@ -44,6 +44,8 @@ from core.errors import (
     Unavailable,
 )
 from core.limits import shown
+from ingest.error_shapes import Shape, error_body, shape_for
+from ingest.error_shapes import body as shaped_body
 
 log = logging.getLogger("gristmill.ingest")
 
@@ -51,11 +53,12 @@ log = logging.getLogger("gristmill.ingest")
 _REFERENCE = "_gristmill_reference"
 
 
-def error_response(err: GristmillError) -> ORJSONResponse:
+def error_response(err: GristmillError, shape: Shape = Shape.GRISTMILL) -> ORJSONResponse:
+    """``err``'s answer; ``shape``: the body its route's clients read (error_shapes.py)."""
     headers = dict(err.headers)
     if err.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
-    return ORJSONResponse(err.to_body(), status_code=err.status, headers=headers)
+    return ORJSONResponse(error_body(err, shape), status_code=err.status, headers=headers)
 
 
 # SQLSTATE classes (the first two characters). The database is away, short of
@@ -113,20 +116,22 @@ def database_error(exc: BaseException) -> GristmillError | None:
     return None
 
 
-def exception_response(exc: BaseException) -> ORJSONResponse | None:
+def exception_response(exc: BaseException, shape: Shape = Shape.GRISTMILL) -> ORJSONResponse | None:
     """The answer for an error a handler raised; None for a bug (see ``internal_error``)."""
     if isinstance(exc, GristmillError):
-        return error_response(exc)
+        return error_response(exc, shape)
     if isinstance(exc, DATABASE_ERRORS):
         err = database_error(exc)
         if err is not None:
             if err.status >= 500:
                 log.warning("database unavailable: %s", type(exc).__name__)
-            return error_response(err)
+            return error_response(err, shape)
     return None
 
 
-def internal_error(exc: BaseException, where: str) -> ORJSONResponse:
+def internal_error(
+    exc: BaseException, where: str, shape: Shape = Shape.GRISTMILL
+) -> ORJSONResponse:
     """A bug: logged with its stack under a new reference id, answered as a JSON 500."""
     ref = getattr(exc, _REFERENCE, None)
     if ref is None:
@@ -134,20 +139,20 @@ def internal_error(exc: BaseException, where: str) -> ORJSONResponse:
         log.error("internal error %s in %s", ref, where, exc_info=exc)
         with contextlib.suppress(AttributeError):  # a type without a __dict__
             setattr(exc, _REFERENCE, ref)
-    body = {
-        "error": {
-            "code": "internal_error",
-            "message": f"internal error; quote reference {ref} when reporting it",
-            "reference": ref,
-        }
-    }
-    return ORJSONResponse(body, status_code=500)
+    content = shaped_body(
+        shape,
+        500,
+        "internal_error",
+        f"internal error; quote reference {ref} when reporting it",
+        reference=ref,
+    )
+    return ORJSONResponse(content, status_code=500)
 
 
-def answer(exc: BaseException, where: str) -> ORJSONResponse:
+def answer(exc: BaseException, where: str, shape: Shape = Shape.GRISTMILL) -> ORJSONResponse:
     """The one mapping: a known error's answer, else a bug's."""
-    known = exception_response(exc)
-    return known if known is not None else internal_error(exc, where)
+    known = exception_response(exc, shape)
+    return known if known is not None else internal_error(exc, where, shape)
 
 
 def field_path(loc: tuple[object, ...] | list[object]) -> str:
@@ -162,20 +167,23 @@ def field_path(loc: tuple[object, ...] | list[object]) -> str:
 
 def install_error_handlers(app: FastAPI) -> None:
     async def on_known(request: Request, exc: Exception) -> ORJSONResponse:
-        return answer(exc, f"{request.method} {request.url.path}")
+        path = request.url.path
+        return answer(exc, f"{request.method} {path}", shape_for(path))
 
-    async def on_validation(_: Request, exc: Exception) -> ORJSONResponse:
+    async def on_validation(request: Request, exc: Exception) -> ORJSONResponse:
         assert isinstance(exc, RequestValidationError)
         err = exc.errors()[0]
         loc = field_path(err["loc"][1:]) if len(err["loc"]) > 1 else field_path(err["loc"])
-        return error_response(SchemaViolation(f"{loc}: {err['msg']}", field=loc))
+        return error_response(
+            SchemaViolation(f"{loc}: {err['msg']}", field=loc), shape_for(request.url.path)
+        )
 
-    async def on_http(_: Request, exc: Exception) -> ORJSONResponse:
-        # Starlette's own 404 (no route) and 405 (wrong method), in our error shape.
+    async def on_http(request: Request, exc: Exception) -> ORJSONResponse:
+        # Starlette's own 404 (no route) and 405 (wrong method), in the path's error shape.
         assert isinstance(exc, HTTPException)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return ORJSONResponse(
-            {"error": {"code": code, "message": str(exc.detail)}},
+            shaped_body(shape_for(request.url.path), exc.status_code, code, str(exc.detail)),
             status_code=exc.status_code,
             headers=exc.headers,
         )
@@ -213,7 +221,7 @@ class ErrorGuard:
         except Exception as exc:
             where = f"{scope.get('method')} {scope.get('path')}"
             if not started:
-                await answer(exc, where)(scope, receive, send)
+                await answer(exc, where, shape_for(scope.get("path", "")))(scope, receive, send)
             elif getattr(exc, _REFERENCE, None) is None:
                 internal_error(exc, f"{where} (response already under way)")
 
@@ -286,10 +294,11 @@ class BodyLimit:
         if scope["type"] != "http" or scope.get("path", "").startswith("/v1/jobs"):
             await self.app(scope, receive, send)
             return
+        shape = shape_for(scope.get("path", ""))
         if declared_too_large(scope, self.max_bytes):
-            await error_response(too_large(self.max_bytes))(scope, receive, send)
+            await error_response(too_large(self.max_bytes), shape)(scope, receive, send)
             return
         try:
             await self.app(scope, timed(capped(receive, self.max_bytes), self.timeout_s), send)
         except (PayloadTooLarge, RequestTimeout) as exc:
-            await error_response(exc)(scope, receive, send)
+            await error_response(exc, shape)(scope, receive, send)

@@ -35,14 +35,19 @@ def _ms(a: datetime | None, b: datetime | None) -> float | None:
     return None if a is None or b is None else round((b - a).total_seconds() * 1000, 3)
 
 
-def result_body(row: dict[str, Any], total_ms: float | None = None) -> dict[str, Any]:
-    """The answer for a finished request; raises the error for a failed or expired one."""
+def raise_if_unsuccessful(row: dict[str, Any], field: str = "input") -> None:
+    """The error a finished request's caller gets when it failed or expired."""
     if row["status"] == RequestStatus.EXPIRED:
         raise DeadlineExceeded(
             "the deadline passed before a worker could run the request", reason="expired"
         )
     if row["status"] == RequestStatus.FAILED:
-        raise ModelError(f"the model failed on this input: {row['error']}", field="input")
+        raise ModelError(f"the model failed on this input: {row['error']}", field=field)
+
+
+def result_body(row: dict[str, Any], total_ms: float | None = None) -> dict[str, Any]:
+    """The answer for a finished request; raises the error for a failed or expired one."""
+    raise_if_unsuccessful(row)
     if total_ms is None:
         total_ms = _ms(row["received_at"], row["persisted_at"])
     return {
@@ -74,7 +79,7 @@ def accept(spec: ModelSpec, body: InferBody) -> dict[str, Any]:
 
 def request_message(
     spec: ModelSpec,
-    body: InferBody,
+    input_: Any,
     params: dict[str, Any],
     *,
     tenant: Tenant,
@@ -90,12 +95,12 @@ def request_message(
         priority=TIER_TO_CLASS[tenant.tier],
         model=spec.name,
         version=spec.version,
-        input=spec.message_input(body.input),  # token ids too, where the model takes them
+        input=spec.message_input(input_),  # token ids too, where the model takes them
         params=params,
         deadline=received + timeout_ms / 1000,
         received_at=received,
         # Only an Idempotency-Key needs the fingerprint; skip the hashing otherwise.
-        body_hash=body_hash(spec.ref, body.input, params) if idempotency_key else "",
+        body_hash=body_hash(spec.ref, input_, params) if idempotency_key else "",
         weight=tenant.weight,
     )
 
@@ -130,6 +135,16 @@ async def answer_infer(
 ) -> ORJSONResponse:
     """``POST /v1/infer`` once the key and headers are checked and the body is in:
     errors are raised (ingest/http.py maps them)."""
+    take_instance_slot(st, tenant)
+    try:
+        return await _infer(st, raw_body, tenant, received, idempotency_key)
+    finally:
+        st.inflight.release()
+
+
+def take_instance_slot(st: AppState, tenant: Tenant) -> None:
+    """Refuse (503) when this API instance is saturated, else hold one of its in-flight
+    slots: the caller releases it (``st.inflight.release()``) when it answers."""
     metrics.request_tier.set(tenant.tier)
     s = st.settings
     if st.overload.should_shed(tenant.tier, s.loop_lag_shed_ms, s.answer_delay_shed_ms):
@@ -146,10 +161,6 @@ async def answer_infer(
             retry_after_s=1,
             reason="instance_capacity",
         )
-    try:
-        return await _infer(st, raw_body, tenant, received, idempotency_key)
-    finally:
-        st.inflight.release()
 
 
 async def _infer(
@@ -169,7 +180,7 @@ async def _infer(
     rid = str(uuid.uuid4())  # with an Idempotency-Key, the claim may name an earlier one
     msg = request_message(
         spec,
-        body,
+        body.input,
         params,
         tenant=tenant,
         request_id=rid,

@@ -12,6 +12,7 @@ import time
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.config import Settings
+from ingest import metrics
 from ingest.admission import Admission, LoadView
 from ingest.ratelimit import TenantLimiter
 from results.load import (
@@ -20,6 +21,7 @@ from results.load import (
     live_instances_stmt,
     live_reports_stmt,
     process_id,
+    publish_api_metrics_stmt,
     report_of,
 )
 
@@ -35,15 +37,22 @@ class LoadWatch:
             settings.topic_prefix, f"{socket.gethostname()}-{os.getpid()}"
         )
         self.view: LoadView | None = None
+        self.refreshes = 0
         # What this instance offered and admitted lately, and which classes it refused.
         self.admission = Admission(
             margin_s=settings.deadline_margin_ms / 1000, max_buffered=settings.max_buffered
         )
 
-    async def refresh(self) -> None:
+    async def refresh(self, *, publish: bool = False) -> None:
+        """``publish``: this process's metrics window for the dashboard goes with the
+        heartbeat (once a second)."""
         stale = self.settings.load_report_stale_s
         async with self.engine.begin() as conn:
-            await conn.execute(heartbeat_stmt(self.instance_id))
+            if publish:
+                window = metrics.window(time.time())
+                await conn.execute(publish_api_metrics_stmt(self.instance_id, window))
+            else:
+                await conn.execute(heartbeat_stmt(self.instance_id))
             n = (
                 await conn.execute(live_instances_stmt(stale, self.settings.topic_prefix))
             ).scalar_one()
@@ -57,10 +66,12 @@ class LoadWatch:
         async with self.engine.begin() as conn:
             await conn.execute(leave_stmt(self.instance_id))
 
-    async def run(self, interval_s: float = 0.25) -> None:
+    async def run(self, interval_s: float = 0.25, publish_s: float = 1.0) -> None:
+        every = max(1, round(publish_s / interval_s))
         while True:
+            self.refreshes += 1
             try:
-                await self.refresh()
+                await self.refresh(publish=(self.refreshes - 1) % every == 0)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # keep the last view; PostgreSQL may be restarting

@@ -38,7 +38,8 @@ from prometheus_client.registry import Collector
 
 from core.errors import GristmillError
 from core.messages import RequestMessage
-from core.metrics import LATENCY_BUCKETS, multiprocess_dir, stage_histogram
+from core.metrics import LATENCY_BUCKETS, multiprocess_dir, snapshot, stage_histogram
+from core.metrics_window import API_SERIES, MetricsWindow
 from core.vocab import RequestStatus
 from ingest.http import DATABASE_ERRORS  # the one list of what means "database down"
 from results.metrics import JobGauges, job_gauges_of, job_gauges_stmt
@@ -183,6 +184,17 @@ def produce_failed(reason: str) -> None:
 def job_submitted(tier: str, items: int) -> None:
     JOBS_SUBMITTED.labels(tier).inc()
     JOB_ITEMS_SUBMITTED.labels(tier).inc(items)
+
+
+# ---- published for the dashboard -------------------------------------------------------
+_window = MetricsWindow(API_SERIES)
+
+
+def window(now: float) -> dict[str, Any]:
+    """This process's metrics window (core/metrics_window.py), published once a second
+    beside its heartbeat. This process's own values, also in multiprocess mode (each
+    process publishes its row; the dashboard sums the rows)."""
+    return _window.publish(now, snapshot(REGISTRY))
 
 
 # ---- gauges --------------------------------------------------------------------------

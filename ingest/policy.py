@@ -26,15 +26,23 @@ def ratelimit_headers(v: Verdict) -> dict[str, str]:
     }
 
 
-def check_rate(limiter: TenantLimiter, settings: Settings, tenant: Tenant) -> dict[str, str]:
-    """One request against the tenant's requests/s; returns headers for the answer."""
+def check_rate(
+    limiter: TenantLimiter, settings: Settings, tenant: Tenant, items: int = 1
+) -> dict[str, str]:
+    """One request against the tenant's requests/s; returns headers for the answer.
+
+    A request of many inputs (an embeddings array, a KServe batch) costs one token per
+    input, as that many single requests would; it is taken while the bucket holds any
+    tokens and may leave it in debt, so one larger than the burst is not refused
+    forever (the next request waits the debt off)."""
     v = limiter.check(
         tenant.id,
         "requests",
         rate=tenant.rate_rps or settings.tier_rate_rps[tenant.tier],
         burst=tenant.burst or settings.tier_burst[tenant.tier],
-        n=1,
+        n=items,
         now=time.monotonic(),
+        allow_debt=items > 1,
     )
     headers = ratelimit_headers(v)
     if not v.allowed:

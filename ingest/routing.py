@@ -126,6 +126,49 @@ def unavailable(ref: str, served: Served | None) -> Unavailable:
     )
 
 
+def lookup(table: RouteTable, name: str, version: str) -> VersionRecord:
+    """The version ``name`` (its live one) or ``name@version`` names, whether or not a
+    worker serves it: NotFound naming it when it is unknown or retired."""
+    routes = known_routes(table, name)
+    if version:
+        r = routes.versions.get(version)
+        if r is None or r.state is VersionState.RETIRED:
+            why = "is retired" if r is not None else "does not exist"
+            raise NotFound(
+                f"model version {shown(f'{name}@{version}')} {why} "
+                f"(versions: {', '.join(open_versions(routes))})",
+                field="model",
+            )
+        return r
+    live = routes.live()
+    if live is None:
+        raise NotFound(
+            f"model {name} has no live version; pin one (versions: "
+            f"{', '.join(sorted(routes.versions, key=version_order))})",
+            field="model",
+        )
+    return live
+
+
+def known_routes(table: RouteTable, name: str) -> ModelRoutes:
+    """A model with a version that is not retired; NotFound naming it otherwise."""
+    routes = table.models.get(name)
+    if routes is None or all(r.state is VersionState.RETIRED for r in routes.versions.values()):
+        raise NotFound(
+            f"unknown model {shown(name)} (available: {', '.join(table.names()) or 'none'})",
+            field="model",
+        )
+    return routes
+
+
+def open_versions(routes: ModelRoutes) -> list[str]:
+    """Its versions that are not retired, in version order."""
+    return sorted(
+        (v for v, x in routes.versions.items() if x.state is not VersionState.RETIRED),
+        key=version_order,
+    )
+
+
 def choose(
     table: RouteTable,
     name: str,
@@ -136,26 +179,11 @@ def choose(
 ) -> Decision:
     """The version for a request naming ``name`` (and ``version`` when pinned; ``""``
     otherwise). ``tenant_id`` None: no canary (job items run on the live version)."""
-    routes = table.models.get(name)
-    if routes is None or all(r.state is VersionState.RETIRED for r in routes.versions.values()):
-        raise NotFound(
-            f"unknown model {shown(name)} (available: {', '.join(table.names()) or 'none'})",
-            field="model",
-        )
     if version:
-        r = routes.versions.get(version)
-        if r is None or r.state is VersionState.RETIRED:
-            open_ = sorted(
-                (v for v, x in routes.versions.items() if x.state is not VersionState.RETIRED),
-                key=version_order,
-            )
-            why = "is retired" if r is not None else "does not exist"
-            raise NotFound(
-                f"model version {shown(f'{name}@{version}')} {why} (versions: {', '.join(open_)})",
-                field="model",
-            )
+        r = lookup(table, name, version)
         _must_serve(table, r)
         return Decision(version, "pinned")
+    routes = known_routes(table, name)
     live, canary = routes.live(), routes.canary()
     if canary is not None and tenant_id is not None:
         who = sticky_key(routes, tenant_id, idempotency_key)
@@ -167,12 +195,7 @@ def choose(
             else:
                 _must_serve(table, live)
                 return Decision(live.version, "live (canary not ready)")
-    if live is None:
-        raise NotFound(
-            f"model {name} has no live version; pin one (versions: "
-            f"{', '.join(sorted(routes.versions, key=version_order))})",
-            field="model",
-        )
+    live = lookup(table, name, "")  # 404 when it has no live version
     _must_serve(table, live)
     return Decision(live.version, "live")
 

@@ -124,7 +124,8 @@ def infer_request_schema(settings: Settings, models: list[str]) -> dict[str, Any
 T = TypeVar("T", bound=BaseModel)
 
 
-def parse_body(raw: bytes, schema: type[T]) -> T:
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be one JSON object, or a 400 saying what it is instead."""
     if not raw.strip():
         raise InvalidInput("request body is empty; expected a JSON object")
     try:
@@ -133,6 +134,11 @@ def parse_body(raw: bytes, schema: type[T]) -> T:
         raise InvalidInput(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise InvalidInput("request body must be a JSON object")
+    return data
+
+
+def parse_body(raw: bytes, schema: type[T]) -> T:
+    data = json_object(raw)
     if "input" in schema.model_fields and "input" not in data:
         raise SchemaViolation("field 'input' is required", field="input")
     try:

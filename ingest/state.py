@@ -15,6 +15,7 @@ from ingest.load_watch import LoadWatch
 from ingest.overload import Overload
 from ingest.producer import AsyncProducer
 from ingest.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
+from ingest.streams import StreamHub
 from ingest.waiters import ResultWaiter
 
 
@@ -33,6 +34,7 @@ class AppState:
     overload: Overload
     uploads: SlotLimiter  # job uploads being staged and recorded
     follows: SlotLimiter  # follow=true result streams
+    streams: StreamHub | None = None  # made on the first token stream (ingest/completions.py)
 
 
 def get_state(request: Request) -> AppState:

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Row, Select, delete, func, select
+from sqlalchemy import (
+    CompoundSelect,
+    Connection,
+    Row,
+    Select,
+    delete,
+    func,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert
 
 from core.load_report import LoadReport
@@ -85,3 +95,46 @@ def live_instances_stmt(stale_s: float, deployment: str) -> Select[Any]:
             api_instances.c.instance_id.startswith(process_id(deployment, ""), autoescape=True),
         )
     )
+
+
+# ---- each process's metrics window, for the dashboard (decision 33) ----------------------
+def publish_scheduler_metrics(conn: Connection, scheduler_id: str, metrics: dict[str, Any]) -> None:
+    """Beside the load report (written just before, in the same transaction)."""
+    conn.execute(
+        update(scheduler_load)
+        .where(scheduler_load.c.scheduler_id == scheduler_id)
+        .values(metrics=metrics)
+    )
+
+
+def publish_api_metrics_stmt(instance_id: str, metrics: dict[str, Any]) -> Any:
+    """Beside the instance's heartbeat; inserts the row if the heartbeat has not yet."""
+    stmt = insert(api_instances).values(instance_id=instance_id, metrics=metrics)
+    return stmt.on_conflict_do_update(
+        index_elements=["instance_id"],
+        set_={"metrics": stmt.excluded.metrics, "last_seen_at": func.now()},
+    )
+
+
+def live_metrics_stmt(stale_s: float, deployment: str) -> CompoundSelect:
+    """The metrics windows of every live scheduler and API process of the deployment:
+    (kind "scheduler" or "api", process id, metrics)."""
+    prefix = process_id(deployment, "")
+    fresh = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_s)
+    schedulers = select(
+        literal("scheduler").label("kind"),
+        scheduler_load.c.scheduler_id.label("process"),
+        scheduler_load.c.metrics,
+    ).where(
+        scheduler_load.c.updated_at > fresh,
+        scheduler_load.c.scheduler_id.startswith(prefix, autoescape=True),
+    )
+    apis = select(
+        literal("api").label("kind"),
+        api_instances.c.instance_id.label("process"),
+        api_instances.c.metrics,
+    ).where(
+        api_instances.c.last_seen_at > fresh,
+        api_instances.c.instance_id.startswith(prefix, autoescape=True),
+    )
+    return schedulers.union_all(apis)

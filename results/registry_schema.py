@@ -1,4 +1,4 @@
-"""The model registry's tables (migrations/versions/0007_model_registry.py), beside
+"""The model registry's tables (migrations/versions/0012_model_registry.py), beside
 results/schema.py and in its metadata."""
 
 from __future__ import annotations

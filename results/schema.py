@@ -110,6 +110,21 @@ requests = Table(
 )
 
 
+# A generating request's tokens so far, one row per flush of the scheduler that runs it
+# (scheduler/generation/service.py, decision 32): what its stream delivered, read by a
+# stream that reconnects and by the next owner after a crash. Deleted in the
+# transaction that writes the request's final row to ``requests``.
+generation_progress = Table(
+    "generation_progress",
+    metadata,
+    Column("request_id", UUID(as_uuid=False), primary_key=True),
+    Column("first_index", Integer, primary_key=True),  # the first token's output index
+    Column("tenant_id", UUID(as_uuid=False), nullable=False),
+    Column("token_ids", JSONB, nullable=False),  # [int, ...]
+    Column("texts", JSONB, nullable=False),  # [str, ...]: the text each token released
+    Column("written_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
 
 class RequestRow(TypedDict):
     """One row of ``requests`` as the scheduler writes it: every column but
@@ -249,6 +264,8 @@ api_instances = Table(
     metadata,
     Column("instance_id", Text, primary_key=True),
     Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # this process's metrics window (core/metrics_window.py), for the dashboard
+    Column("metrics", JSONB, nullable=False, server_default="{}"),
 )
 
 scheduler_load = Table(
@@ -260,5 +277,7 @@ scheduler_load = Table(
     Column("lag", JSONB, nullable=False, server_default="{}"),
     # the largest tenants' queues per model ref and class (results.load.REST: the rest)
     Column("tenant_backlog", JSONB, nullable=False, server_default="{}"),
+    # this scheduler's metrics window (core/metrics_window.py), for the dashboard
+    Column("metrics", JSONB, nullable=False, server_default="{}"),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )

@@ -469,6 +469,15 @@ class DispatchCore:
         self.stats["rejected"] += len(kept)
         return kept
 
+    def hold(self, items: list[Pending], owned: set[TopicPartition]) -> list[Pending]:
+        """Track the offsets of requests run outside the batcher (generation, decision
+        32) that are of partitions still owned; ``done`` releases them."""
+        kept = [p for p in items if p.tp in owned]
+        for p in kept:
+            self.tracker.track(p.tp, p.offset)
+        self.stats["consumed"] += len(kept)
+        return kept
+
     def revoke(self, tps: list[TopicPartition]) -> None:
         """Another member owns these partitions now: drop their queued and retrying
         requests (it re-reads them from the committed offset). Batches already on a

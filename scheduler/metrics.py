@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     ProcessCollector,
     start_http_server,
@@ -41,8 +42,10 @@ from core.metrics import (
     RATIO_BUCKETS,
     STAGES,
     observe_many,
+    snapshot,
     stage_histogram,
 )
+from core.metrics_window import SCHEDULER_SERIES, MetricsWindow, merged
 from core.protocol import WorkResult
 from core.vocab import PRIORITY_CLASSES, ModelRef
 from results.schema import RequestRow
@@ -137,6 +140,64 @@ PRODUCE_ERRORS = Counter(
     registry=REGISTRY,
 )
 
+# Generation (decision 32): what continuous batching does, per model.
+GEN_TTFT = Histogram(
+    "gristmill_generation_time_to_first_token_seconds",
+    "From the API's acceptance to the first output token, per finished completion",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+GEN_STEP = Histogram(
+    "gristmill_generation_step_seconds",
+    "One continuous-batching step (plan, compute on the worker, apply): the time between "
+    "two tokens of every decoding sequence, i.e. the inter-token latency",
+    ["model"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+GEN_TOKENS = Counter(
+    "gristmill_generation_tokens_total",
+    "Tokens computed by generation steps: output tokens sampled, and prompt or recomputed "
+    "tokens prefilled; the rate of 'output' is tokens/s",
+    ["model", "kind"],
+    registry=REGISTRY,
+)
+GEN_KV_USED = Gauge(
+    "gristmill_generation_kv_blocks_used",
+    "KV-cache blocks held by running sequences after the last step",
+    ["model"],
+    registry=REGISTRY,
+)
+GEN_KV_TOTAL = Gauge(
+    "gristmill_generation_kv_blocks",
+    "KV-cache blocks in the worker's pool",
+    ["model"],
+    registry=REGISTRY,
+)
+GEN_PREEMPTIONS = Counter(
+    "gristmill_generation_preemptions_total",
+    "Running sequences whose KV blocks were dropped to make room (recomputed later)",
+    ["model"],
+    registry=REGISTRY,
+)
+
+
+def generation_step(
+    model: str, step_s: float, sampled: int, computed: int, kv_used: int, preempted: int
+) -> None:
+    _child(GEN_STEP, model).observe(step_s)
+    _child(GEN_TOKENS, model, "output").inc(sampled)
+    _child(GEN_TOKENS, model, "prefill").inc(max(0, computed - sampled))
+    _child(GEN_KV_USED, model).set(kv_used)
+    if preempted:
+        _child(GEN_PREEMPTIONS, model).inc(preempted)
+
+
+def generation_ttft(model: str, seconds: float) -> None:
+    _child(GEN_TTFT, model).observe(seconds)
+
+
 # A GPU reading older than this is not shown: the worker got no batch since, so it is
 # not a reading of what this scheduler's work does to the GPU now (the usual scrape
 # interval, so an idle worker's series ends within one scrape).
@@ -226,49 +287,46 @@ def committed(lane: str, seconds: float, ok: bool) -> None:
 def persisted(rows: list[RequestRow], now: float | None = None) -> None:
     """Rows are committed: every stage each request went through, and its outcome.
 
-    Values are gathered per model and class and observed in one step per stage
-    (``observe_many``): a scheduler feeding a GPU persists tens of thousands of rows a
-    second, and four ``observe`` calls per row cost more than building the row."""
+    A scheduler feeding a GPU persists tens of thousands of rows a second, so this is
+    one pass of dictionary lookups per row: rows of one batch share their datetimes
+    (consumed in one fetch, batched, computed together), so the stages after ``queue``
+    are worked out once per group of equal times and observed in one step
+    (``observe_many``) rather than four ``observe`` calls a row."""
     now = time.time() if now is None else now
-    epoch: dict[int, float] = {}  # rows of a batch share their datetimes: convert each once
+    finished: dict[tuple[str, str, str, str], int] = {}
+    queued: dict[tuple[str, str, str], list[float]] = {}
+    # (labels, consumed, batched, compute start, compute end) -> rows with those times
+    shared: dict[tuple[Any, ...], int] = {}
+    epoch: dict[int, float] = {}  # id(datetime) -> epoch s: each shared datetime once
 
-    def at(d: datetime | None) -> float | None:
-        if d is None:
-            return None
+    def at(d: datetime) -> float:
         t = epoch.get(id(d))
         if t is None:
             t = epoch[id(d)] = d.timestamp()
         return t
 
-    finished: dict[tuple[str, str, str, str], int] = {}
-    stages: dict[tuple[str, str, str], tuple[list[float], ...]] = {}
     for r in rows:
         labels = (r["model"], r["model_version"], r["priority"])
         fkey = (*labels, r["status"])
         finished[fkey] = finished.get(fkey, 0) + 1
-        consumed = at(r["consumed_at"])
+        consumed = r["consumed_at"]
         if consumed is None:
             continue
-        values = stages.get(labels)
-        if values is None:
-            values = stages[labels] = ([], [], [], [])
-        queue, batch_wait, compute, persist = values
-        queue.append(max(0.0, consumed - r["received_at"].timestamp()))
-        batched, start, end = (
-            at(r["batched_at"]),
-            at(r["compute_start_at"]),
-            at(r["compute_end_at"]),
-        )
+        q = queued.get(labels)
+        if q is None:
+            q = queued[labels] = []
+        q.append(max(0.0, at(consumed) - r["received_at"].timestamp()))
+        key = (labels, consumed, r["batched_at"], r["compute_start_at"], r["compute_end_at"])
+        shared[key] = shared.get(key, 0) + 1
+    for labels, values in queued.items():
+        observe_many((_stages.get(labels) or _stage_children(labels))[0], values)
+    for (labels, consumed, batched, start, end), n in shared.items():
+        _, batch_wait, compute, persist = _stages[labels]
         if batched is not None:
-            batch_wait.append(max(0.0, batched - consumed))
+            observe_many(batch_wait, [max(0.0, at(batched) - at(consumed))], n)
         if start is not None and end is not None:
-            compute.append(max(0.0, end - start))
-            persist.append(max(0.0, now - end))
-    for labels, values in stages.items():
-        for child, observed in zip(
-            _stages.get(labels) or _stage_children(labels), values, strict=True
-        ):
-            observe_many(child, observed)
+            observe_many(compute, [max(0.0, at(end) - at(start))], n)
+            observe_many(persist, [max(0.0, now - at(end))], n)
     for (m, v, cls_, status), n in finished.items():
         _child(FINISHED, m, v, cls_, str(status)).inc(n)
 
@@ -473,3 +531,17 @@ def serve(svc: SchedulerService, settings: Settings) -> None:
         )
         return
     log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
+
+
+# ---- published for the dashboard -------------------------------------------------------
+_window = MetricsWindow(SCHEDULER_SERIES)
+
+
+def window(now: float) -> dict[str, Any]:
+    """This scheduler's metrics window (core/metrics_window.py), published once a second
+    with its load report: the families it names, collected as a scrape collects them
+    (the gauges take the service's lock briefly)."""
+    sources: list[Collector] = [STAGE_SECONDS, FINISHED, BATCHES, WORKER_BUSY]
+    if _collector is not None:
+        sources.append(_collector)
+    return _window.publish(now, merged(snapshot(c) for c in sources))

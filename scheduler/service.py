@@ -32,6 +32,9 @@ from confluent_kafka import Message, Producer
 from core import tracing as core_tracing
 from core.config import Settings
 from core.kafka import producer_config
+from core.models.catalog import build_specs, latest
+from core.models.causal_lm import CausalLMSpec
+from core.models.registry import parse_ref
 from core.models.spec import ModelSpec
 from core.protocol import ModelStatus
 from core.topics import dead_letter_topic, ensure_topics
@@ -40,13 +43,19 @@ from results.db import make_engine
 from results.durability import refusal
 from results.faults import first_line
 from results.jobs import cancelled_unfinished_stmt
-from results.load import forget_scheduler, process_id, report_scheduler
-from results.modelregistry import record_from_row, versions_stmt
+from results.load import (
+    forget_scheduler,
+    process_id,
+    publish_scheduler_metrics,
+    report_scheduler,
+)
+from results.modelregistry import Readiness, record_from_row, versions_stmt
 from results.store import persist
 from scheduler import metrics, tracing
 from scheduler.batcher import Pending
 from scheduler.deadletter import DeadLetters
 from scheduler.dispatch import DispatchCore, Reject
+from scheduler.generation.service import GenerationService
 from scheduler.intake import decode
 from scheduler.lane import ConsumerLane, held_lag, lane_specs
 from scheduler.model_control import Command, Commandable, ModelControl
@@ -63,6 +72,7 @@ SHUTDOWN_DRAIN_S = 10.0
 # a burst through for its whole age (docs/decisions/0008).
 LOAD_REPORT_S = 0.25
 CANCELLED_REFRESH_S = 1.0
+METRICS_PUBLISH_S = 1.0  # the dashboard's step (core/metrics_window.py)
 ANNOUNCE_S = 5.0
 # The registry is read, and each version's readiness reported, this often (s): a promote
 # or a canary reaches the workers within it, and the API treats readiness older than
@@ -73,6 +83,14 @@ REGISTRY_REFRESH_S = 1.0
 # while the consumer and persist threads run Python in bursts: at 5 ms a handoff can
 # leave a worker idle longer than its batch takes (docs/bench/gpu.md).
 GIL_SWITCH_S = 0.0005
+
+
+def _builtin(specs: dict[str, dict[str, ModelSpec]], ref: str) -> ModelSpec | None:
+    name, version = parse_ref(ref)
+    versions = specs.get(name, {})
+    if version:
+        return versions.get(version)
+    return latest(versions) if versions else None
 
 
 class SchedulerService:
@@ -94,7 +112,13 @@ class SchedulerService:
         )
         self.core = DispatchCore.from_settings(settings)
         served = models or [m for m in settings.worker_models.split(",") if m]
-        self.control = ModelControl(settings, served, self.core)
+        # A generation model runs steps, not batches (decision 32): its own worker
+        # process and step loop, beside the batching workers. Which models generate is
+        # the built-in versions' backend (gristmill-lm@1 is the registry's seed).
+        builtins = build_specs(settings)
+        gen = [m for m in served if isinstance(_builtin(builtins, m), CausalLMSpec)]
+        batched = [m for m in served if m not in gen]
+        self.control = ModelControl(settings, batched, self.core)
         self.models_changed = threading.Event()  # a worker reported; the model loop runs now
         self.cond = threading.Condition()  # the one lock around the core
         self.stopping = threading.Event()  # stop consuming
@@ -109,14 +133,27 @@ class SchedulerService:
         self.workers = WorkerThreads(
             self.core, self.cond, self.persister.submit, batch_timeout_s=settings.batch_timeout_s
         )
+        n_local = settings.workers if n_workers is None else n_workers
         self.pool = WorkerPool(
             socket_path=socket_dir / "workers.sock",
-            n_local=settings.workers if n_workers is None else n_workers,
-            models=served,
+            n_local=n_local if batched else 0,
+            models=batched,
             on_ready=self._on_worker_ready,
             on_status=self._on_status,
             preload=False,  # the model control says what to load: the registry's versions
         )
+        self.gen: GenerationService | None = None
+        self.gen_pool: WorkerPool | None = None
+        if gen:
+            spec = _builtin(builtins, gen[0])
+            assert isinstance(spec, CausalLMSpec)
+            self.gen = GenerationService(self.engine, spec, self._done, self.stopping)
+            self.gen_pool = WorkerPool(
+                socket_path=socket_dir / "lm.sock",
+                n_local=1,
+                models=gen[:1],
+                on_ready=self.gen.on_worker,
+            )
         # Sync traffic and job items are read by separate consumers (decision 0011).
         self.lanes = [ConsumerLane(settings, spec, self) for spec in lane_specs(settings)]
 
@@ -166,7 +203,7 @@ class SchedulerService:
             self._read_registry()
             with self.cond:
                 commands = self.control.tick(time.time())
-                readiness = self.control.readiness()
+                readiness = self.control.readiness() + self._gen_readiness()
                 curves = self.core.class_curves() if ticks % round(ANNOUNCE_S) == 0 else {}
                 self.cond.notify_all()
             self._send(commands)
@@ -177,6 +214,15 @@ class SchedulerService:
                         modelregistry.report_curve(conn, *ref, cls, limit, profile, n)
             except Exception as exc:  # PostgreSQL down: the next pass reports
                 log.warning("readiness report failed: %s", first_line(exc))
+
+    def _gen_readiness(self) -> list[Readiness]:
+        """The generation worker's version: ready while its process is connected,
+        loading until it says hello (the API answers 503 with Retry-After then)."""
+        if self.gen is None:
+            return []
+        ready = sum(1 for h in self.gen.handles if h.alive)
+        spec = self.gen.spec
+        return [Readiness(spec.name, spec.version, ready=ready, loading=0 if ready else 1)]
 
     def _read_registry(self) -> None:
         try:
@@ -199,25 +245,32 @@ class SchedulerService:
                     modelregistry.announce(conn, name, version, max_batch, profile)
         except Exception as exc:  # PostgreSQL down: the next heartbeat retries
             log.warning("model announce failed: %s", first_line(exc))
+        if self.gen is not None:
+            self.gen.announce()
 
     def _heartbeat_loop(self) -> None:
         ticks = 0
         while not self.stopping.wait(LOAD_REPORT_S):
             ticks += 1
-            self._report_load()
+            self._report_load(publish=ticks % round(METRICS_PUBLISH_S / LOAD_REPORT_S) == 0)
             if ticks % round(CANCELLED_REFRESH_S / LOAD_REPORT_S) == 0:
                 self._refresh_cancelled()
             if ticks % round(ANNOUNCE_S / LOAD_REPORT_S) == 0:
                 self._announce()
 
-    def _report_load(self) -> None:
-        """Capacity and backlog for the API's admission control."""
+    def _report_load(self, *, publish: bool = False) -> None:
+        """Capacity and backlog for the API's admission control; with ``publish``, this
+        scheduler's metrics window for the dashboard too."""
         lag = held_lag(self.lanes)
         with self.cond:
             report = self.core.load(lag)
+        # Read outside the lock above: the window's gauges take it themselves.
+        window = metrics.window(time.time()) if publish else None
         try:
             with self.engine.begin() as conn:
                 report_scheduler(conn, self.scheduler_id, report)
+                if window is not None:
+                    publish_scheduler_metrics(conn, self.scheduler_id, window)
         except Exception as exc:
             log.warning("load report failed: %s", first_line(exc))
 
@@ -236,6 +289,7 @@ class SchedulerService:
     def accept(self, msgs: list[Message], owned: set[TopicPartition], now: float) -> None:
         """Queue fetched requests; unreadable ones are recorded and skipped."""
         items: list[Pending] = []
+        generate: list[Pending] = []
         rejects: list[Reject] = []
         for msg in msgs:
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
@@ -251,18 +305,26 @@ class SchedulerService:
             )
             if isinstance(got, Pending):
                 got.trace = tracing.context_of(msg)
-                items.append(got)
+                if self.gen is not None and got.msg.model == self.gen.spec.name:
+                    generate.append(got)
+                else:
+                    items.append(got)
             else:
                 rejects.append(got)
         with self.cond:
             rejects = self.core.accept(items, rejects, owned)
+            generate = self.core.hold(generate, owned)
             self.cond.notify_all()
         if rejects:
             self.persister.submit(rejects)
+        if generate and self.gen is not None:
+            self.gen.submit(generate)
 
     def give_up_partitions(self, tps: list[TopicPartition]) -> None:
         with self.cond:
             self.core.revoke(tps)
+        if self.gen is not None:
+            self.gen.revoke(tps)
 
     def committable(self, only: set[TopicPartition]) -> dict[TopicPartition, int]:
         with self.cond:
@@ -288,6 +350,9 @@ class SchedulerService:
         core_tracing.setup(self.settings, "gristmill-scheduler")
         self._read_registry()  # before the first worker says hello: what to load
         self.pool.start()
+        if self.gen is not None and self.gen_pool is not None:
+            self.gen.start()
+            self.gen_pool.start()
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
         threading.Thread(target=self._model_loop, daemon=True, name="models").start()
         for lane in self.lanes:
@@ -300,6 +365,8 @@ class SchedulerService:
     def stop(self, *_: object) -> None:
         self.stopping.set()
         self.pool.stop_restarts()
+        if self.gen_pool is not None:
+            self.gen_pool.stop_restarts()
         with self.cond:
             self.cond.notify_all()
 
@@ -319,6 +386,12 @@ class SchedulerService:
         self.workers.join(deadline=time.time() + self.settings.batch_timeout_s)
         self.workers.stop_workers()
         self.persister.shutdown()
+        if self.gen is not None and self.gen_pool is not None:
+            # What is generating is left to the partitions' next owner, which resumes
+            # it from the progress rows flushed here; finished rows are written first.
+            self.gen.join()
+            self.gen.stop_workers()
+            self.gen_pool.stop()
         for lane in self.lanes:  # final commit, then leave both groups
             lane.finish()
         self.producer.flush(5)

@@ -25,7 +25,16 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
-from core.protocol import Hello, LoadModel, ModelStatus, UnloadModel, WorkBatch, WorkResult
+from core.protocol import (
+    GenStep,
+    GenStepResult,
+    Hello,
+    LoadModel,
+    ModelStatus,
+    UnloadModel,
+    WorkBatch,
+    WorkResult,
+)
 from core.redact import write_private
 from core.vocab import ModelRef
 from scheduler.spawner import Spawner
@@ -77,7 +86,7 @@ class WorkerHandle:
         self._sent: deque[tuple[str, float]] = deque()  # (batch id, sent at), in order
         self._last_result_at = 0.0  # monotonic
         self._send_lock = threading.Lock()
-        self._results: queue.Queue[WorkResult | BaseException] = queue.Queue()
+        self._results: queue.Queue[WorkResult | GenStepResult | BaseException] = queue.Queue()
         threading.Thread(target=self._read, daemon=True, name=f"read-{hello.worker_id}").start()
 
     def _read(self) -> None:
@@ -123,7 +132,7 @@ class WorkerHandle:
                 return False
         return True
 
-    def send(self, batch: WorkBatch) -> None:
+    def send(self, batch: WorkBatch | GenStep) -> None:
         """Queue ``batch`` on the worker; it runs its batches one at a time, in order.
         ``WorkerLost(ran=False)`` if the worker is already gone."""
         if self.proc is not None and self.proc.poll() is not None:
@@ -141,6 +150,19 @@ class WorkerHandle:
                 raise WorkerLost(f"worker {self.worker_id} is gone: {exc!r}", ran=False) from exc
 
     def receive(self, timeout_s: float) -> WorkResult:
+        result = self._receive(timeout_s)
+        assert isinstance(result, WorkResult)
+        return result
+
+    def receive_step(self, timeout_s: float) -> GenStepResult:
+        """A generation step's result (a worker of a generation model gets only steps)."""
+        result = self._receive(timeout_s)
+        if not isinstance(result, GenStepResult):
+            self.kill()
+            raise WorkerLost(f"the worker answered a step with {type(result).__name__}")
+        return result
+
+    def _receive(self, timeout_s: float) -> WorkResult | GenStepResult:
         """The result of the oldest batch in flight. That batch started when it was sent
         or when the result before it came back, whichever was later; if no result comes
         within ``timeout_s`` of that, the worker hung and is killed."""

@@ -46,12 +46,21 @@ from types import FrameType
 
 from core import tracing
 from core.config import Settings, WorkerSettings
-from core.protocol import Hello, LoadModel, ModelStatus, UnloadModel, WorkBatch, WorkResult
+from core.protocol import (
+    GenStep,
+    GenStepResult,
+    Hello,
+    LoadModel,
+    ModelStatus,
+    UnloadModel,
+    WorkBatch,
+    WorkResult,
+)
 from core.vocab import ModelRef
 from workers import tracing as worker_tracing
 from workers.holder import Holder
 from workers.metrics import DeviceSampler
-from workers.models.base import Launched, ModelUnavailable
+from workers.models.base import Launched, Model, ModelUnavailable
 from workers.models.loader import boot_records, load_record
 
 log = logging.getLogger("gristmill.worker")
@@ -65,12 +74,13 @@ MAX_LAUNCHED = 3
 
 @dataclass
 class _Started:
-    batch: WorkBatch
-    job: Launched | None  # None: launching failed (``error``)
+    batch: WorkBatch | GenStep
+    job: Launched | None  # None: launching failed (``error``), or a step (``step``)
     error: str | None
     launched_at: float  # epoch s
     to: Connection  # the scheduler that sent it, which gets the result
     unavailable: ModelUnavailable | None = None  # not run, through no fault of its inputs
+    step: GenStepResult | None = None  # a generation step, computed when it was launched
 
 
 def _describe(exc: BaseException) -> str:
@@ -109,12 +119,39 @@ def launch_batch(holder: Holder, batch: WorkBatch, to: Connection) -> _Started:
         return _Started(batch, None, _describe(exc), launched_at, to)
 
 
+def run_step(models: dict[ModelRef, Model], step: GenStep, to: Connection) -> _Started:
+    """One step of continuous batching, computed now on the pool of the scheduler ``to``
+    (workers/models/causal_lm/serving.py). A failure is reported, not raised: the
+    scheduler's policy recomputes what the step held."""
+    started = time.time()
+    try:
+        model = models[ModelRef(step.model, step.version)]
+        run = getattr(model, "step", None)
+        if run is None:
+            raise TypeError(f"{step.model}@{step.version} does not generate")
+        output = run(id(to), step.plan)
+        result = GenStepResult(step.batch_id, output, None, started, time.time())
+    except Exception as exc:
+        log.warning("step %s failed: %s", step.batch_id, exc)
+        result = GenStepResult(step.batch_id, None, _describe(exc), started, time.time())
+    return _Started(step, None, result.error, started, to, step=result)
+
+
+def _forget(models: dict[ModelRef, Model], conn: Connection) -> None:
+    """A scheduler went away: the KV pools kept for it are freed."""
+    for model in models.values():
+        release = getattr(model, "release", None)
+        if release is not None:
+            release(id(conn))
+
+
 def finish_batch(
     holder: Holder, started: _Started, start: float, report_stats: bool = False
 ) -> WorkResult:
     """Wait for a launched batch; ``start`` is when the device began it (epoch s).
     ``report_stats``: the model's own measurements go into the result (benchmarks)."""
     batch = started.batch
+    assert isinstance(batch, WorkBatch)
     if started.job is None:
         if started.unavailable is not None:
             return _unavailable(batch, started.unavailable, start)
@@ -217,7 +254,7 @@ def serve(
         shutdown.install()
     locks: dict[Connection, threading.Lock] = {}
 
-    def send(conn: Connection, msg: WorkResult | ModelStatus) -> None:
+    def send(conn: Connection, msg: WorkResult | GenStepResult | ModelStatus) -> None:
         with locks[conn]:
             conn.send(msg)
 
@@ -263,7 +300,7 @@ def _serve_batches(
     shutdown: _Shutdown,
     wid: str,
     report_stats: bool,
-    send: Callable[[Connection, WorkResult | ModelStatus], None],
+    send: Callable[[Connection, WorkResult | GenStepResult | ModelStatus], None],
     gpu: DeviceSampler | None = None,
 ) -> None:
     """Read batches in a thread per scheduler, launch them here in arrival order, finish
@@ -271,7 +308,7 @@ def _serve_batches(
     # The finisher must get the GIL as soon as the device is done, even while this
     # thread packs the next batch (Python's default switch interval is 5 ms).
     sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
-    incoming: queue.Queue[tuple[Connection, WorkBatch | None]] = queue.Queue()
+    incoming: queue.Queue[tuple[Connection, WorkBatch | GenStep | None]] = queue.Queue()
     launched: queue.Queue[_Started | None] = queue.Queue()
     slots = threading.Semaphore(MAX_LAUNCHED)
     unsent = [0]  # launched batches whose result is not sent yet
@@ -289,7 +326,7 @@ def _serve_batches(
             if isinstance(msg, LoadModel | UnloadModel):
                 holder.command(conn, msg)  # the loader thread carries it out
                 continue
-            batch: WorkBatch | None = msg
+            batch: WorkBatch | GenStep | None = msg
             incoming.put((conn, batch))  # None: that scheduler went away or stops us
             if batch is None:
                 holder.forget(conn)
@@ -298,11 +335,18 @@ def _serve_batches(
     def finisher() -> None:
         prev_end = 0.0
         while (started := launched.get()) is not None:
-            # It began on the device when the batch before it ended, if that was later.
-            result = finish_batch(holder, started, max(started.launched_at, prev_end), report_stats)
+            result: WorkResult | GenStepResult
+            if started.step is not None:
+                result = started.step
+            else:
+                # It began on the device when the batch before it ended, if that was later.
+                result = finish_batch(
+                    holder, started, max(started.launched_at, prev_end), report_stats
+                )
             prev_end = result.compute_end
             result.device = gpu.sample() if gpu is not None else None
-            worker_tracing.computed(started.batch, result)
+            if isinstance(started.batch, WorkBatch) and isinstance(result, WorkResult):
+                worker_tracing.computed(started.batch, result)
             slots.release()
             try:
                 send(started.to, result)
@@ -334,6 +378,7 @@ def _serve_batches(
             with sent:
                 if batch is None:
                     serving.discard(conn)
+                    _forget(holder.models, conn)
                 if not serving:
                     log.info("no scheduler left; worker %s exits", wid)
                     return
@@ -343,7 +388,10 @@ def _serve_batches(
             with sent:
                 unsent[0] += 1
                 shutdown.busy = True
-            started = launch_batch(holder, batch, conn)
+            if isinstance(batch, GenStep):
+                started = run_step(holder.models, batch, conn)
+            else:
+                started = launch_batch(holder, batch, conn)
             launched.put(started)
             if started.job is None or not started.job.computing():
                 with sent:  # computed already: its result goes out before the next starts

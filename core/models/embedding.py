@@ -12,6 +12,9 @@ from typing import Any
 
 from core.models.spec import ModelSpec, ParamSpec
 
+# The model's hidden size: every answer is a vector of this many float32 values.
+EMBED_DIM = 384
+
 
 @dataclass
 class EmbedSpec(ModelSpec):
@@ -25,6 +28,9 @@ class EmbedSpec(ModelSpec):
     params: tuple[ParamSpec, ...] = field(
         default_factory=lambda: (ParamSpec("normalize", bool, True, batching=True),)
     )
+
+    def embedding_dim(self) -> int | None:
+        return EMBED_DIM
 
     def message_input(self, value: Any) -> Any:
         if not self.tokenize_in_api:

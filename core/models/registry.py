@@ -9,7 +9,7 @@ limit) and where each stands in its life:
 A ``VersionRecord`` is that row as plain data: the API turns it into the spec it
 validates against, the scheduler into batch keys, and a worker into a loaded model
 (workers/models/loader.py), so every stage reads one definition. The two built-in
-versions (``sim@1``, ``all-minilm-l6-v2@1``) are records too, registered by
+versions (``sim@1``, ``all-minilm-l6-v2@1``, ``gristmill-lm@1``) are records too, registered by
 ``gristmill migrate``.
 """
 
@@ -24,10 +24,15 @@ from typing import Any
 from core.config import ModelSettings
 from core.errors import InvalidInput
 from core.models.artifact import is_sha256
+from core.models.causal_lm import CausalLMSpec
 from core.models.embedding import EmbedSpec
 from core.models.http import HttpSpec, TemplateError, params_from_config
 from core.models.sim import SimSpec
 from core.models.spec import ModelSpec
+
+LM_NAME = "gristmill-lm"
+LM_MAX_RUNNING = 64  # sequences one generation worker runs together (decision 23)
+LM_CONTEXT_LENGTH = 512  # the packaged weights' positions (CausalLMSpec's default)
 
 
 class VersionState(StrEnum):
@@ -41,13 +46,15 @@ class Backend(StrEnum):
     SIM = "sim"
     EMBEDDING = "embedding"
     HTTP = "http"
+    CAUSAL_LM = "causal-lm"  # text generation (decision 23): continuous batching
 
 
 # What the keys of a version's config may be, per backend (the rest is refused, so a
 # typo is an error at registration rather than a silently ignored setting).
 CONFIG_KEYS: dict[Backend, frozenset[str]] = {
-    Backend.SIM: frozenset({"batch_ms", "variant", "memory_mb", "load_ms"}),
+    Backend.SIM: frozenset({"batch_ms", "variant", "memory_mb", "load_ms", "vector_dim"}),
     Backend.EMBEDDING: frozenset({"max_tokens"}),
+    Backend.CAUSAL_LM: frozenset({"context_length"}),
     Backend.HTTP: frozenset(
         {
             "url",
@@ -129,6 +136,11 @@ def spec_from_record(record: VersionRecord, settings: ModelSettings) -> ModelSpe
                 variant=str(c.get("variant", "")),
                 memory_mb=float(c.get("memory_mb", 0.0)),
                 load_ms=float(c.get("load_ms", 0.0)),
+                vector_dim=int(c.get("vector_dim", settings.sim_vector_dim)),
+            )
+        if backend is Backend.CAUSAL_LM:
+            return CausalLMSpec(
+                **common, context_length=int(c.get("context_length", LM_CONTEXT_LENGTH))
             )
         if backend is Backend.EMBEDDING:
             max_tokens = int(c.get("max_tokens", settings.embed_max_tokens))
@@ -192,6 +204,14 @@ def new_record(
         raise InvalidInput("an artifact must be pinned by its sha256", field="sha256")
     if memory_bytes < 0:
         raise InvalidInput("memory_bytes must not be negative", field="memory_bytes")
+    if backend == Backend.CAUSAL_LM:
+        # A scheduler runs one generation worker with the packaged weights (decision
+        # 32): a registered version would be answered by those, under its own name.
+        raise InvalidInput(
+            f"backend {backend} serves only the built-in {LM_NAME}@1; register "
+            "generation models behind the http backend",
+            field="backend",
+        )
     record = VersionRecord(
         name,
         version,
@@ -224,6 +244,8 @@ def builtin_records(settings: ModelSettings) -> list[VersionRecord]:
             state=VersionState.LIVE,
             memory_bytes=91_000_000,  # the packaged fp32 weights
         ),
+        # Continuous batching (decision 23): the batch size is the running sequences' cap.
+        VersionRecord(LM_NAME, "1", Backend.CAUSAL_LM, LM_MAX_RUNNING, state=VersionState.LIVE),
     ]
 
 

@@ -9,10 +9,19 @@ worker (workers/models/sim.py).
 from __future__ import annotations
 
 import hashlib
+import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
 from core.models.spec import ModelSpec, ParamSpec
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# Vector mode draws each answer from this many fixed unit vectors: enough that callers
+# rarely share one, few enough that the table costs nothing to build.
+VECTOR_TABLE_ROWS = 4096
 
 
 def sim_output(input_: str, salt: str = "", variant: str = "") -> dict[str, Any]:
@@ -24,6 +33,23 @@ def sim_output(input_: str, salt: str = "", variant: str = "") -> dict[str, Any]
     return {"digest": digest, "chars": len(input_)}
 
 
+@lru_cache(maxsize=4)
+def _vector_table(dim: int) -> np.ndarray:
+    import numpy as np
+
+    table = np.random.default_rng(dim).standard_normal((VECTOR_TABLE_ROWS, dim))
+    table /= np.linalg.norm(table, axis=1, keepdims=True)
+    return table.astype(np.float32)
+
+
+def sim_vectors(inputs: list[str], salt: str, dim: int) -> np.ndarray:
+    """Vector mode's answers: one float32 row of ``dim`` per input, chosen by a checksum
+    of the input, so each is reproducible and costs no compute (a store benchmark
+    measures everything but the model)."""
+    rows = [zlib.crc32(f"{salt}\x00{x}".encode()) % VECTOR_TABLE_ROWS for x in inputs]
+    return _vector_table(dim)[rows]
+
+
 @dataclass
 class SimSpec(ModelSpec):
     batch_ms: float = 100.0  # the cost of one batch, whatever its size
@@ -33,6 +59,11 @@ class SimSpec(ModelSpec):
     memory_mb: float = 0.0
     # How long loading it takes (ms): a version that is visibly "loading" for a while.
     load_ms: float = 0.0
+    # > 0: answers are float32 vectors of this length (sim_vectors), like an embedding.
+    vector_dim: int = 0
     params: tuple[ParamSpec, ...] = field(
         default_factory=lambda: (ParamSpec("salt", str, "", batching=True),)
     )
+
+    def embedding_dim(self) -> int | None:
+        return self.vector_dim or None

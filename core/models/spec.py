@@ -85,6 +85,11 @@ class ModelSpec:
         """The part of the (normalized) params that goes into the batch key."""
         return tuple(sorted((p.name, params[p.name]) for p in self.params if p.batching))
 
+    def embedding_dim(self) -> int | None:
+        """Length of the vector the model answers each input with; None for a model
+        whose answers are not embeddings (the embeddings APIs refuse it)."""
+        return None
+
     def message_input(self, value: Any) -> Any:
         """What the request message carries for a validated ``value``. Text models that
         can tokenize in the API tier return ``{"text", "ids"}`` (token_ids.py); the

@@ -42,6 +42,10 @@ class GenRequest:
     # again after its scheduler died): recomputed with the prompt, never sent again;
     # generation goes on at index len(resume_output).
     resume_output: tuple[int, ...] = ()
+    # Characters of that output's text already delivered (a stream holds back the end of
+    # a stop string's possible start and of an unfinished UTF-8 character): released
+    # later, like any held-back text. None: all of it.
+    resume_emitted: int | None = None
 
 
 @dataclass(eq=False)
@@ -63,7 +67,8 @@ class Sequence:
         if req.resume_output:
             s.output = list(req.resume_output)
             s.text.push(s.output)
-            s.text.emitted = len(s.text.text)  # delivered before: not streamed again
+            done = len(s.text.text) if req.resume_emitted is None else req.resume_emitted
+            s.text.emitted = min(done, len(s.text.text))  # delivered before: not sent again
         return s
 
     @property

@@ -39,8 +39,9 @@ def live_schema(system: System) -> Any:
 
 
 def tight_deadline(case: Any) -> bool:
-    """A 504 is the promised answer when the caller's own timeout_ms is shorter than a
-    batch can run (the sim model's batch takes 100 ms)."""
+    """A 503 (refused at once: no batch can meet it, decision 24) or a 504 is the promised
+    answer when the caller's own timeout_ms is shorter than a batch can run (the sim
+    model's batch takes 100 ms)."""
     body = case.body if isinstance(case.body, dict) else {}
     timeout = body.get("timeout_ms")
     return isinstance(timeout, int) and timeout < 2_000
@@ -60,7 +61,11 @@ def test_the_api_holds_to_its_schema_under_fuzzing(
         response = case.call(headers=headers, timeout=60)
         seen[response.status_code] = seen.get(response.status_code, 0) + 1
         assert response.status_code < 500 or (
-            response.status_code == 504 and tight_deadline(case)
+            response.status_code in (503, 504) and tight_deadline(case)
+        ) or (
+            # A known model this test system runs no worker for (gristmill-lm): the
+            # 503 is about availability, as the API promises, not a client mistake.
+            response.status_code == 503 and "no worker is serving" in response.text
         ), f"{method} {case.formatted_path} -> {response.status_code}: {response.text[:500]}"
         case.validate_response(
             response,

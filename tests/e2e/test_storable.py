@@ -143,7 +143,7 @@ def persist_and_read(
     rid = str(uuid.uuid4())  # a claim keeps the id it is given (each key is a new tenant's)
     msg = request_message(
         spec,
-        body,
+        body.input,
         params,
         tenant=tenant,
         request_id=rid,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from core.config import Settings
 from core.models.artifact import ArtifactError, verify
 from core.models.catalog import build_specs
+from core.models.causal_lm import CausalLMSpec
 from core.models.embedding import EmbedSpec
 from core.models.http import HttpSpec
 from core.models.registry import VersionRecord, builtin_records, spec_from_record
@@ -57,6 +58,17 @@ def load_model(spec: ModelSpec, settings: Settings) -> Model:
             spec,
             attempts=settings.http_attempts,
             breaker=Breaker(settings.http_breaker_failures, settings.http_breaker_open_s),
+        )
+    if isinstance(spec, CausalLMSpec):
+        from workers.models.causal_lm.serving import CausalLMModel
+
+        return CausalLMModel(
+            spec,
+            device=settings.lm_device,
+            kv_cache_mb=settings.lm_kv_cache_mb,
+            max_step_tokens=settings.lm_max_step_tokens,
+            max_running=settings.lm_max_running,
+            cpu_threads=settings.lm_cpu_threads,
         )
     raise TypeError(f"no runtime for model {spec.ref} ({type(spec).__name__})")
 
@@ -108,11 +120,13 @@ def load_record(record: VersionRecord, settings: Settings) -> Loaded:
     # Warm-up may bound the batch below the spec's (GPU memory per batch size).
     limit = model.batch_limit()
     profile = {n: ms for n, ms in profile.items() if n <= limit}
+    gen = getattr(model, "generation_info", None)  # a generation model's pool
     info = ModelInfo(
         record.name,
         record.version,
         limit,
         profile,
+        generation=gen() if gen is not None else None,
         record=record,
         sha256=digest,
         memory_bytes=model.memory_bytes(),

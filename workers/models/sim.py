@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from core.models.sim import SimSpec, sim_output
+from core.models.sim import SimSpec, sim_output, sim_vectors
 from workers.models.base import Model
 
 
@@ -27,15 +27,21 @@ class SimModel(Model):
         # accounting measures something (spec.memory_mb, 0 by default).
         self._held = bytearray(int(spec.memory_mb * 1_000_000))
         time.sleep(spec.load_ms / 1000)  # a version that takes a while to load
-    def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> list[Any]:
+
+    def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> Any:
         if not 1 <= len(inputs) <= self.spec.max_batch_size:
             raise ValueError(f"batch of {len(inputs)}; sim takes 1..{self.spec.max_batch_size}")
         if self.poison_prefix:
             for x in inputs:
                 if isinstance(x, str) and x.startswith(self.poison_prefix):
                     _poisoned(x[len(self.poison_prefix) :])
-        time.sleep(self._batch_s)
+        if self._batch_s > 0:
+            time.sleep(self._batch_s)
         salt = params.get("salt", "")
+        if self.spec.vector_dim:
+            # A variant draws other vectors, as it gives other digests.
+            vsalt = f"{self.spec.variant}\x00{salt}" if self.spec.variant else salt
+            return sim_vectors(list(inputs), vsalt, self.spec.vector_dim)
         return [sim_output(x, salt, self.spec.variant) for x in inputs]
 
     def memory_bytes(self) -> int:

@@ -95,6 +95,9 @@ def test_observe_many_records_what_one_observe_per_value_records() -> None:
     h2 = Histogram("x_seconds", "x", ["m"], buckets=LATENCY_BUCKETS, registry=many)
     for v in values:
         h1.labels("a").observe(v)
+    for _ in range(3):
+        h1.labels("a").observe(0.004)
+    observe_many(h2.labels("a"), [0.004], repeat=3)
     observe_many(h2.labels("a"), values[:100])
     observe_many(h2.labels("a"), values[100:])
     observe_many(h2.labels("a"), [])

@@ -12,6 +12,7 @@ from core.config import Settings
 from core.errors import Conflict, InvalidInput, NotFound
 from core.models import lifecycle
 from core.models.artifact import ArtifactError, artifact_bytes, artifact_sha256, verify
+from core.models.causal_lm import CausalLMSpec
 from core.models.embedding import EmbedSpec
 from core.models.http import HttpSpec
 from core.models.registry import (
@@ -110,10 +111,22 @@ def test_a_record_no_spec_can_be_made_of_is_refused(backend: str, config: dict, 
 
 def test_the_builtin_versions_are_live_and_make_the_catalog_specs() -> None:
     records = builtin_records(SETTINGS)
-    assert {(r.name, r.version) for r in records} == {("sim", "1"), ("all-minilm-l6-v2", "1")}
+    assert {(r.name, r.version) for r in records} == {
+        ("sim", "1"),
+        ("all-minilm-l6-v2", "1"),
+        ("gristmill-lm", "1"),
+    }
     assert all(r.state is S.LIVE for r in records)
+    lm = spec_from_record(next(r for r in records if r.name == "gristmill-lm"), SETTINGS)
+    assert isinstance(lm, CausalLMSpec) and lm.context_length == 512
     sim = next(r for r in records if r.name == "sim")
     assert spec_from_record(sim, SETTINGS).batch_params({"salt": ""}) == (("salt", ""),)
+
+
+def test_a_generation_version_cannot_be_registered() -> None:
+    with pytest.raises(InvalidInput) as e:
+        new_record("gristmill-lm@2", backend="causal-lm", max_batch_size=8, settings=SETTINGS)
+    assert e.value.field == "backend" and "gristmill-lm@1" in str(e.value)
 
 
 def test_a_variant_changes_every_sim_answer_and_no_variant_keeps_version_1s() -> None:

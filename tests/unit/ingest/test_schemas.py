@@ -127,7 +127,7 @@ def test_an_accepted_body_becomes_a_message_kafka_can_carry() -> None:
     now = time.time()
     msg = request_message(
         spec,
-        body,
+        body.input,
         params,
         tenant=Tenant("t", "t", "free"),
         request_id="r",

@@ -20,7 +20,8 @@ import tokenize
 from collections.abc import Iterator
 from pathlib import Path
 
-END_OF_TEXT = "<|endoftext|>"
+from core.models.lm_codec import END_OF_TEXT
+
 DATA_DIR = Path(__file__).with_name("data")
 CORPUS_PATH = DATA_DIR / "corpus.txt"
 # Folders whose files are not the project's own words (fetched jars, environments).

@@ -22,7 +22,7 @@ from workers.models.causal_lm import weights
 from workers.models.causal_lm.config import LMConfig
 from workers.models.causal_lm.corpus import CORPUS_PATH, END_OF_TEXT
 from workers.models.causal_lm.model import CausalLM
-from workers.models.causal_lm.tokenizer import Codec, train_tokenizer
+from workers.models.causal_lm.tokenizer import TOKENIZER_PATH, Codec, train_tokenizer
 
 SEED = 17
 
@@ -144,7 +144,7 @@ def main() -> None:
     )
     out = args.out or weights.WEIGHTS_PATH.parent
     out.mkdir(parents=True, exist_ok=True)
-    codec.save(out / "tokenizer.json")
+    codec.save(TOKENIZER_PATH if args.out is None else out / "tokenizer.json")
     weights.save(model, record, out / "weights.pt", out / "manifest.json")
     print(record)
 

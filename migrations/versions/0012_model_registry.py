@@ -2,16 +2,16 @@
 audit trail, per-scheduler readiness of each version, cost curves per worker class,
 and replay reports. Managed through operator routes that need an admin key (0005).
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0012
+Revises: 0008
 """
 
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
-revision = "0007"
-down_revision = "0006"
+revision = "0012"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

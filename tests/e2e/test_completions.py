@@ -1,0 +1,277 @@
+"""Generation end to end: OpenAI's own client against /v1/completions over real HTTP,
+Kafka and PostgreSQL, a scheduler running continuous batching on a worker process.
+Every answer is checked against the plain one-request loop on the same weights."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import orjson
+import pytest
+from sqlalchemy import select
+
+torch = pytest.importorskip("torch")
+openai = pytest.importorskip("openai")
+
+from gristmill.devservices.stack import Services, System, build_system  # noqa: E402
+from results.db import make_engine  # noqa: E402
+from results.schema import generation_progress, requests  # noqa: E402
+from workers.models.causal_lm import weights  # noqa: E402
+from workers.models.causal_lm.plain import generate  # noqa: E402
+from workers.models.causal_lm.tokenizer import Codec  # noqa: E402
+
+MODEL = "gristmill-lm"
+PROMPTS = [
+    "Every accepted request is",
+    "The scheduler",
+    "When a worker dies,",
+    "Job items",
+    "PostgreSQL is also the request log",
+    "A tenant that bursts",
+    "The API",
+    "Kafka keeps",
+]
+
+
+@pytest.fixture(scope="module")
+def lm_system(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    sys_ = build_system(services, tmp_path_factory.mktemp("gen"))
+    try:
+        sys_.start_scheduler(workers=1, models=MODEL)
+        sys_.url = sys_.start_api()
+        deadline = time.time() + 180
+        while True:
+            r = httpx.post(
+                f"{sys_.url}/v1/completions",
+                headers=sys_.headers(),
+                json={"model": MODEL, "prompt": "warm up", "max_tokens": 2, "temperature": 0},
+                timeout=60,
+            )
+            if r.status_code == 200:
+                break
+            assert time.time() < deadline, r.text
+            time.sleep(1)
+        yield sys_
+    finally:
+        sys_.close()
+
+
+@pytest.fixture(scope="module")
+def reference() -> Iterator[object]:
+    torch.set_num_threads(1)
+    model = weights.load("cpu", torch.float32)
+    codec = Codec.load()
+
+    def greedy(prompt: str, max_tokens: int) -> str:
+        ids = generate(model, codec.encode(prompt), max_tokens, eos_id=codec.eos_id)
+        return codec.decode(ids)
+
+    yield greedy
+
+
+def client(system: System, tier: str = "paid") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{system.url}/v1", api_key=system.keys[tier], max_retries=0)
+
+
+def test_completion_is_the_models_own_greedy_continuation(
+    lm_system: System, reference: object
+) -> None:
+    c = client(lm_system).completions.create(
+        model=MODEL, prompt="The scheduler", max_tokens=24, temperature=0
+    )
+    assert c.object == "text_completion" and c.id.startswith("cmpl-")
+    choice = c.choices[0]
+    assert choice.text == reference("The scheduler", 24)  # type: ignore[operator]
+    assert choice.finish_reason in ("stop", "length")
+    assert c.usage is not None and c.usage.prompt_tokens > 0
+    assert c.usage.total_tokens == c.usage.prompt_tokens + c.usage.completion_tokens
+    # The request log holds the answer and its token counts.
+    rid = c.id.removeprefix("cmpl-")
+    with make_engine(lm_system.settings.database_url).connect() as conn:
+        row = conn.execute(requests.select().where(requests.c.request_id == rid)).one()
+        left = conn.execute(
+            generation_progress.select().where(generation_progress.c.request_id == rid)
+        ).all()
+    assert row.status == "succeeded" and row.model == MODEL
+    assert row.output["text"] == choice.text
+    assert row.output["completion_tokens"] == c.usage.completion_tokens
+    assert row.output["time_to_first_token_ms"] > 0
+    assert left == []  # progress rows go when the final row is written
+
+
+def test_streams_of_several_tenants_each_get_their_own_tokens_in_order(
+    lm_system: System, reference: object
+) -> None:
+    def run(i: int) -> tuple[str, list[str], str | None]:
+        tier = ("free", "paid", "enterprise")[i % 3]
+        stream = client(lm_system, tier).completions.create(
+            model=MODEL, prompt=PROMPTS[i], max_tokens=40, temperature=0, stream=True
+        )
+        pieces, reason = [], None
+        for chunk in stream:
+            pieces.append(chunk.choices[0].text)
+            reason = chunk.choices[0].finish_reason or reason
+        return PROMPTS[i], pieces, reason
+
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        results = list(pool.map(run, range(len(PROMPTS))))
+    for prompt, pieces, reason in results:
+        assert "".join(pieces) == reference(prompt, 40), prompt  # type: ignore[operator]
+        assert len(pieces) > 3  # streamed, not one piece at the end
+        assert reason in ("stop", "length")
+
+
+def test_bad_parameters_are_refused_naming_the_field(lm_system: System) -> None:
+    c = client(lm_system)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL, prompt="x", max_tokens=0)
+    assert "max_tokens" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL, prompt="x", max_tokens=4, temperature=3)
+    assert "temperature" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL, prompt="x " * 400, max_tokens=400)
+    assert "context" in str(e.value)
+
+
+def _events(lines: Iterator[str]) -> Iterator[tuple[int | None, dict[str, object] | None]]:
+    """(id, data) of each server-sent event; data None for [DONE]."""
+    ident: int | None = None
+    for line in lines:
+        if line.startswith("id: "):
+            ident = int(line[4:])
+        elif line.startswith("data: "):
+            body = line[6:]
+            yield ident, None if body == "[DONE]" else orjson.loads(body)
+            ident = None
+
+
+def test_a_dropped_stream_resumes_where_it_left_off(lm_system: System, reference: object) -> None:
+    url, headers = lm_system.url, lm_system.headers()
+    body = {"model": MODEL, "prompt": "When a worker dies,", "max_tokens": 60, "temperature": 0}
+    seen: list[str] = []
+    last = -1
+    with httpx.stream(
+        "POST", f"{url}/v1/completions", json={**body, "stream": True}, headers=headers
+    ) as r:
+        assert r.status_code == 200
+        rid = r.headers["x-request-id"]
+        for ident, data in _events(r.iter_lines()):
+            assert data is not None and ident is not None
+            seen.append(data["choices"][0]["text"])  # type: ignore[index]
+            last = ident
+            if len(seen) == 5:
+                break  # the connection drops here
+    with httpx.stream(
+        "GET",
+        f"{url}/v1/completions/cmpl-{rid}?stream=true",
+        headers={**headers, "Last-Event-ID": str(last)},
+    ) as r:
+        assert r.status_code == 200, r.read()
+        for _, data in _events(r.iter_lines()):
+            if data is None:
+                break
+            seen.append(data["choices"][0]["text"])  # type: ignore[index]
+    assert "".join(seen) == reference(body["prompt"], 60)  # type: ignore[operator]
+    # Finished: a plain GET gives the stored answer, another tenant gets nothing.
+    got = httpx.get(f"{url}/v1/completions/cmpl-{rid}", headers=headers).json()
+    assert got["choices"][0]["text"] == "".join(seen)
+    other = httpx.get(f"{url}/v1/completions/cmpl-{rid}", headers=lm_system.headers("free"))
+    assert other.status_code == 404
+
+
+LONG = [  # prompts whose greedy answers run to 400 tokens (no end-of-text before)
+    "Every accepted request is",
+    "The scheduler",
+    "Job items",
+    "PostgreSQL is also the request log",
+    "The API",
+    "The worker",
+    "Decision",
+]
+
+
+def test_a_scheduler_killed_mid_generation_loses_no_stream(
+    lm_system: System, reference: object
+) -> None:
+    """Streams stay open on the API while their scheduler is killed; the next scheduler
+    resumes each request from its progress rows, and every caller gets its whole text,
+    each token once, and the request log one row per request."""
+    n_streams, n = 14, 400
+    started = threading.Event()
+    rids: dict[int, str] = {}
+
+    def run(i: int) -> str:
+        stream = client(lm_system, ("free", "paid", "enterprise")[i % 3]).completions.create(
+            model=MODEL, prompt=LONG[i % len(LONG)], max_tokens=n, temperature=0, stream=True
+        )
+        pieces = []
+        for chunk in stream:
+            rids[i] = chunk.id.removeprefix("cmpl-")
+            pieces.append(chunk.choices[0].text)
+            if len(rids) == n_streams:
+                started.set()
+        return "".join(pieces)
+
+    db = make_engine(lm_system.settings.database_url)
+    with ThreadPoolExecutor(n_streams) as pool:
+        futures = [pool.submit(run, i) for i in range(n_streams)]
+        assert started.wait(120), "every stream got a token"
+        proc = lm_system.procs.pop("scheduler")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        with db.connect() as conn:
+            ended = conn.execute(
+                select(requests.c.request_id).where(requests.c.request_id.in_(list(rids.values())))
+            ).all()
+        assert len(ended) < n_streams, "the scheduler died with requests still generating"
+        lm_system.start_scheduler(workers=1, models=MODEL)
+        texts = [f.result(timeout=300) for f in futures]
+    for i, text_ in enumerate(texts):
+        assert text_ == reference(LONG[i % len(LONG)], n), i  # type: ignore[operator]
+    with db.connect() as conn:
+        rows = conn.execute(
+            select(requests.c.request_id, requests.c.status).where(
+                requests.c.request_id.in_(list(rids.values()))
+            )
+        ).all()
+    assert len(rows) == n_streams and {r.status for r in rows} == {"succeeded"}
+
+
+def test_a_job_of_generation_items_gives_each_its_own_continuation(
+    lm_system: System, reference: object
+) -> None:
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(24)]
+    r = httpx.post(
+        f"{lm_system.url}/v1/jobs",
+        json={
+            "model": MODEL,
+            "items": [{"custom_id": f"g{i}", "input": p} for i, p in enumerate(prompts)],
+            "params": {"max_tokens": 30, "temperature": 0},
+        },
+        headers=lm_system.headers(),
+        timeout=60,
+    )
+    assert r.status_code == 202, r.text
+    job_id = r.json()["job_id"]
+    deadline = time.time() + 180
+    while True:
+        j = httpx.get(f"{lm_system.url}/v1/jobs/{job_id}", headers=lm_system.headers()).json()
+        if j["status"] in ("completed", "failed", "cancelled", "expired") and j["finished_at"]:
+            break
+        assert time.time() < deadline, j
+        time.sleep(0.5)
+    assert j["status"] == "completed" and j["counts"]["succeeded"] == len(prompts), j
+    got = httpx.get(
+        f"{lm_system.url}/v1/jobs/{job_id}/results", headers=lm_system.headers(), timeout=60
+    )
+    results = [orjson.loads(line) for line in got.content.splitlines() if line]
+    assert [x["custom_id"] for x in results] == [f"g{i}" for i in range(len(prompts))]
+    for x in results:
+        assert x["output"]["text"] == reference(prompts[x["index"]], 30)  # type: ignore[operator]
