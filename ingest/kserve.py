@@ -112,7 +112,10 @@ async def infer(
     take_instance_slot(st, tenant)
     try:
         req = parse_infer(raw, request.headers.get(HEADER_LENGTH), st.settings)
-        spec = await st.catalog.resolve(_ref(model, version))
+        # The canary applies as on /v1/infer: sticky per tenant or Idempotency-Key.
+        spec = await st.catalog.resolve(
+            _ref(model, version), tenant_id=tenant.id, idempotency_key=idempotency_key
+        )
         dim = spec.embedding_dim()
         check_outputs(req, output_name(dim))
         validate_each(spec, req.texts, lambda i: f"inputs[0].data[{i}]")

@@ -128,7 +128,18 @@ def test_the_live_version_answers_and_a_pin_reaches_a_staged_one(lc: LC) -> None
         (m["model"], m["version"]): m for m in httpx.get(f"{lc.urls[0]}/v1/models").json()["models"]
     }
     assert listed[(NAME, "2")]["state"] == "staged" and listed[(NAME, "1")]["state"] == "live"
+    # gristmill-lm is seeded as a built-in live version like the others (no worker here).
+    assert listed[("gristmill-lm", "1")]["state"] == "live"
+    ids = {d["id"] for d in httpx.get(f"{lc.urls[0]}/v1/models").json()["data"]}
+    assert {NAME, f"{NAME}@1", f"{NAME}@2", "gristmill-lm@1"} <= ids
     assert lc.infer(NAME, "gamma").json()["model_version"] == "1"  # unpinned stays on live
+    # KServe v2 answers from the registry too: the model's open versions, the live one's
+    # readiness, a pinned version's own.
+    v2 = f"{lc.urls[0]}/v2/models/{NAME}"
+    meta = httpx.get(v2, headers=lc.system.headers("paid")).json()
+    assert meta["versions"] == ["1", "2"]
+    ready = httpx.get(f"{v2}/versions/2/ready", headers=lc.system.headers("paid"))
+    assert ready.status_code == 200 and ready.json()["version"] == "2", ready.text
 
 
 def test_the_admin_api_takes_admin_keys_only(lc: LC) -> None:
@@ -229,6 +240,12 @@ def test_a_retired_version_is_drained_unloaded_and_refused(lc: LC) -> None:
         assert time.time() < deadline
         time.sleep(0.1)
     assert "retired" in lc.infer(f"{NAME}@2", "late").json()["error"]["message"]
+    v2 = f"{lc.urls[0]}/v2/models/{NAME}"
+    gone = httpx.get(f"{v2}/versions/2", headers=lc.system.headers("paid"))
+    assert gone.status_code == 404 and f"{NAME}@2" in gone.text, gone.text
+    assert httpx.get(v2, headers=lc.system.headers("paid")).json()["versions"] == ["1"]
+    ids = {d["id"] for d in httpx.get(f"{lc.urls[0]}/v1/models").json()["data"]}
+    assert f"{NAME}@2" not in ids and f"{NAME}@1" in ids
     engine = make_engine(lc.system.settings.database_url)
     prefix = lc.system.env["GRISTMILL_TOPIC_PREFIX"]
     deadline = time.time() + 15

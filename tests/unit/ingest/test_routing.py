@@ -15,6 +15,8 @@ from ingest.routing import (
     Served,
     bucket,
     choose,
+    lookup,
+    open_versions,
 )
 
 S = VersionState
@@ -95,6 +97,18 @@ def test_jobs_get_no_canary() -> None:
     t = table(rec("1", S.LIVE), rec("2", S.CANARY, 1.0))
     assert choose(t, "m", "", tenant_id=None).version == "1"
     assert choose(t, "m", "", tenant_id="any").version == "2"
+
+
+def test_lookup_answers_from_the_registry_whether_or_not_a_worker_serves() -> None:
+    # Metadata (KServe v2) names versions nobody serves yet; a retired one is a 404.
+    t = table(rec("1", S.LIVE), rec("2", S.STAGED), rec("3", S.RETIRED), served={"1": Served()})
+    assert lookup(t, "m", "").version == "1"
+    assert lookup(t, "m", "2").version == "2"
+    assert open_versions(t.models["m"]) == ["1", "2"]
+    with pytest.raises(NotFound, match=r"'m@3' is retired \(versions: 1, 2\)"):
+        lookup(t, "m", "3")
+    with pytest.raises(Unavailable):
+        choose(t, "m", "", tenant_id="t")  # served by nobody: 503, not 404
 
 
 def test_a_canary_no_worker_serves_leaves_its_share_on_the_live_version() -> None:
