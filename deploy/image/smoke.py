@@ -6,11 +6,14 @@ tmpfs on /tmp and the home folder as the chart does, in its own mount and PID na
 loopback (the project's own devservices).
 
     sudo .venv/bin/python deploy/image/smoke.py build/images/gristmill-cpu [--work DIR]
+    sudo .venv/bin/python deploy/image/smoke.py build/images/gristmill-cuda \
+        --model all-minilm-l6-v2      (the embedding model; on the CPU without a GPU)
 
 Checks: no compiler, pip or apt lists in the image; the processes run as uid 10001;
 migrate; compose's bootstrap (a key); the API (a request through a scheduler and its
-sim worker; HEALTHCHECK); a scheduler without workers and a worker container on its
-socket; the doctor; a scheduler's SIGTERM drain exits 0.
+worker; for an embedding model also /v1/embeddings; HEALTHCHECK); a scheduler without
+workers and a worker container on its socket; the doctor; a scheduler's SIGTERM drain
+exits 0.
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ sys.path.insert(0, str(REPO))
 from gristmill.devservices import KafkaCluster, PostgresServer, free_port  # noqa: E402
 from gristmill.devservices.procs import children  # noqa: E402
 
+EMBED_DIM = 384  # all-minilm-l6-v2's vector
+# What the worker's PyTorch is built for and sees: a CUDA build runs on the CPU without a GPU.
+TORCH_PROBE = (
+    "import torch; print(f'torch {torch.__version__}, CUDA build {torch.version.cuda}, "
+    "GPU visible: {torch.cuda.is_available()}')"
+)
 BUILD_TOOLS = ("usr/bin/gcc", "usr/bin/cc", "usr/bin/make", "opt/gristmill/bin/pip")
 
 
@@ -151,6 +160,7 @@ def main(argv: list[str]) -> int:
     )
     a = ap.parse_args(argv)
     work = a.work or Path(tempfile.mkdtemp(prefix="gristmill-smoke-"))
+    work.mkdir(parents=True, exist_ok=True)
     work.chmod(0o711)
     image = Image(a.layout.resolve(), work)
     results: list[tuple[str, str]] = []
@@ -208,7 +218,7 @@ def main(argv: list[str]) -> int:
         url = f"http://127.0.0.1:{port}"
         started = time.monotonic()
         answer = None
-        while time.monotonic() - started < 180:
+        while time.monotonic() - started < 300:  # an embedding worker loads PyTorch first
             try:
                 r = httpx.post(
                     f"{url}/v1/infer",
@@ -229,8 +239,30 @@ def main(argv: list[str]) -> int:
                     )
             time.sleep(1)
         assert answer is not None and answer["model"] == a.model, answer
-        results.append(("POST /v1/infer through api + scheduler + sim worker",
+        results.append((f"POST /v1/infer through api + scheduler + {a.model} worker",
                         f"200 after {time.monotonic() - started:.0f} s"))  # fmt: skip
+        if a.model != "sim":
+            # An embedding model: a vector back from /v1/infer, and OpenAI's shape too.
+            assert len(answer["output"]) == EMBED_DIM, answer
+            r = httpx.post(
+                f"{url}/v1/embeddings",
+                headers={"Authorization": f"Bearer {key}"},
+                json={"model": a.model, "input": ["from the image", "a second text"]},
+                timeout=120,
+            )
+            assert r.status_code == 200, r.text
+            vectors = [d["embedding"] for d in r.json()["data"]]
+            assert [len(v) for v in vectors] == [EMBED_DIM, EMBED_DIM], r.text[:300]
+            assert vectors[0] != vectors[1]
+            results.append(("POST /v1/embeddings (2 texts)", f"200, 2 x {EMBED_DIM} floats"))
+            torch_log = logs / "torch.log"
+            image.run(
+                [],
+                env,
+                torch_log,
+                entry=["python3", "-c", TORCH_PROBE],
+            )
+            results.append(("PyTorch in the image", torch_log.read_text().strip()))
         hc = "/usr/local/bin/gristmill-healthcheck"
         assert exec_in(api, image, ["python3", hc]) == 0
         assert exec_in(sched, image, ["python3", hc]) == 0

@@ -58,6 +58,23 @@ def api_command(port: int, processes: int = 1, forwarded_allow_ips: str = "") ->
     ]
 
 
+def cli_api_command(port: int, processes: int = 1) -> list[str]:
+    """An API instance on loopback started as a deployment starts it (``gristmill api``):
+    its settings, GRISTMILL_FORWARDED_ALLOW_IPS among them, come from the environment."""
+    return [
+        sys.executable,
+        "-m",
+        "gristmill",
+        "api",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(processes),
+    ]
+
+
 def scheduler_command(workers: int, models: str, socket_dir: Path) -> list[str]:
     return [
         sys.executable,
@@ -145,13 +162,14 @@ class System:
         env: dict[str, str] | None = None,
         port: int | None = None,
         processes: int = 1,
+        cli: bool = False,
     ) -> str:
         """Start an API process (``processes`` uvicorn processes on one port); ``port``
-        restarts one where clients expect it."""
+        restarts one where clients expect it; ``cli``: by ``gristmill api``."""
         port = port or free_port()
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
-            api_command(port, processes),
+            cli_api_command(port, processes) if cli else api_command(port, processes),
             env={**self.env, **multiprocess_env(self.workdir / f"{name}.metrics"), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
