@@ -17,9 +17,11 @@ Other OpenAI fields are refused naming the field.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -29,17 +31,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import and_, exists, select
 
 from core import tracing
-from core.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound
+from core.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound, Unavailable
 from core.limits import canonical_uuid, check_text, shown
-from core.messages import RequestMessage
+from core.messages import RequestMessage, body_hash
 from core.models.causal_lm import CausalLMSpec, generation_params
 from core.models.token_ids import tokenized_input
 from core.topics import request_topic
 from core.vocab import TIER_TO_CLASS, RequestStatus
 from ingest import metrics
+from ingest.error_shapes import Shape, declared
+from ingest.idempotency import claim, release
 from ingest.infer import check_headers
 from ingest.policy import check_rate
-from ingest.schemas import ERROR_RESPONSES, parse_body
+from ingest.schemas import parse_body
 from ingest.state import AppState, get_state
 from ingest.streams import StreamHub, Subscription
 from ingest.waiters import RESULT_COLUMNS
@@ -115,16 +119,76 @@ def _raise_for(row: dict[str, Any]) -> None:
         raise ModelError(f"the completion failed: {row['error']}", field="prompt")
 
 
-@router.post("/v1/completions", responses=ERROR_RESPONSES, summary="Generate text (OpenAI shape)")
+def keyed_seed(tenant_id: str, key: str) -> int:
+    """The seed of a sampled completion sent with an Idempotency-Key and no seed: drawn
+    from the tenant and key, so every retry samples what the first attempt did. Pure."""
+    digest = hashlib.sha256(f"{tenant_id}\x00{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1  # 63 bits, as a drawn seed
+
+
+def _resume_from(last_event_id: str | None) -> int:
+    """The first token index a retried stream sends: after ``Last-Event-ID``, else 0."""
+    if last_event_id is None:
+        return 0
+    try:
+        last = int(last_event_id)
+    except ValueError as exc:
+        raise InvalidInput("Last-Event-ID must be a token index", field="Last-Event-ID") from exc
+    if not -1 <= last < 1 << 20:
+        raise InvalidInput("the last token index is out of range", field="Last-Event-ID")
+    return last + 1
+
+
+async def _resend(
+    st: AppState,
+    rid: str,
+    tenant_id: str,
+    first_deadline: datetime | None,
+    fut: asyncio.Future[dict[str, Any]],
+) -> bool:
+    """A retry with a claimed key: whether to send the request again. Not when it is
+    finished (``fut`` gets its row) or generating (it has progress rows); else only once
+    the first attempt's first-token deadline passed, when it may never have reached
+    Kafka (same request id: at most one final row either way)."""
+    done = await st.waiter.fetch([rid])
+    if done:
+        if not fut.done():
+            fut.set_result(done[0])
+        return False
+    async with st.engine.connect() as conn:
+        generating = (
+            await conn.execute(
+                select(
+                    exists().where(
+                        and_(
+                            generation_progress.c.request_id == rid,
+                            generation_progress.c.tenant_id == tenant_id,
+                        )
+                    )
+                )
+            )
+        ).scalar_one()
+    if generating:
+        return False
+    return first_deadline is not None and first_deadline < datetime.now(UTC)
+
+
+@router.post(
+    "/v1/completions", responses=declared(Shape.OPENAI), summary="Generate text (OpenAI shape)"
+)
 async def create_completion(
     request: Request,
     authorization: str | None = Header(default=None),
     idempotency_key: str | None = Header(default=None),
+    last_event_id: str | None = Header(default=None),
 ) -> Any:
+    """With an ``Idempotency-Key``, a retry of the same body is the same request: its
+    stored answer, or its stream from the start (after ``Last-Event-ID`` if sent)."""
     received = time.time()
     st = get_state(request)
     tenant = await st.auth.authenticate(authorization)
     check_headers(st.settings, idempotency_key)
+    resume = _resume_from(last_event_id)  # used by a retry only
     body = parse_body(await request.body(), CompletionBody)
     check_text(body.model, "model", max_chars=st.settings.max_model_chars)
     if body.n not in (None, 1):
@@ -151,22 +215,54 @@ async def create_completion(
         }
     )
     spec.check_fits(len(ids), params["max_tokens"])
+    if idempotency_key is not None and body.seed is None and "seed" in params:
+        # A retry must draw what the first attempt drew (and hash alike).
+        params["seed"] = keyed_seed(tenant.id, idempotency_key)
     limit_headers = check_rate(st.limiter, st.settings, tenant)
-    rid = str(uuid.uuid4())  # Idempotency-Key: checked, not yet honoured (decision 32)
+    rid = str(uuid.uuid4())  # with an Idempotency-Key, the claim may name an earlier one
     msg = _message(st, spec, tenant, rid, tokenized_input(prompt, ids), params, received)
+    c = None
+    if idempotency_key is not None:
+        # What is generated, not how it is delivered: ``stream`` is not in the hash, so
+        # a dropped stream may be retried as a plain POST and the other way round.
+        msg.body_hash = body_hash(spec.ref, prompt, params)
+        c = await claim(
+            st.engine,
+            tenant_id=tenant.id,
+            key=idempotency_key,
+            request_id=rid,
+            body_hash=msg.body_hash,
+            deadline=msg.deadline,
+            ttl_h=st.settings.idempotency_ttl_h,
+        )
+        rid = msg.request_id = c.request_id
     fut = st.waiter.register(rid)
-    topic = request_topic(st.settings, msg.priority)
+    start = 0
     try:
-        await st.producer.produce(topic, msg.encode(), headers=tracing.headers())
+        send = True
+        if c is not None and not c.first:
+            send = await _resend(st, rid, tenant.id, c.first_deadline, fut)
+            start = resume
+        if send:
+            topic = request_topic(st.settings, msg.priority)
+            try:
+                await st.producer.produce(topic, msg.encode(), headers=tracing.headers())
+            except Unavailable:
+                if c is not None and c.first and idempotency_key is not None:
+                    # Nothing reached Kafka: the client's retry sends it again at once.
+                    await release(
+                        st.engine, tenant_id=tenant.id, key=idempotency_key, request_id=rid
+                    )
+                raise
+            metrics.admitted(tenant.tier)
     except BaseException:
         st.waiter.discard(rid)
         raise
-    metrics.admitted(tenant.tier)
     created = int(received)
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
         return StreamingResponse(
-            _sse(st, rid, tenant.id, spec.name, created, 0, fut, usage),
+            _sse(st, rid, tenant.id, spec.name, created, start, fut, usage),
             media_type="text/event-stream",
             headers={**limit_headers, "Cache-Control": "no-cache", "X-Request-Id": rid},
         )
@@ -314,7 +410,7 @@ async def _ending(
 
 @router.get(
     "/v1/completions/{completion_id}",
-    responses=ERROR_RESPONSES,
+    responses=declared(Shape.OPENAI),
     summary="A completion by id: its stored answer, or its stream resumed",
 )
 async def get_completion(

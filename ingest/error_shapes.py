@@ -3,7 +3,8 @@
 One mapping decides the status (ingest/http.py); this module only writes the body:
 
 * Gristmill's own routes: ``{"error": {"code", "message", "field"?, "reference"?}}``.
-* OpenAI-compatible routes (``/v1/embeddings``): ``{"error": {"message", "type",
+* OpenAI-compatible routes (``/v1/embeddings``, ``/v1/completions`` and
+  ``/v1/completions/{id}``): ``{"error": {"message", "type",
   "param", "code"}}``, as OpenAI's API and SDK expect; ``type`` is OpenAI's class of
   the status, ``code`` Gristmill's own code, ``param`` the field at fault.
 * KServe v2 / Triton routes (``/v2``): ``{"error": "<message>"}`` (the Open
@@ -29,13 +30,23 @@ class Shape(StrEnum):
     KSERVE = "kserve"
 
 
-# Paths served for OpenAI's clients (exact) and KServe's (prefix).
-OPENAI_PATHS = frozenset({"/v1/embeddings"})
+# Paths served for OpenAI's clients (templates: ``{name}`` is one path segment) and
+# KServe's (prefix).
+OPENAI_PATHS = frozenset({"/v1/embeddings", "/v1/completions", "/v1/completions/{completion_id}"})
 KSERVE_PREFIX = "/v2"
 
 
+def matches(template: str, path: str) -> bool:
+    """Whether ``path`` is ``template`` with each ``{name}`` one non-empty segment."""
+    want, got = template.split("/"), path.split("/")
+    return len(want) == len(got) and all(
+        (w.startswith("{") and w.endswith("}") and g != "") or w == g
+        for w, g in zip(want, got, strict=True)
+    )
+
+
 def shape_for(path: str) -> Shape:
-    if path in OPENAI_PATHS:
+    if any(matches(t, path) for t in OPENAI_PATHS):
         return Shape.OPENAI
     if path == KSERVE_PREFIX or path.startswith(KSERVE_PREFIX + "/"):
         return Shape.KSERVE

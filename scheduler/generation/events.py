@@ -7,6 +7,8 @@ stream that reconnects can resume after the last index it saw.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from scheduler.generation.sequence import FinishReason
@@ -33,6 +35,7 @@ class Finished:
     first_token_at: float | None
     finished_at: float
     preemptions: int
+    token_gaps: tuple[float, ...] = ()  # s between consecutive tokens (sequence.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +49,16 @@ class Preempted:
 
 
 Event = Token | Finished | Preempted
+
+
+def gap_summary(gaps: Iterable[float]) -> dict[str, float] | None:
+    """Inter-token latency of one answer in ms: median, 95th percentile (nearest rank)
+    and longest gap; None with fewer than two tokens. Pure."""
+    ordered = sorted(gaps)
+    if not ordered:
+        return None
+
+    def rank(q: float) -> float:
+        return round(ordered[max(0, math.ceil(q * len(ordered)) - 1)] * 1000, 3)
+
+    return {"p50": rank(0.5), "p95": rank(0.95), "max": round(ordered[-1] * 1000, 3)}

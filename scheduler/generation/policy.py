@@ -279,6 +279,9 @@ class ContinuousBatcher:
         req = s.req
         if s.first_token_at is None:
             s.first_token_at = now
+        if s.last_token_at is not None:
+            s.token_gaps.append(now - s.last_token_at)
+        s.last_token_at = now
         index = len(s.output)
         s.output.append(token)
         if (token == self._eos and not req.ignore_eos) or token in req.stop_token_ids:
@@ -313,4 +316,5 @@ class ContinuousBatcher:
             first_token_at=s.first_token_at,
             finished_at=now,
             preemptions=s.preemptions,
+            token_gaps=tuple(s.token_gaps),
         )

@@ -60,6 +60,11 @@ class Sequence:
     preemptions: int = 0
     admitted_at: float | None = None
     first_token_at: float | None = None
+    last_token_at: float | None = None
+    # Seconds between consecutive tokens this run produced (a pause for a preemption or
+    # a queued step included: the caller waited it). Kept in memory, summarized in the
+    # final row: no write per token.
+    token_gaps: list[float] = field(default_factory=list)
 
     @classmethod
     def of(cls, req: GenRequest, decode: Detokenize, order: int) -> Sequence:

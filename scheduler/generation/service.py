@@ -45,6 +45,7 @@ from scheduler import metrics
 from scheduler.batcher import Pending
 from scheduler.generation.config import PolicyConfig
 from scheduler.generation.engine import Engine as StepEngine
+from scheduler.generation.events import gap_summary
 from scheduler.generation.outbox import Ending, Flush, Outbox
 from scheduler.generation.policy import ContinuousBatcher
 from scheduler.generation.requests import Prepared, Progress, Refused, prepare
@@ -118,6 +119,7 @@ def answer(e: Ending) -> dict[str, Any]:
         if f.first_token_at is None
         else round((f.first_token_at - f.arrived_at) * 1000, 3),
         "preemptions": f.preemptions,
+        "inter_token_ms": gap_summary(f.token_gaps),
     }
 
 

@@ -102,6 +102,9 @@ def test_completion_is_the_models_own_greedy_continuation(
     assert row.output["text"] == choice.text
     assert row.output["completion_tokens"] == c.usage.completion_tokens
     assert row.output["time_to_first_token_ms"] > 0
+    if c.usage.completion_tokens > 1:  # the gaps between tokens, in the same row
+        itl = row.output["inter_token_ms"]
+        assert 0 < itl["p50"] <= itl["p95"] <= itl["max"]
     assert left == []  # progress rows go when the final row is written
 
 
@@ -275,3 +278,152 @@ def test_a_job_of_generation_items_gives_each_its_own_continuation(
     assert [x["custom_id"] for x in results] == [f"g{i}" for i in range(len(prompts))]
     for x in results:
         assert x["output"]["text"] == reference(prompts[x["index"]], 30)  # type: ignore[operator]
+
+
+def test_a_retry_with_the_same_idempotency_key_is_the_same_completion(
+    lm_system: System,
+) -> None:
+    """Same key and body: the same id and text, sampled or not, plain or streamed (a
+    streamed retry resumes after its Last-Event-ID); another body: 422 naming the key."""
+    url = lm_system.url
+    body = {"model": MODEL, "prompt": "The scheduler", "max_tokens": 30, "temperature": 0.9}
+    keyed = {**lm_system.headers(), "Idempotency-Key": f"gen-{time.time_ns()}"}
+    first = httpx.post(f"{url}/v1/completions", json=body, headers=keyed, timeout=120)
+    assert first.status_code == 200, first.text
+    again = httpx.post(f"{url}/v1/completions", json=body, headers=keyed, timeout=120)
+    assert again.status_code == 200, again.text
+    a, b = first.json(), again.json()
+    assert a["id"] == b["id"] and a["choices"][0]["text"] == b["choices"][0]["text"]
+    # Without the key the same sampled body draws a new seed: a new request.
+    other = httpx.post(f"{url}/v1/completions", json=body, headers=lm_system.headers(), timeout=120)
+    assert other.json()["id"] != a["id"]
+    rid = a["id"].removeprefix("cmpl-")
+    with make_engine(lm_system.settings.database_url).connect() as conn:
+        rows = conn.execute(select(requests.c.request_id).where(requests.c.request_id == rid)).all()
+    assert len(rows) == 1  # one request, one row
+    # A streamed retry of the same body: the same request, resumed after event 4.
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/completions",
+        json={**body, "stream": True},
+        headers={**keyed, "Last-Event-ID": "4"},
+        timeout=120,
+    ) as r:
+        assert r.status_code == 200 and r.headers["x-request-id"] == rid
+        events = list(_events(r.iter_lines()))
+    ids = [i for i, d in events if i is not None]
+    assert ids[0] == 5 and ids == sorted(ids)
+    streamed = "".join(d["choices"][0]["text"] for _, d in events if d)  # type: ignore[index]
+    assert a["choices"][0]["text"].endswith(streamed) and streamed
+    # The same key with another body is refused, in OpenAI's shape.
+    clash = httpx.post(
+        f"{url}/v1/completions", json={**body, "max_tokens": 31}, headers=keyed, timeout=60
+    )
+    assert clash.status_code == 422
+    assert clash.json()["error"]["param"] == "Idempotency-Key"
+    assert clash.json()["error"]["code"] == "idempotency_key_reused"
+
+
+def test_a_stream_retried_mid_generation_gets_the_same_tokens(
+    lm_system: System, reference: object
+) -> None:
+    """A stream dropped after a few tokens and retried with its key (no request id at
+    hand) goes on with the same request: each token once, the whole greedy text."""
+    url, prompt = lm_system.url, "PostgreSQL is also the request log"
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 200, "temperature": 0, "stream": True}
+    keyed = {**lm_system.headers(), "Idempotency-Key": f"gen-{time.time_ns()}"}
+    seen: list[str] = []
+    last = -1
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=keyed) as r:
+        rid = r.headers["x-request-id"]
+        for ident, data in _events(r.iter_lines()):
+            assert ident is not None and data is not None
+            seen.append(data["choices"][0]["text"])  # type: ignore[index]
+            last = ident
+            if len(seen) == 3:
+                break
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/completions",
+        json=body,
+        headers={**keyed, "Last-Event-ID": str(last)},
+        timeout=120,
+    ) as r:
+        assert r.headers["x-request-id"] == rid
+        for _, data in _events(r.iter_lines()):
+            if data is None:
+                break
+            seen.append(data["choices"][0]["text"])  # type: ignore[index]
+    assert "".join(seen) == reference(prompt, 200)  # type: ignore[operator]
+
+
+def test_the_sdks_exceptions_carry_openais_error_fields(lm_system: System) -> None:
+    c = client(lm_system)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL, prompt="x", max_tokens=4, temperature=3)
+    assert e.value.param == "temperature" and e.value.code == "invalid_input"
+    assert "temperature" in e.value.message
+    with pytest.raises(openai.UnprocessableEntityError) as u:
+        c.completions.create(model=MODEL, prompt="x", max_tokens=4, extra_body={"best_of": 2})
+    assert u.value.param == "best_of"
+    with pytest.raises(openai.NotFoundError) as nf:
+        c.completions.create(model="no-such-model", prompt="x")
+    assert nf.value.code is not None and "no-such-model" in nf.value.message
+    # GET /v1/completions/{id}: OpenAI's shape too.
+    r = httpx.get(f"{lm_system.url}/v1/completions/cmpl-not-an-id", headers=lm_system.headers())
+    assert r.status_code == 404 and r.json()["error"]["type"] == "invalid_request_error"
+    bad_key = openai.OpenAI(base_url=f"{lm_system.url}/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as au:
+        bad_key.completions.create(model=MODEL, prompt="x")
+    assert au.value.code == "unauthorized"
+
+
+def test_streams_of_several_tenants_while_a_job_of_generation_items_runs(
+    lm_system: System, reference: object
+) -> None:
+    """The job's items share the step loop with live streams: every stream gets its own
+    tokens in order, and every item its own continuation."""
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(40)]
+    r = httpx.post(
+        f"{lm_system.url}/v1/jobs",
+        json={
+            "model": MODEL,
+            "items": [{"custom_id": f"j{i}", "input": p} for i, p in enumerate(prompts)],
+            "params": {"max_tokens": 60, "temperature": 0},
+        },
+        headers=lm_system.headers("enterprise"),
+        timeout=60,
+    )
+    assert r.status_code == 202, r.text
+    job_id = r.json()["job_id"]
+
+    def stream(i: int) -> tuple[str, list[str]]:
+        tier = ("free", "paid", "enterprise")[i % 3]
+        chunks = client(lm_system, tier).completions.create(
+            model=MODEL, prompt=PROMPTS[i], max_tokens=40, temperature=0, stream=True
+        )
+        return PROMPTS[i], [c.choices[0].text for c in chunks]
+
+    job_headers = lm_system.headers("enterprise")
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(stream, i) for i in range(6)]
+        # The streams are open while the job's items are still being generated.
+        before = httpx.get(f"{lm_system.url}/v1/jobs/{job_id}", headers=job_headers).json()
+        streamed = [f.result(timeout=300) for f in futures]
+    assert before["finished_at"] is None, before
+    for prompt, pieces in streamed:
+        assert "".join(pieces) == reference(prompt, 40), prompt  # type: ignore[operator]
+        assert len(pieces) > 3
+    deadline = time.time() + 300
+    while True:
+        j = httpx.get(f"{lm_system.url}/v1/jobs/{job_id}", headers=job_headers).json()
+        if j["status"] in ("completed", "failed", "cancelled", "expired") and j["finished_at"]:
+            break
+        assert time.time() < deadline, j
+        time.sleep(0.5)
+    assert j["status"] == "completed" and j["counts"]["succeeded"] == len(prompts), j
+    got = httpx.get(f"{lm_system.url}/v1/jobs/{job_id}/results", headers=job_headers, timeout=60)
+    results = [orjson.loads(line) for line in got.content.splitlines() if line]
+    assert len(results) == len(prompts)
+    for x in results:
+        assert x["output"]["text"] == reference(prompts[x["index"]], 60)  # type: ignore[operator]

@@ -54,3 +54,13 @@ def test_a_bug_is_500_with_a_reference_in_openais_shape() -> None:
     assert b["error"]["type"] == "server_error" and b["error"]["code"] == "internal_error"
     assert "secret" not in b["error"]["message"] and "reference" in b["error"]["message"]
     assert body(Shape.GRISTMILL, 500, "c", "m", reference="r")["error"]["reference"] == "r"  # type: ignore[index]
+
+
+def test_completions_and_their_ids_are_openai_shaped() -> None:
+    assert shape_for("/v1/completions") is Shape.OPENAI
+    assert shape_for("/v1/completions/cmpl-0f6f1a9e") is Shape.OPENAI
+    # A template's {name} is exactly one non-empty segment.
+    assert shape_for("/v1/completions/") is Shape.GRISTMILL
+    assert shape_for("/v1/completions/a/b") is Shape.GRISTMILL
+    assert shape_for("/v1/completionsx") is Shape.GRISTMILL
+    assert shape_for("/v1/requests/cmpl-0f6f1a9e") is Shape.GRISTMILL

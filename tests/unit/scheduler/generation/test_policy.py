@@ -376,3 +376,23 @@ def test_a_long_prefill_never_stalls_running_streams() -> None:
         assert steps == list(range(steps[0], steps[0] + len(steps)))
     chunks = [len(c.tokens) for p in run.plans for c in p.chunks if c.seq_id == big.seq_id]
     assert chunks[:-2] and all(n <= 16 - 5 for n in chunks[:-1])
+
+
+def test_each_answer_keeps_the_gaps_between_its_tokens() -> None:
+    # Time is the step number: one token a step after the prefill, so every gap is 1 s;
+    # a sequence chunked over three prefill steps still has n - 1 gaps of its own tokens.
+    b = batcher(max_step_tokens=8, max_running=4, max_model_len=64)
+    short, chunked = req(3, 6), req(20, 4)
+    run = drive(b, [(0, short), (0, chunked)])
+    assert run.finished()[short.seq_id].token_gaps == (1.0,) * 5
+    assert run.finished()[chunked.seq_id].token_gaps == (1.0,) * 3
+
+
+def test_a_preempted_sequence_counts_its_pause_as_one_long_gap() -> None:
+    b = batcher(num_blocks=6, block_size=4, max_model_len=24)
+    low, high = req(4, 12, rank=2), req(4, 12, rank=0)
+    run = drive(b, [(0, low), (0, high)])
+    assert run.preempted()
+    gaps = run.finished()[low.seq_id].token_gaps
+    assert len(gaps) == 11 and max(gaps) > 1.0  # waited while the higher rank ran
+    assert run.finished()[high.seq_id].token_gaps == (1.0,) * 11
