@@ -397,6 +397,11 @@ class SchedulerSettings(_Concern):
     # A batch that takes longer than this is treated as a hung worker (seconds).
     batch_timeout_s: float = Field(60.0, gt=0)
     commit_interval_ms: PositiveMs = 100
+    # A version loaded on a worker stays at least this long before the least-recently-
+    # used rule may unload it for another (s): a load costs seconds (an embedding model
+    # 5-15 s on a CPU), so two versions taking turns must not spend the worker on
+    # loading (scheduler/residency.py, decision 30).
+    model_min_residency_s: float = Field(30.0, ge=0)
 
 
 class WorkerSettings(_Concern):
@@ -421,6 +426,20 @@ class WorkerSettings(_Concern):
     )
     # Test-only: inputs starting with this prefix + crash/hang/error make sim misbehave.
     sim_poison_prefix: str = ""
+    # The class whose cost curve this worker's batches teach the scheduler (heterogeneous
+    # pools: a CPU and a GPU worker of one model have their own curves). Empty: "cuda"
+    # when CUDA_VISIBLE_DEVICES names a device, else "cpu"; name it ("h100", "l4") when
+    # one pool mixes kinds of GPU.
+    worker_class: str = ""
+    # What the versions loaded in one worker may hold together (MB); 0: no limit. Past
+    # it the scheduler unloads the least recently used one (scheduler/residency.py).
+    worker_memory_mb: int = Field(0, ge=0)
+    # The HTTP backend (workers/models/http_backend.py, decision 31): tries per call for
+    # a transient failure (connection refused, timeout, 429, 5xx), failed calls in a row
+    # that open the circuit, and how long it stays open before a probe.
+    http_attempts: int = Field(3, ge=1)
+    http_breaker_failures: int = Field(5, ge=1)
+    http_breaker_open_s: float = Field(5.0, gt=0)
     embed_device: str = "auto"  # auto: cuda when available, else cpu
     embed_dtype: str = "auto"  # auto: fp16 on CUDA, fp32 on CPU
     # Replay captured CUDA graphs instead of launching ~80 kernels per sub-batch.

@@ -68,6 +68,13 @@ class RequestTimeout(GristmillError):
     status, code = 408, "request_timeout"
 
 
+class Conflict(GristmillError):
+    """The request is valid but the resource's state does not allow it now (promoting a
+    retired model version, registering one that exists)."""
+
+    status, code = 409, "conflict"
+
+
 class PayloadTooLarge(GristmillError):
     status, code = 413, "payload_too_large"
 

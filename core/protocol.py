@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from core.generation import StepOutput, StepPlan
+from core.models.registry import VersionRecord
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,6 +39,27 @@ class ModelInfo:
     profile_ms: dict[int, float] = field(default_factory=dict)  # warmup: ms per batch size
     # Set for a generation model: it takes GenStep messages, not batches.
     generation: GenerationInfo | None = None
+    # What the worker loaded: the registry record it was asked for (or the built-in
+    # one it started with), the digest its files had, and the memory it holds (bytes).
+    record: VersionRecord | None = None
+    sha256: str = ""
+    memory_bytes: int = 0
+
+
+def info_matches(record: VersionRecord, info: ModelInfo) -> bool:
+    """Whether the version a worker loaded as ``info`` is the one ``record`` describes
+    (a worker that booted with the built-in version holds the registry's when nothing
+    that changes the computation differs and the digest it found is the pinned one)."""
+    held = info.record
+    if held is None:
+        return False
+    same = (held.backend, held.artifact, dict(held.config), held.max_batch_size) == (
+        record.backend,
+        record.artifact,
+        dict(record.config),
+        record.max_batch_size,
+    )
+    return same and (not record.sha256 or record.sha256 == info.sha256)
 
 
 @dataclass
@@ -45,6 +68,47 @@ class Hello:
     pid: int
     device: str
     models: list[ModelInfo]
+    # Its cost curves are its own (heterogeneous pools): "cpu", "cuda", or what the
+    # deployment names it (settings.worker_class).
+    worker_class: str = "cpu"
+    memory_budget_bytes: int = 0  # what its models may hold together; 0: no limit
+    accepts: tuple[str, ...] = ()  # model names it may load; empty: any
+
+
+@dataclass
+class LoadModel:
+    """Scheduler -> worker: load, verify and warm up this version (ModelStatus follows)."""
+
+    record: VersionRecord
+
+
+@dataclass
+class UnloadModel:
+    """Scheduler -> worker: this scheduler no longer wants the version (drained: nothing
+    of it is in flight); the worker frees it once no scheduler it serves wants it."""
+
+    name: str
+    version: str
+
+
+class ModelState(StrEnum):
+    LOADING = "loading"  # verifying, loading, warming up
+    READY = "ready"  # takes batches
+    UNAVAILABLE = "unavailable"  # loaded, but what it calls is down (an open circuit)
+    FAILED = "failed"  # will not serve: a sha256 mismatch, a load error
+    UNLOADED = "unloaded"  # freed
+
+
+@dataclass
+class ModelStatus:
+    """Worker -> scheduler, between results: where one version stands on this worker."""
+
+    name: str
+    version: str
+    state: ModelState
+    info: ModelInfo | None = None  # READY: what it loaded and measured
+    error: str | None = None
+    retry_after_s: float | None = None  # UNAVAILABLE: when it will try its upstream again
 
 
 @dataclass
@@ -96,3 +160,9 @@ class WorkResult:
     stats: dict[str, float] | None = None  # the model's own measurements (benchmarks)
     # The worker's GPU when it finished (workers/metrics.py): utilization, memory.
     device: dict[str, float | str] | None = None
+    # The batch did not run for a reason that is not its inputs' (its model is not
+    # loaded here, the service it calls is down): it goes back unchanged, no attempt
+    # counted, and the scheduler sends that model's batches elsewhere until the worker
+    # reports it ready again.
+    unavailable: bool = False
+    retry_after_s: float | None = None

@@ -19,7 +19,7 @@ from core import __version__
 from core.config import Settings
 from core.models.catalog import build_specs
 from core.topics import ensure_topics
-from ingest import completions, dashboard, infer, jobs, kserve, metrics, openai_compat
+from ingest import admin, completions, dashboard, infer, jobs, kserve, metrics, openai_compat
 from ingest.auth import Authenticator, AuthGate
 from ingest.catalog import ModelCatalog
 from ingest.fast_path import InferFastPath
@@ -91,7 +91,12 @@ def create_app(settings: Settings) -> FastAPI:
             engine=engine,
             producer=AsyncProducer(settings, timeout_ms=settings.produce_timeout_ms),
             auth=Authenticator(engine, settings),
-            catalog=ModelCatalog(build_specs(settings), engine),
+            catalog=ModelCatalog(
+                settings,
+                engine,
+                database_url=settings.database_url,
+                deployment=settings.topic_prefix,
+            ),
             waiter=waiter,
             jobs=JobPublisher(settings),
             limiter=limiter,
@@ -121,6 +126,7 @@ def create_app(settings: Settings) -> FastAPI:
             asyncio.create_task(state.overload.lag.run()),
             asyncio.create_task(metrics.publish_loop(state)),
             asyncio.create_task(flush_loop(engine)),  # refusal counts, answer timeouts
+            asyncio.create_task(state.catalog.run()),
         ]
         try:
             yield
@@ -157,6 +163,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(openai_compat.router)
     app.include_router(kserve.router)
     app.include_router(metrics.router)
+    app.include_router(admin.router, responses=ERROR_RESPONSES)
     app.include_router(dashboard.router)
 
     @app.get("/healthz")
@@ -217,6 +224,7 @@ def api_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
                 op.pop("parameters", None)
             if (path.startswith("/v1/") and path != "/v1/models") or path.endswith("/infer"):
                 op["security"] = [{"bearer": []}]
+    # The built-in versions: those registered later are listed by GET /v1/models.
     specs = build_specs(settings)
     models = sorted([*specs, *(f"{name}@{v}" for name, vs in specs.items() for v in vs)])
     infer_op = schema["paths"]["/v1/infer"]["post"]

@@ -193,7 +193,9 @@ async def create_completion(
     check_text(body.model, "model", max_chars=st.settings.max_model_chars)
     if body.n not in (None, 1):
         raise InvalidInput("n: only one completion per request is supported", field="n")
-    spec = await st.catalog.resolve(body.model)
+    spec = await st.catalog.resolve(
+        body.model, tenant_id=tenant.id, idempotency_key=idempotency_key
+    )
     if not isinstance(spec, CausalLMSpec):
         raise InvalidInput(
             f"model {shown(body.model)} does not generate text; use /v1/infer", field="model"

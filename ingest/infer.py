@@ -169,7 +169,9 @@ async def _infer(
     st: AppState, raw_body: bytes, tenant: Tenant, received: float, idempotency_key: str | None
 ) -> ORJSONResponse:
     body = parse_infer(raw_body, st.settings)
-    spec = await st.catalog.resolve(body.model)
+    spec = await st.catalog.resolve(
+        body.model, tenant_id=tenant.id, idempotency_key=idempotency_key
+    )
     params = accept(spec, body)
     # Policy after validation: a malformed request is a 4xx whatever the load.
     limit_headers = check_rate(st.limiter, st.settings, tenant)

@@ -103,7 +103,8 @@ class Options:
 async def check_options(st: AppState, opts: JobOptions) -> Options:
     """The model, params, window and webhook destination, or the 4xx naming the field."""
     s = st.settings
-    spec = await st.catalog.resolve(opts.model)
+    # A job's items may wait in Kafka for a version no worker serves yet (loading).
+    spec = await st.catalog.resolve(opts.model, wait_for_workers=True)
     if opts.params is not None:  # as /v1/infer's (ingest/schemas.py): storable, capped
         check_object(
             opts.params, "params", max_bytes=s.max_params_bytes, max_depth=s.max_json_depth

@@ -14,9 +14,7 @@ from typing import Any
 from fastapi import APIRouter, Header, Request, Response
 
 from core import __version__
-from core.errors import DeadlineExceeded, NotFound, Unavailable
-from core.limits import shown
-from core.models.catalog import latest
+from core.errors import DeadlineExceeded, Unavailable
 from ingest.error_shapes import Shape, declared
 from ingest.fanout import submit_many, validate_each
 from ingest.infer import check_headers, raise_if_unsuccessful, take_instance_slot
@@ -75,12 +73,11 @@ def _ref(model: str, version: str | None) -> str:
 @router.get("/models/{model}", summary="Model metadata (KServe v2)")
 @router.get("/models/{model}/versions/{version}", summary="Model metadata (KServe v2)")
 async def metadata(request: Request, model: str, version: str | None = None) -> dict[str, object]:
+    # The registry's answer, served or not: 404 naming an unknown or retired version.
     st = get_state(request)
-    versions = st.catalog.specs.get(model)
-    if not versions or (version is not None and version not in versions):
-        raise NotFound(f"unknown model {shown(_ref(model, version))}", field="model")
-    spec = versions[version] if version is not None else latest(versions)
-    names = [version] if version is not None else sorted(versions)
+    await st.catalog.refresh()
+    spec = st.catalog.known(_ref(model, version))
+    names = [spec.version] if version is not None else st.catalog.versions(model)
     return model_metadata(model, names, spec.embedding_dim())
 
 
@@ -115,7 +112,10 @@ async def infer(
     take_instance_slot(st, tenant)
     try:
         req = parse_infer(raw, request.headers.get(HEADER_LENGTH), st.settings)
-        spec = await st.catalog.resolve(_ref(model, version))
+        # The canary applies as on /v1/infer: sticky per tenant or Idempotency-Key.
+        spec = await st.catalog.resolve(
+            _ref(model, version), tenant_id=tenant.id, idempotency_key=idempotency_key
+        )
         dim = spec.embedding_dim()
         check_outputs(req, output_name(dim))
         validate_each(spec, req.texts, lambda i: f"inputs[0].data[{i}]")

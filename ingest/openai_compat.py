@@ -86,7 +86,9 @@ async def _embeddings(
     received: float,
 ) -> ORJSONResponse:
     body = parse_embeddings(raw_body, st.settings)
-    spec = await st.catalog.resolve(body.model)
+    spec = await st.catalog.resolve(
+        body.model, tenant_id=tenant.id, idempotency_key=idempotency_key
+    )
     dim = spec.embedding_dim()
     if dim is None:
         raise InvalidInput(

@@ -232,6 +232,8 @@ def models_answer(listing: list[dict[str, Any]], owner: str = "gristmill") -> di
     data: list[dict[str, Any]] = []
     seen: set[str] = set()
     for m in listing:
+        if m.get("state") == "retired":  # answers no request (404), so not listed
+            continue
         for ref in (m["model"], f"{m['model']}@{m['version']}"):
             if ref in seen:
                 continue

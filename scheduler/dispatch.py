@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from core.config import Settings
-from core.load_report import LoadReport
+from core.load_report import LoadReport, ModelCapacity
 from core.protocol import ModelInfo, WorkResult
 from core.vocab import PRIORITY_CLASSES, ModelRef, PriorityClass, RequestStatus
 from results.schema import RequestRow
@@ -50,6 +50,9 @@ PIPELINE_MAX_MS = 25.0
 # Batches on one worker at most: the one computing and the one queued behind it.
 MAX_IN_FLIGHT = 2
 
+# The class of a worker that names none (and of the curve ``DispatchCore.cost``).
+DEFAULT_CLASS = "cpu"
+
 EXPIRED_ERROR = "deadline passed before a worker could run it"
 CANCELLED_ERROR = "the job was cancelled"
 
@@ -74,6 +77,10 @@ class Worker:
     queue: deque[InFlight] = field(default_factory=deque)
     running: Running | None = None  # the batch it computes now (staggered job starts)
     alive: bool = True
+    # Its cost curves are its class's (heterogeneous pools: a CPU and a GPU worker of one
+    # model run at different speeds); the batcher sizes and times its batches by them.
+    worker_class: str = DEFAULT_CLASS
+    used_at: dict[ModelRef, float] = field(default_factory=dict)  # last batch started, per model
 
     def serves(self, ref: ModelRef) -> bool:
         return ref in self.refs
@@ -150,14 +157,22 @@ class DispatchCore:
         self.budget = budget
         self.retry = retry or RetryPolicy()
         self.rng = rng
-        # The cost curve of each model, learned from every batch; it picks the batch
-        # size within the batch budget of each tier's SLO (scheduler/costmodel.py).
-        self.cost = CostModel(budget_ms=batch_budget_ms)
-        self.max_batch: dict[ModelRef, int] = {}  # the largest batch each model's workers take
+        # One cost curve per worker class (heterogeneous pools), keyed by model inside,
+        # each learned from every batch its class runs; it picks the batch size within
+        # the batch budget of each tier's SLO (scheduler/costmodel.py). ``cost`` is the
+        # default class's.
+        self._budget_ms = batch_budget_ms
+        self.cost = self._new_curve()
+        self.curves: dict[str, CostModel] = {DEFAULT_CLASS: self.cost}
+        # The largest batch each model's workers take (the smallest worker's own limit),
+        # overall and per worker class.
+        self.max_batch: dict[ModelRef, int] = {}
+        self.class_max_batch: dict[tuple[ModelRef, str], int] = {}
+        self._asking = DEFAULT_CLASS  # the class of the worker being scheduled
         self.batcher = Batcher(
             policy=flush,
             cost=self.cost,
-            max_batch=lambda ref: self.max_batch.get(ref, 1),
+            max_batch=self._limit,
             n_ranks=len(PRIORITY_CLASSES),
         )
         self.tracker = OffsetTracker()
@@ -166,7 +181,17 @@ class DispatchCore:
         self.cancelled_jobs: frozenset[tuple[str, int]] = frozenset()  # (job id, attempt)
         self.dispatching = True
         self.stats = dict.fromkeys(
-            ("consumed", "rejected", "batches", "expired", "cancelled", "failed", "persisted"), 0
+            (
+                "consumed",
+                "rejected",
+                "batches",
+                "expired",
+                "cancelled",
+                "failed",
+                "persisted",
+                "handed_back",
+            ),
+            0,
         )
 
     @classmethod
@@ -179,7 +204,28 @@ class DispatchCore:
         )
 
     # ---- workers ---------------------------------------------------------------------
-    def add_worker(self, worker_id: str, models: Sequence[ModelInfo]) -> Worker:
+    def _new_curve(self) -> CostModel:
+        return CostModel(budget_ms=self._budget_ms)
+
+    def curve(self, worker_class: str) -> CostModel:
+        """The cost curves of one worker class."""
+        c = self.curves.get(worker_class)
+        if c is None:
+            c = self.curves[worker_class] = self._new_curve()
+        return c
+
+    def _limit(self, ref: ModelRef) -> int:
+        """The largest batch of ``ref`` the class of worker being scheduled takes."""
+        return self.class_max_batch.get((ref, self._asking), self.max_batch.get(ref, 1))
+
+    def _class_limit(self, curve: CostModel, ref: ModelRef, worker_class: str) -> int:
+        """Items a full batch of ``ref`` holds now on a worker of ``worker_class`` (its
+        measured batch target within that class's own limit)."""
+        cap = self.class_max_batch.get((ref, worker_class), self.max_batch.get(ref, 1))
+        return curve.batch_target(ref, cap)
+
+    def _learn(self, models: Sequence[ModelInfo], worker_class: str) -> None:
+        curve = self.curve(worker_class)
         for m in models:
             ref = ModelRef(m.name, m.version)
             profile = {int(k): v for k, v in m.profile_ms.items()}
@@ -187,10 +233,45 @@ class DispatchCore:
             # within it follows the measured curve, which the warm-up only seeds.
             cap = m.max_batch_size
             self.max_batch[ref] = min(self.max_batch.get(ref, cap), cap)
-            self.cost.seed(ref, profile)
-        w = Worker(worker_id, tuple(models), frozenset(ModelRef(m.name, m.version) for m in models))
+            key = (ref, worker_class)
+            self.class_max_batch[key] = min(self.class_max_batch.get(key, cap), cap)
+            curve.seed(ref, profile)
+
+    def add_worker(
+        self, worker_id: str, models: Sequence[ModelInfo], worker_class: str = DEFAULT_CLASS
+    ) -> Worker:
+        self._learn(models, worker_class)
+        w = Worker(
+            worker_id,
+            tuple(models),
+            frozenset(ModelRef(m.name, m.version) for m in models),
+            worker_class=worker_class,
+        )
         self.workers.append(w)
         return w
+
+    def set_served(self, w: Worker, models: Sequence[ModelInfo]) -> None:
+        """The versions ``w`` takes batches of from now on (loaded, ready and wanted: the
+        model control's decision, scheduler/model_control.py). A version left out gets no
+        new batch; what ``w`` holds of it finishes."""
+        new = [m for m in models if ModelRef(m.name, m.version) not in w.refs]
+        self._learn(new, w.worker_class)
+        w.models = tuple(models)
+        w.refs = frozenset(ModelRef(m.name, m.version) for m in models)
+
+    def class_curves(self) -> dict[tuple[ModelRef, str], tuple[int, dict[int, float], int]]:
+        """Per (model, worker class) with live workers: (batch limit, cost curve as
+        measured now, workers), for the registry and the planner."""
+        out: dict[tuple[ModelRef, str], tuple[int, dict[int, float], int]] = {}
+        for w in self.workers:
+            if not w.alive:
+                continue
+            for ref in w.refs:
+                key = (ref, w.worker_class)
+                limit = self.class_max_batch.get(key, self.max_batch.get(ref, 1))
+                n = out[key][2] + 1 if key in out else 1
+                out[key] = (limit, self.curve(w.worker_class).known(ref), n)
+        return out
 
     def live_models(self) -> dict[ModelRef, tuple[int, dict[int, float]]]:
         """Each model live workers serve: (the largest batch they take, the cost curve as
@@ -200,18 +281,25 @@ class DispatchCore:
             if w.alive:
                 for m in w.models:
                     ref = ModelRef(m.name, m.version)
-                    out[ref] = (self.max_batch[ref], self.cost.known(ref) or m.profile_ms)
+                    known = self.curve(w.worker_class).known(ref)
+                    out[ref] = (self.max_batch[ref], known or m.profile_ms)
         return out
 
     def may_queue(self, w: Worker) -> bool:
         """Whether a second batch may wait on this busy worker: a full batch of every
         model it serves is predicted short (decision 0012)."""
+        curve = self.curve(w.worker_class)
         return all(
-            self.cost.predict_ms(ref, self.batcher.limit(ref)) <= PIPELINE_MAX_MS for ref in w.refs
+            curve.predict_ms(ref, self._class_limit(curve, ref, w.worker_class)) <= PIPELINE_MAX_MS
+            for ref in w.refs
         )
 
     # ---- what a free worker does next ----------------------------------------------------
     def schedule(self, w: Worker, now: float) -> Step:
+        # The batcher sizes and times batches with the curve of the worker that will run
+        # them (heterogeneous pools).
+        self._asking = w.worker_class
+        self.batcher.cost = self.curve(w.worker_class)
         writes: list[Write] = []
         while True:
             if not self.dispatching or not w.alive:
@@ -257,7 +345,8 @@ class DispatchCore:
 
     def _start(self, w: Worker, batch: Batch, now: float) -> InFlight:
         """``batch`` goes to ``w``; it computes from now if nothing is ahead of it."""
-        predicted = self.cost.predict_ms(batch.key.ref, len(batch.items)) / 1000
+        predicted = self.curve(w.worker_class).predict_ms(batch.key.ref, len(batch.items)) / 1000
+        w.used_at[batch.key.ref] = now
         if not w.queue:
             w.running = Running(now, predicted)
         entry = InFlight(batch, predicted)
@@ -294,12 +383,30 @@ class DispatchCore:
         # The queued batch computes from now on.
         w.running = Running(now, w.queue[0].predicted_s) if w.queue else None
         batch = entry.batch
+        if result.unavailable:
+            self.hand_back(w, batch)
+            return []
         if result.error is not None:
             return self.on_failure(batch, result.error, now)
         assert result.outputs is not None
         ms = (result.compute_end - result.compute_start) * 1000
-        self.cost.observe(batch.key.ref, len(batch.items), ms)
+        self.curve(w.worker_class).observe(batch.key.ref, len(batch.items), ms)
         return result_writes(batch, result, w.worker_id)
+
+    def hand_back(self, w: Worker, batch: Batch) -> None:
+        """The worker could not run the batch through no fault of its inputs (its model
+        is not loaded there, or the service it calls is down): the items queue again
+        unchanged, no attempt counted (deadlines still apply: a sync request may expire
+        while it waits, a job item waits), and ``w`` gets no more of that model until the
+        model control says it is ready again."""
+        ref = batch.key.ref
+        if ref in w.refs:
+            w.refs = w.refs - {ref}
+            w.models = tuple(m for m in w.models if ModelRef(m.name, m.version) != ref)
+        for p in batch.items:
+            p.gone = False  # taken once; queued again
+            self.batcher.add(p)
+        self.stats["handed_back"] += len(batch.items)
 
     def on_failure(self, batch: Batch, error: str, now: float) -> list[Write]:
         """Split the batch until the bad input is alone; a lone input is retried with
@@ -403,15 +510,26 @@ class DispatchCore:
     def load(self, lag: dict[str, int]) -> LoadReport:
         """Capacity and backlog for the API's admission control; ``lag``: what the lanes
         hold back in Kafka, per class."""
-        capacity = capacity_by_model(
-            self.cost, [set(w.refs) for w in self.workers if w.alive], self.max_batch
-        )
+        capacity = self.capacity()
         backlog: dict[str, dict[str, int]] = {
             ref.label(): dict(zip(PRIORITY_CLASSES, depths, strict=True))
             for ref, depths in self.batcher.depth_by_model().items()
         }
         tenants = tenant_backlog(self.batcher.depth_by_tenant())
         return LoadReport(capacity, backlog, lag, tenants)
+
+    def capacity(self) -> dict[str, ModelCapacity]:
+        """Per model, each worker counted at its own class's curve (heterogeneous pools)."""
+        by_class: list[dict[str, ModelCapacity]] = []
+        for cls, curve in self.curves.items():
+            refs = [set(w.refs) for w in self.workers if w.alive and w.worker_class == cls]
+            if refs:
+                limits = {
+                    ref: self.class_max_batch.get((ref, cls), self.max_batch.get(ref, 1))
+                    for ref in set().union(*refs)
+                }
+                by_class.append(capacity_by_model(curve, refs, limits))
+        return merge_capacity(by_class)
 
     def idle(self) -> bool:
         """Nothing queued and nothing waiting to be retried."""
@@ -423,6 +541,28 @@ class DispatchCore:
     def stop_dispatching(self) -> None:
         """Workers take nothing new; what they hold finishes."""
         self.dispatching = False
+
+
+def merge_capacity(by_class: Sequence[dict[str, ModelCapacity]]) -> dict[str, ModelCapacity]:
+    """One record per model from its records per worker class: the rates and workers add
+    up; the batch shape is the class that delivers most's, and a batch of one is the
+    fastest class's (what admission may promise the tightest deadline)."""
+    out: dict[str, ModelCapacity] = {}
+    for records in by_class:
+        for key, rec in records.items():
+            have = out.get(key)
+            if have is None:
+                out[key] = ModelCapacity(**rec)
+                continue
+            lead = rec if rec["items_s"] > have["items_s"] else have
+            out[key] = ModelCapacity(
+                items_s=have["items_s"] + rec["items_s"],
+                batch=lead["batch"],
+                batch_ms=lead["batch_ms"],
+                single_ms=min(have["single_ms"], rec["single_ms"]),
+                workers=have["workers"] + rec["workers"],
+            )
+    return out
 
 
 def result_writes(batch: Batch, result: WorkResult, worker_id: str) -> list[Write]:

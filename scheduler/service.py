@@ -8,7 +8,10 @@ Threads, each with one job:
   * per worker a dispatcher and a receiver (scheduler/worker_threads.py);
   * the persister's pool (scheduler/persister.py) stores the core's planned writes and
     reports their offsets done;
-  * a heartbeat reports load and refreshes the cancelled jobs and the model registry;
+  * a heartbeat reports load and refreshes the cancelled jobs;
+  * a model loop reads the registry every second, tells the workers which versions to
+    load and unload (scheduler/model_control.py) and reports each version's readiness;
+    the workers' status messages wake it;
   * the sweeper keeps the log tables' partitions and retention, if this scheduler
     leads (results/sweeper.py).
 They share the core under one condition variable (decision 0018).
@@ -31,8 +34,11 @@ from confluent_kafka import Message, Producer
 from core import tracing as core_tracing
 from core.config import Settings
 from core.kafka import producer_config
-from core.models.catalog import build_specs
+from core.models.catalog import build_specs, latest
 from core.models.causal_lm import CausalLMSpec
+from core.models.registry import parse_ref
+from core.models.spec import ModelSpec
+from core.protocol import ModelStatus
 from core.topics import dead_letter_topic, ensure_topics
 from results import modelregistry
 from results.db import make_engine
@@ -45,6 +51,7 @@ from results.load import (
     publish_scheduler_metrics,
     report_scheduler,
 )
+from results.modelregistry import Readiness, record_from_row, versions_stmt
 from results.store import persist
 from results.sweeper import Sweeper
 from scheduler import metrics, tracing
@@ -54,6 +61,7 @@ from scheduler.dispatch import DispatchCore, Reject
 from scheduler.generation.service import GenerationService
 from scheduler.intake import decode
 from scheduler.lane import ConsumerLane, held_lag, lane_specs
+from scheduler.model_control import Command, Commandable, ModelControl
 from scheduler.offsets import TopicPartition
 from scheduler.persister import Persister
 from scheduler.worker_threads import WorkerThreads
@@ -69,11 +77,23 @@ LOAD_REPORT_S = 0.25
 CANCELLED_REFRESH_S = 1.0
 METRICS_PUBLISH_S = 1.0  # the dashboard's step (core/metrics_window.py)
 ANNOUNCE_S = 5.0
+# The registry is read, and each version's readiness reported, this often (s): a promote
+# or a canary reaches the workers within it, and the API treats readiness older than
+# results.modelregistry.READINESS_STALE_S (5 s) as gone.
+REGISTRY_REFRESH_S = 1.0
 # How long a thread may hold the GIL while another waits for it (Python's default is
 # 5 ms). Receivers and dispatchers wait on sockets and locks, then need the GIL at once
 # while the consumer and persist threads run Python in bursts: at 5 ms a handoff can
 # leave a worker idle longer than its batch takes (docs/bench/gpu.md).
 GIL_SWITCH_S = 0.0005
+
+
+def _builtin(specs: dict[str, dict[str, ModelSpec]], ref: str) -> ModelSpec | None:
+    name, version = parse_ref(ref)
+    versions = specs.get(name, {})
+    if version:
+        return versions.get(version)
+    return latest(versions) if versions else None
 
 
 class SchedulerService:
@@ -87,7 +107,6 @@ class SchedulerService:
     ):
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         self.settings = settings
-        self.specs = build_specs(settings)
         # Host and pid alone repeat across the scheduler containers of one pod (one host
         # name, a PID namespace each): their load reports would overwrite each other.
         self.scheduler_id = process_id(
@@ -95,6 +114,15 @@ class SchedulerService:
             f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}",
         )
         self.core = DispatchCore.from_settings(settings)
+        served = models or [m for m in settings.worker_models.split(",") if m]
+        # A generation model runs steps, not batches (decision 32): its own worker
+        # process and step loop, beside the batching workers. Which models generate is
+        # the built-in versions' backend (gristmill-lm@1 is the registry's seed).
+        builtins = build_specs(settings)
+        gen = [m for m in served if isinstance(_builtin(builtins, m), CausalLMSpec)]
+        batched = [m for m in served if m not in gen]
+        self.control = ModelControl(settings, batched, self.core)
+        self.models_changed = threading.Event()  # a worker reported; the model loop runs now
         self.cond = threading.Condition()  # the one lock around the core
         self.stopping = threading.Event()  # stop consuming
         self.engine = make_engine(settings.database_url, pool_size=5)
@@ -108,22 +136,19 @@ class SchedulerService:
         self.workers = WorkerThreads(
             self.core, self.cond, self.persister.submit, batch_timeout_s=settings.batch_timeout_s
         )
-        served = models or [m for m in settings.worker_models.split(",") if m]
-        # A generation model runs steps, not batches (decision 32): its own worker
-        # process and step loop, beside the batching workers.
-        gen = [m for m in served if isinstance(self._spec(m), CausalLMSpec)]
-        batched = [m for m in served if m not in gen]
         n_local = settings.workers if n_workers is None else n_workers
         self.pool = WorkerPool(
             socket_path=socket_dir / "workers.sock",
             n_local=n_local if batched else 0,
             models=batched,
             on_ready=self._on_worker_ready,
+            on_status=self._on_status,
+            preload=False,  # the model control says what to load: the registry's versions
         )
         self.gen: GenerationService | None = None
         self.gen_pool: WorkerPool | None = None
         if gen:
-            spec = self._spec(gen[0])
+            spec = _builtin(builtins, gen[0])
             assert isinstance(spec, CausalLMSpec)
             self.gen = GenerationService(self.engine, spec, self._done, self.stopping)
             self.gen_pool = WorkerPool(
@@ -135,12 +160,10 @@ class SchedulerService:
         # Sync traffic and job items are read by separate consumers (decision 0011).
         self.lanes = [ConsumerLane(settings, spec, self) for spec in lane_specs(settings)]
 
-    def _spec(self, ref: str) -> object:
-        name, _, version = ref.partition("@")
-        versions = self.specs.get(name, {})
-        if version:
-            return versions.get(version)
-        return versions[max(versions)] if versions else None
+    @property
+    def specs(self) -> dict[str, dict[str, ModelSpec]]:
+        """Every known version's spec (intake keys batches by their parameters)."""
+        return self.control.specs
 
     def _done(self, offsets: list[tuple[TopicPartition, int]], rows: int) -> None:
         with self.cond:
@@ -148,8 +171,73 @@ class SchedulerService:
 
     # ---- workers and the registry ------------------------------------------------------
     def _on_worker_ready(self, h: WorkerHandle) -> None:
-        self.workers.add(h)
+        w = self.workers.add(h)
+        with self.cond:
+            self.control.add_worker(
+                h, w, h.hello.memory_budget_bytes, h.hello.accepts, h.hello.models, time.time()
+            )
+            commands = self.control.tick(time.time())
+            self.cond.notify_all()
+        self._send(commands)
+        self.models_changed.set()
         self._announce()
+
+    def _on_status(self, h: WorkerHandle, status: ModelStatus) -> None:
+        """A worker's reader thread: no I/O here but the commands it answers with."""
+        with self.cond:
+            self.control.on_status(h, status, time.time())
+            commands = self.control.tick(time.time())
+            self.cond.notify_all()
+        self._send(commands)
+        self.models_changed.set()
+
+    def _send(self, commands: list[tuple[Commandable, Command]]) -> None:
+        for handle, msg in commands:
+            if isinstance(handle, WorkerHandle) and not handle.command(msg):
+                log.warning("worker %s is gone; %r not sent", handle.worker_id, msg)
+
+    def _model_loop(self) -> None:
+        """Read the registry, move the workers toward it, report readiness."""
+        ticks = 0
+        while not self.stopping.is_set():
+            self.models_changed.wait(REGISTRY_REFRESH_S)
+            self.models_changed.clear()
+            ticks += 1
+            self._read_registry()
+            with self.cond:
+                commands = self.control.tick(time.time())
+                readiness = self.control.readiness() + self._gen_readiness()
+                curves = self.core.class_curves() if ticks % round(ANNOUNCE_S) == 0 else {}
+                self.cond.notify_all()
+            self._send(commands)
+            try:
+                with self.engine.begin() as conn:
+                    modelregistry.report_readiness(conn, self.scheduler_id, readiness)
+                    for (ref, cls), (limit, profile, n) in curves.items():
+                        modelregistry.report_curve(conn, *ref, cls, limit, profile, n)
+            except Exception as exc:  # PostgreSQL down: the next pass reports
+                log.warning("readiness report failed: %s", first_line(exc))
+
+    def _gen_readiness(self) -> list[Readiness]:
+        """The generation worker's version: ready while its process is connected,
+        loading until it says hello (the API answers 503 with Retry-After then)."""
+        if self.gen is None:
+            return []
+        ready = sum(1 for h in self.gen.handles if h.alive)
+        spec = self.gen.spec
+        return [Readiness(spec.name, spec.version, ready=ready, loading=0 if ready else 1)]
+
+    def _read_registry(self) -> None:
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(versions_stmt()).all()
+        except Exception as exc:  # keep what was read last; the built-ins before that
+            log.warning("model registry read failed: %s", first_line(exc))
+            return
+        records = [record_from_row(r) for r in rows]
+        previous = {r.name: r.previous_live for r in rows if r.previous_live}
+        with self.cond:
+            self.control.set_registry(records, previous)
 
     def _announce(self) -> None:
         with self.cond:
@@ -263,11 +351,13 @@ class SchedulerService:
             raise SystemExit(why)
         metrics.serve(self, self.settings)
         core_tracing.setup(self.settings, "gristmill-scheduler")
+        self._read_registry()  # before the first worker says hello: what to load
         self.pool.start()
         if self.gen is not None and self.gen_pool is not None:
             self.gen.start()
             self.gen_pool.start()
         threading.Thread(target=self._heartbeat_loop, daemon=True, name="heartbeat").start()
+        threading.Thread(target=self._model_loop, daemon=True, name="models").start()
         # Retention and partitions: every scheduler offers, one leads (advisory lock).
         sweeper = Sweeper(make_engine(self.settings.database_url, pool_size=1), self.settings)
         threading.Thread(
@@ -317,6 +407,7 @@ class SchedulerService:
         try:  # stop counting toward capacity at once rather than after the staleness window
             with self.engine.begin() as conn:
                 forget_scheduler(conn, self.scheduler_id)
+                modelregistry.forget_readiness(conn, self.scheduler_id)
         except Exception as exc:
             log.warning("could not withdraw load report: %s", first_line(exc))
         log.info("scheduler stopped: %s", self.core.stats)

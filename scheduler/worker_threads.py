@@ -62,7 +62,7 @@ class WorkerThreads:
     def add(self, h: WorkerHandle) -> Worker:
         """A worker said hello: serve it until it is lost or dispatching ends."""
         with self.cond:
-            w = self.core.add_worker(h.worker_id, h.hello.models)
+            w = self.core.add_worker(h.worker_id, h.hello.models, h.hello.worker_class)
             self.handles.append(h)
             self.cond.notify_all()
         t = threading.Thread(

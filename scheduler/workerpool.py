@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import secrets
 import subprocess
 import sys
@@ -24,7 +25,16 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
-from core.protocol import GenStep, GenStepResult, Hello, WorkBatch, WorkResult
+from core.protocol import (
+    GenStep,
+    GenStepResult,
+    Hello,
+    LoadModel,
+    ModelStatus,
+    UnloadModel,
+    WorkBatch,
+    WorkResult,
+)
 from core.redact import write_private
 from core.vocab import ModelRef
 from scheduler.spawner import Spawner
@@ -47,21 +57,54 @@ class WorkerLost(Exception):
         self.ran = ran
 
 
+StatusHandler = Callable[["WorkerHandle", ModelStatus], None]
+
+
 class WorkerHandle:
     """One worker's connection. ``send`` queues a batch on the worker and ``receive``
     returns results in the order the batches were sent; they may be called from two
     threads (one sending, one receiving), so a batch can be sent while the one before
-    it computes (decision 0012). ``run`` is both, for one batch at a time."""
+    it computes (decision 0012). ``run`` is both, for one batch at a time.
 
-    def __init__(self, conn: Connection, hello: Hello, proc: subprocess.Popen[bytes] | None):
+    A reader thread takes everything the worker sends: results go to ``receive`` in
+    order, a version's status (loading, ready, unavailable, failed, unloaded) to
+    ``on_status`` as it comes, whether or not a batch is out."""
+
+    def __init__(
+        self,
+        conn: Connection,
+        hello: Hello,
+        proc: subprocess.Popen[bytes] | None,
+        on_status: StatusHandler | None = None,
+    ):
         self.conn = conn
         self.hello = hello
         self.proc = proc
         self.refs = {ModelRef(m.name, m.version) for m in hello.models}
         self.alive = True
+        self.on_status = on_status
         self._sent: deque[tuple[str, float]] = deque()  # (batch id, sent at), in order
         self._last_result_at = 0.0  # monotonic
         self._send_lock = threading.Lock()
+        self._results: queue.Queue[WorkResult | GenStepResult | BaseException] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True, name=f"read-{hello.worker_id}").start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError) as exc:
+                self._results.put(exc)
+                return
+            if isinstance(msg, ModelStatus):
+                handler = self.on_status
+                if handler is not None:
+                    try:
+                        handler(self, msg)
+                    except Exception:  # a bug in the handler must not stop the results
+                        log.exception("model status from %s not handled", self.worker_id)
+                continue
+            self._results.put(msg)
 
     @property
     def worker_id(self) -> str:
@@ -79,6 +122,15 @@ class WorkerHandle:
         """Send one batch and wait for its result (nothing else in flight)."""
         self.send(batch)
         return self.receive(timeout_s)
+
+    def command(self, msg: LoadModel | UnloadModel) -> bool:
+        """Ask the worker to load or unload a version; False if it is gone."""
+        with self._send_lock:
+            try:
+                self.conn.send(msg)
+            except (OSError, ValueError):
+                return False
+        return True
 
     def send(self, batch: WorkBatch | GenStep) -> None:
         """Queue ``batch`` on the worker; it runs its batches one at a time, in order.
@@ -116,21 +168,21 @@ class WorkerHandle:
         within ``timeout_s`` of that, the worker hung and is killed."""
         batch_id, sent_at = self._sent[0]
         started = max(sent_at, self._last_result_at)
+        left = started + timeout_s - time.monotonic()
         try:
-            left = started + timeout_s - time.monotonic()
-            if left <= 0 or not self.conn.poll(left):
-                raise WorkerLost(
-                    f"the worker hung: no result within the {timeout_s:g}s batch timeout"
-                )
-            result: WorkResult | GenStepResult = self.conn.recv()
-        except (EOFError, OSError) as exc:
+            got = self._results.get(timeout=max(left, 0.001))
+        except queue.Empty:
+            self.kill()
+            raise WorkerLost(
+                f"the worker hung: no result within the {timeout_s:g}s batch timeout"
+            ) from None
+        if isinstance(got, BaseException):
+            self._results.put(got)  # every later receive sees the connection is gone
             self.alive = False
             code = self.proc.poll() if self.proc is not None else None
-            how = f"exit status {code}" if code is not None else repr(exc)
-            raise WorkerLost(f"the worker process crashed while running it ({how})") from exc
-        except WorkerLost:
-            self.kill()
-            raise
+            how = f"exit status {code}" if code is not None else repr(got)
+            raise WorkerLost(f"the worker process crashed while running it ({how})") from got
+        result = got
         if result.batch_id != batch_id:
             self.kill()
             raise WorkerLost(f"the worker answered batch {result.batch_id}, not {batch_id}")
@@ -161,12 +213,18 @@ class WorkerPool:
         models: list[str],
         on_ready: Callable[[WorkerHandle], None],
         env: dict[str, str] | None = None,
+        on_status: StatusHandler | None = None,
+        preload: bool = True,
     ):
         self.socket_path = socket_path
         self.authkey = secrets.token_bytes(32)
         self.n_local = n_local
         self.models = models
         self.on_ready = on_ready
+        self.on_status = on_status
+        # True: spawned workers load their models' built-in versions before they say
+        # hello; False: they wait for the model control's LoadModel (the registry's).
+        self.preload = preload
         self.env = env or {}
         self._procs: list[subprocess.Popen[bytes] | None] = [None] * n_local
         self._ready_pids: set[int] = set()  # workers that completed their handshake
@@ -204,6 +262,7 @@ class WorkerPool:
             ",".join(self.models),
             "--worker-id",
             f"{os.getpid()}-w{i}",
+            *([] if self.preload else ["--no-preload"]),
         ]
         self._procs[i] = self._spawner.popen(cmd, env)
         log.info("spawned worker %d (pid %d)", i, self._procs[i].pid)  # type: ignore[union-attr]
@@ -269,7 +328,7 @@ class WorkerPool:
                 hello.worker_id,
                 ", ".join(f"{m.name}@{m.version}" for m in hello.models),
             )
-            self.on_ready(WorkerHandle(conn, hello, proc))
+            self.on_ready(WorkerHandle(conn, hello, proc, self.on_status))
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._no_restarts.set()

@@ -18,8 +18,16 @@ def main() -> None:
         action="append",
         help="a scheduler's worker socket; repeat it to serve several schedulers of this host",
     )
-    parser.add_argument("--models", default="sim", help="comma-separated name[@version] list")
+    parser.add_argument(
+        "--models", default="sim", help="comma-separated name[@version] list it may serve"
+    )
     parser.add_argument("--worker-id", default=None)
+    parser.add_argument(
+        "--no-preload",
+        action="store_true",
+        help="load nothing before connecting: the schedulers say which versions to load "
+        "(the registry's); by default the built-in versions of --models are loaded first",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(levelname)s %(message)s")
     redact.install()
@@ -29,6 +37,7 @@ def main() -> None:
         [(path, authkey_for(settings, path)) for path in args.socket],
         [m for m in args.models.split(",") if m],
         args.worker_id,
+        preload=not args.no_preload,
     )
 
 

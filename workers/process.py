@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
@@ -45,12 +46,22 @@ from types import FrameType
 
 from core import tracing
 from core.config import Settings, WorkerSettings
-from core.protocol import GenStep, GenStepResult, Hello, ModelInfo, WorkBatch, WorkResult
+from core.protocol import (
+    GenStep,
+    GenStepResult,
+    Hello,
+    LoadModel,
+    ModelStatus,
+    UnloadModel,
+    WorkBatch,
+    WorkResult,
+)
 from core.vocab import ModelRef
 from workers import tracing as worker_tracing
+from workers.holder import Holder
 from workers.metrics import DeviceSampler
-from workers.models.base import Launched, Model
-from workers.models.loader import load_models
+from workers.models.base import Launched, Model, ModelUnavailable
+from workers.models.loader import boot_records, load_record
 
 log = logging.getLogger("gristmill.worker")
 
@@ -68,6 +79,7 @@ class _Started:
     error: str | None
     launched_at: float  # epoch s
     to: Connection  # the scheduler that sent it, which gets the result
+    unavailable: ModelUnavailable | None = None  # not run, through no fault of its inputs
     step: GenStepResult | None = None  # a generation step, computed when it was launched
 
 
@@ -75,13 +87,34 @@ def _describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
-def launch_batch(models: dict[ModelRef, Model], batch: WorkBatch, to: Connection) -> _Started:
+def _unavailable(batch: WorkBatch, exc: ModelUnavailable, start: float) -> WorkResult:
+    return WorkResult(
+        batch.batch_id,
+        None,
+        str(exc),
+        start,
+        time.time(),
+        unavailable=True,
+        retry_after_s=exc.retry_after_s,
+    )
+
+
+def launch_batch(holder: Holder, batch: WorkBatch, to: Connection) -> _Started:
     launched_at = time.time()
+    ref = ModelRef(batch.model, batch.version)
+    model = holder.begin(ref)
+    if model is None:  # unloaded meanwhile: not the batch's fault, the scheduler resends it
+        err = ModelUnavailable(f"model {batch.model}@{batch.version} is not loaded on this worker")
+        return _Started(batch, None, str(err), launched_at, to, err)
     try:
-        model = models[ModelRef(batch.model, batch.version)]
         job = model.launch(batch.inputs, batch.params, token_ids=batch.token_ids)
         return _Started(batch, job, None, launched_at, to)
+    except ModelUnavailable as exc:
+        holder.end(ref)
+        log.warning("batch %s handed back: %s", batch.batch_id, exc)
+        return _Started(batch, None, str(exc), launched_at, to, exc)
     except Exception as exc:  # the scheduler decides about retries; we only report
+        holder.end(ref)
         log.warning("batch %s failed: %s", batch.batch_id, exc)
         return _Started(batch, None, _describe(exc), launched_at, to)
 
@@ -113,24 +146,32 @@ def _forget(models: dict[ModelRef, Model], conn: Connection) -> None:
 
 
 def finish_batch(
-    models: dict[ModelRef, Model], started: _Started, start: float, report_stats: bool = False
+    holder: Holder, started: _Started, start: float, report_stats: bool = False
 ) -> WorkResult:
     """Wait for a launched batch; ``start`` is when the device began it (epoch s).
     ``report_stats``: the model's own measurements go into the result (benchmarks)."""
     batch = started.batch
     assert isinstance(batch, WorkBatch)
     if started.job is None:
+        if started.unavailable is not None:
+            return _unavailable(batch, started.unavailable, start)
         return WorkResult(batch.batch_id, None, started.error, start, time.time())
+    ref = ModelRef(batch.model, batch.version)
     try:
-        model = models[ModelRef(batch.model, batch.version)]
+        model = holder.models[ref]
         outputs = model.finish(started.job)
         if len(outputs) != len(batch.inputs):
             raise RuntimeError(f"model returned {len(outputs)} outputs for {len(batch.inputs)}")
         stats = started.job.stats if report_stats else None
         return WorkResult(batch.batch_id, outputs, None, start, time.time(), stats)
+    except ModelUnavailable as exc:
+        log.warning("batch %s handed back: %s", batch.batch_id, exc)
+        return _unavailable(batch, exc, start)
     except Exception as exc:
         log.warning("batch %s failed: %s", batch.batch_id, exc)
         return WorkResult(batch.batch_id, None, _describe(exc), start, time.time())
+    finally:
+        holder.end(ref)
 
 
 class _Shutdown:
@@ -180,15 +221,29 @@ def authkey_for(settings: WorkerSettings, socket_path: str) -> bytes:
     )
 
 
+def worker_class(settings: WorkerSettings) -> str:
+    """The class whose cost curves this worker's batches teach (heterogeneous pools)."""
+    if settings.worker_class:
+        return settings.worker_class
+    device = settings.cuda_visible_devices.strip()
+    return "cpu" if device in ("", "cpu", "-1") else "cuda"
+
+
 def serve(
     settings: Settings,
     schedulers: list[tuple[str, bytes]],
     model_names: list[str],
     worker_id: str | None = None,
+    *,
+    preload: bool = True,
 ) -> None:
-    """Load and warm the models, then serve every scheduler in ``schedulers`` (socket
-    path, key). One worker per GPU may serve several scheduler processes of the host
-    (decision 0014): their batches run on the one device in the order they arrive."""
+    """Serve every scheduler in ``schedulers`` (socket path, key). One worker per GPU may
+    serve several scheduler processes of the host (decision 0014): their batches run on
+    the one device in the order they arrive.
+
+    ``model_names`` are the models it may serve; with ``preload`` it loads and warms up
+    their built-in versions before it connects (a worker that serves alone), else it
+    waits for its schedulers to say which versions to load (the registry's)."""
     shutdown = _Shutdown()
     tracing.setup(settings, "gristmill-worker")
     if _spawned_by_scheduler(settings):
@@ -197,38 +252,55 @@ def serve(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     else:
         shutdown.install()
-    models = load_models(settings, model_names)
-    infos = []
-    for (name, version), model in models.items():
-        if settings.worker_stats and hasattr(model, "timing"):
-            model.timing = True
-        profile = model.warmup()
-        # Warmup may bound the batch below the spec's (GPU memory per batch size).
-        limit = model.batch_limit()
-        profile = {n: ms for n, ms in profile.items() if n <= limit}
-        gen = getattr(model, "generation_info", None)
-        infos.append(ModelInfo(name, version, limit, profile, gen() if gen else None))
-        log.info(
-            "model %s@%s ready, max batch %d, warmup profile %s", name, version, limit, profile
-        )
+    locks: dict[Connection, threading.Lock] = {}
+
+    def send(conn: Connection, msg: WorkResult | GenStepResult | ModelStatus) -> None:
+        with locks[conn]:
+            conn.send(msg)
+
+    holder = Holder(settings, send)
+    if preload:
+        for record in boot_records(settings, model_names):
+            holder.add(load_record(record, settings))
     wid = worker_id or f"{socket.gethostname()}-{os.getpid()}"
-    device = settings.cuda_visible_devices
+    hello = Hello(
+        worker_id=wid,
+        pid=os.getpid(),
+        device=settings.cuda_visible_devices,
+        models=list(holder.infos.values()),
+        worker_class=worker_class(settings),
+        memory_budget_bytes=settings.worker_memory_mb * 1_000_000,
+        accepts=tuple(sorted({n.partition("@")[0] for n in model_names})),
+    )
     conns = []
     for path, authkey in schedulers:
         conn = Client(path, family="AF_UNIX", authkey=authkey)
-        conn.send(Hello(worker_id=wid, pid=os.getpid(), device=device, models=infos))
+        locks[conn] = threading.Lock()
+        conn.send(hello)
         conns.append(conn)
-    _serve_batches(
-        conns, models, shutdown, wid, settings.worker_stats, DeviceSampler(device)
-    )
+    holder.attach(conns)
+    threading.Thread(target=holder.run, name="loader", daemon=True).start()
+    try:
+        _serve_batches(
+            conns,
+            holder,
+            shutdown,
+            wid,
+            settings.worker_stats,
+            send,
+            DeviceSampler(settings.cuda_visible_devices),
+        )
+    finally:
+        holder.stop()
 
 
 def _serve_batches(
     conns: list[Connection],
-    models: dict[ModelRef, Model],
+    holder: Holder,
     shutdown: _Shutdown,
     wid: str,
     report_stats: bool,
+    send: Callable[[Connection, WorkResult | GenStepResult | ModelStatus], None],
     gpu: DeviceSampler | None = None,
 ) -> None:
     """Read batches in a thread per scheduler, launch them here in arrival order, finish
@@ -248,11 +320,16 @@ def _serve_batches(
             try:
                 if not conn.poll(0.2):
                     continue
-                batch: WorkBatch | GenStep | None = conn.recv()
+                msg = conn.recv()
             except (EOFError, OSError):
-                batch = None
+                msg = None
+            if isinstance(msg, LoadModel | UnloadModel):
+                holder.command(conn, msg)  # the loader thread carries it out
+                continue
+            batch: WorkBatch | GenStep | None = msg
             incoming.put((conn, batch))  # None: that scheduler went away or stops us
             if batch is None:
+                holder.forget(conn)
                 return
 
     def finisher() -> None:
@@ -264,7 +341,7 @@ def _serve_batches(
             else:
                 # It began on the device when the batch before it ended, if that was later.
                 result = finish_batch(
-                    models, started, max(started.launched_at, prev_end), report_stats
+                    holder, started, max(started.launched_at, prev_end), report_stats
                 )
             prev_end = result.compute_end
             result.device = gpu.sample() if gpu is not None else None
@@ -272,7 +349,7 @@ def _serve_batches(
                 worker_tracing.computed(started.batch, result)
             slots.release()
             try:
-                started.to.send(result)
+                send(started.to, result)
             except OSError:
                 with sent:
                     serving.discard(started.to)
@@ -301,7 +378,7 @@ def _serve_batches(
             with sent:
                 if batch is None:
                     serving.discard(conn)
-                    _forget(models, conn)
+                    _forget(holder.models, conn)
                 if not serving:
                     log.info("no scheduler left; worker %s exits", wid)
                     return
@@ -312,9 +389,9 @@ def _serve_batches(
                 unsent[0] += 1
                 shutdown.busy = True
             if isinstance(batch, GenStep):
-                started = run_step(models, batch, conn)
+                started = run_step(holder.models, batch, conn)
             else:
-                started = launch_batch(models, batch, conn)
+                started = launch_batch(holder, batch, conn)
             launched.put(started)
             if started.job is None or not started.job.computing():
                 with sent:  # computed already: its result goes out before the next starts

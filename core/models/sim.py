@@ -24,9 +24,12 @@ if TYPE_CHECKING:
 VECTOR_TABLE_ROWS = 4096
 
 
-def sim_output(input_: str, salt: str = "") -> dict[str, Any]:
-    """The answer ``sim`` gives for one input; tests and the chaos audit recompute it."""
-    digest = hashlib.sha256(f"{salt}\x00{input_}".encode()).hexdigest()[:16]
+def sim_output(input_: str, salt: str = "", variant: str = "") -> dict[str, Any]:
+    """The answer ``sim`` gives for one input; tests and the chaos audit recompute it.
+    A ``variant`` (a registered version's config) gives other answers, as a retrained
+    model would; the default keeps the built-in version's."""
+    key = f"{salt}\x00{input_}" if not variant else f"{variant}\x00{salt}\x00{input_}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     return {"digest": digest, "chars": len(input_)}
 
 
@@ -50,6 +53,12 @@ def sim_vectors(inputs: list[str], salt: str, dim: int) -> np.ndarray:
 @dataclass
 class SimSpec(ModelSpec):
     batch_ms: float = 100.0  # the cost of one batch, whatever its size
+    variant: str = ""  # changes every answer (sim_output)
+    # Memory a worker sets aside while this version is loaded (MB): lets the residency
+    # policy be exercised with a model that costs nothing to run.
+    memory_mb: float = 0.0
+    # How long loading it takes (ms): a version that is visibly "loading" for a while.
+    load_ms: float = 0.0
     # > 0: answers are float32 vectors of this length (sim_vectors), like an embedding.
     vector_dim: int = 0
     params: tuple[ParamSpec, ...] = field(

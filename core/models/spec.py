@@ -34,6 +34,10 @@ class ModelSpec:
     max_input_chars: int = 20_000
     params: tuple[ParamSpec, ...] = field(default_factory=tuple)
     max_param_chars: int = 1_000  # one string parameter (settings.max_param_chars)
+    # Where its weights are (a file or directory; empty: none, or the packaged ones) and
+    # the sha256 a worker checks them against before loading (core/models/artifact.py).
+    artifact: str = ""
+    sha256: str = ""
 
     @property
     def ref(self) -> str:

@@ -14,6 +14,7 @@ from core.config import load_settings
 from core.metrics import MULTIPROC_ENV, multiprocess_env
 from gristmill.cli.doctor import doctor
 from gristmill.cli.jobs import app as jobs_app
+from gristmill.cli.models import app as models_app
 from gristmill.simulate.cli import simulate as simulate_cmd
 
 app = typer.Typer(
@@ -24,6 +25,7 @@ app = typer.Typer(
 tenants_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=True)
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(jobs_app, name="jobs")
+app.add_typer(models_app, name="models")
 app.command("doctor")(doctor)
 app.command("simulate")(simulate_cmd)
 
@@ -120,8 +122,13 @@ def worker(
     socket: list[Path] = typer.Option(
         ..., help="a scheduler's worker socket; repeat it to serve several schedulers"
     ),
-    models: str = typer.Option("sim"),
+    models: str = typer.Option("sim", help="the models it may serve"),
     worker_id: str | None = None,
+    preload: bool = typer.Option(
+        False,
+        help="load the built-in versions of --models before connecting (a worker whose "
+        "schedulers have no registry); by default the schedulers say what to load",
+    ),
 ) -> None:
     """Run one worker (one per GPU) that joins running schedulers of this host."""
     from workers.process import authkey_for, serve
@@ -129,7 +136,7 @@ def worker(
     _logging()
     settings = load_settings()
     schedulers = [(str(s), authkey_for(settings, str(s))) for s in socket]
-    serve(settings, schedulers, models.split(","), worker_id)
+    serve(settings, schedulers, models.split(","), worker_id, preload=preload)
 
 
 @tenants_app.command("add")
@@ -309,61 +316,86 @@ def plan_cmd(
     slo_ms: float = typer.Option(..., help="worst-case latency target in milliseconds"),
     model: str = typer.Option("sim", help="model name[@version]"),
     utilization: float = typer.Option(0.75, help="target busy fraction per worker"),
+    worker_class: str | None = typer.Option(
+        None, help="plan for this worker class's curve (cpu, cuda, ...); default: each class"
+    ),
     measure: bool = typer.Option(
         False,
         help="load the model here and measure its curve, "
         "instead of reading what live workers reported",
     ),
 ) -> None:
-    """How many workers (GPUs) a target rate needs within an SLO, from the measured model curve."""
+    """How many workers (GPUs) a target rate needs within an SLO, from the measured model
+    curve of each worker class (a pool of CPU and GPU workers has one curve per class)."""
     from sqlalchemy import select
 
     from core.models.catalog import build_specs, latest
     from gristmill.planner import plan, render
     from results.db import make_engine
+    from results.modelregistry import curves
     from results.schema import models as models_table
     from workers.models.loader import load_model
 
     settings = load_settings()
     name, _, version = model.partition("@")
-    profile: dict[int, float] = {}
-    max_batch = 0
+    # (label, profile, max batch) per worker class, newest report first
+    found: list[tuple[str, dict[int, float], int]] = []
     if not measure:
-        q = select(
-            models_table.c.version, models_table.c.max_batch_size, models_table.c.profile_ms
-        ).where(models_table.c.name == name)
-        if version:
-            q = q.where(models_table.c.version == version)
         try:
             with make_engine(settings.database_url).connect() as conn:
-                row = conn.execute(q.order_by(models_table.c.last_seen_at.desc())).first()
+                rows = curves(conn, name, version or None)
+                if not rows:  # schedulers from before per-class curves: one blended curve
+                    q = select(
+                        models_table.c.version,
+                        models_table.c.max_batch_size,
+                        models_table.c.profile_ms,
+                    ).where(models_table.c.name == name)
+                    if version:
+                        q = q.where(models_table.c.version == version)
+                    old = conn.execute(q.order_by(models_table.c.last_seen_at.desc())).first()
+                    if old is not None:
+                        rows = [
+                            {
+                                "version": old.version,
+                                "worker_class": "any",
+                                "profile_ms": old.profile_ms,
+                                "max_batch_size": old.max_batch_size,
+                            }
+                        ]
         except Exception as exc:
             _fail(f"cannot read the model registry ({exc}); use --measure")
-        if row is not None:
-            profile = {int(k): float(v) for k, v in row.profile_ms.items()}
-            max_batch = row.max_batch_size
-            typer.echo(f"using the curve reported by live workers for {name}@{row.version}")
-    if not profile:
+        seen: set[str] = set()
+        for row in rows:
+            cls = row["worker_class"]
+            if cls in seen or (worker_class and cls != worker_class) or not row["profile_ms"]:
+                continue
+            seen.add(cls)
+            profile = {int(k): float(v) for k, v in row["profile_ms"].items()}
+            label = f"{name}@{row['version']} on {cls} workers"
+            found.append((label, profile, row["max_batch_size"]))
+            typer.echo(f"using the curve reported by live workers for {label}")
+    if not found:
         specs = build_specs(settings)
         if name not in specs:
-            _fail(f"unknown model {name}")
+            _fail(f"no curve reported for {model}; unknown here, so it cannot be measured")
         spec = specs[name][version] if version else latest(specs[name])
         typer.echo(f"measuring {spec.ref} here (warmup) ...", err=True)
         loaded = load_model(spec, settings)
-        profile, max_batch = loaded.warmup(), spec.max_batch_size
-    typer.echo(
-        render(
-            plan(
-                rate=rate,
-                slo_ms=slo_ms,
-                profile=profile,
-                max_batch=max_batch,
-                utilization=utilization,
-                linger_ms=settings.max_linger_ms,
-            ),
-            model,
+        found.append((f"{spec.ref} measured here", loaded.warmup(), spec.max_batch_size))
+    for label, profile, max_batch in found:
+        typer.echo(
+            render(
+                plan(
+                    rate=rate,
+                    slo_ms=slo_ms,
+                    profile=profile,
+                    max_batch=max_batch,
+                    utilization=utilization,
+                    linger_ms=settings.max_linger_ms,
+                ),
+                label,
+            )
         )
-    )
 
 
 @app.command()

@@ -4,6 +4,7 @@ Every answer is checked against the plain one-request loop on the same weights."
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -68,6 +69,7 @@ def reference() -> Iterator[object]:
     model = weights.load("cpu", torch.float32)
     codec = Codec.load()
 
+    @functools.cache  # prompts repeat (the job test's items)
     def greedy(prompt: str, max_tokens: int) -> str:
         ids = generate(model, codec.encode(prompt), max_tokens, eos_id=codec.eos_id)
         return codec.decode(ids)
@@ -383,13 +385,15 @@ def test_streams_of_several_tenants_while_a_job_of_generation_items_runs(
 ) -> None:
     """The job's items share the step loop with live streams: every stream gets its own
     tokens in order, and every item its own continuation."""
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(40)]
+    # Enough work (400 x 100 tokens) that the job is still running when the streams
+    # open on any machine; 40 short items could all finish first on a quick one.
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(400)]
     r = httpx.post(
         f"{lm_system.url}/v1/jobs",
         json={
             "model": MODEL,
             "items": [{"custom_id": f"j{i}", "input": p} for i, p in enumerate(prompts)],
-            "params": {"max_tokens": 60, "temperature": 0},
+            "params": {"max_tokens": 100, "temperature": 0},
         },
         headers=lm_system.headers("enterprise"),
         timeout=60,
@@ -426,4 +430,4 @@ def test_streams_of_several_tenants_while_a_job_of_generation_items_runs(
     results = [orjson.loads(line) for line in got.content.splitlines() if line]
     assert len(results) == len(prompts)
     for x in results:
-        assert x["output"]["text"] == reference(prompts[x["index"]], 60)  # type: ignore[operator]
+        assert x["output"]["text"] == reference(prompts[x["index"]], 100)  # type: ignore[operator]

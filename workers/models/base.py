@@ -8,11 +8,12 @@ it accepts. workers/models/loader.py makes one from a spec.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from core.models.spec import ModelSpec
+from core.protocol import ModelState
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,8 +32,23 @@ class Launched:
         return self.outputs is None
 
 
+class ModelUnavailable(Exception):
+    """The batch cannot run here for a reason that is not its inputs' (the service the
+    model calls is down): the worker hands it back unrun (WorkResult.unavailable)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+# (state, error, retry after s): a model that can go unavailable and come back by itself
+# (an HTTP backend's circuit) reports it through this; the worker tells its schedulers.
+StatusListener = Callable[[ModelState, str | None, float | None], None]
+
+
 class Model(ABC):
     spec: ModelSpec
+    status_listener: StatusListener | None = None
 
     @abstractmethod
     def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> Sequence[Any] | np.ndarray:
@@ -70,6 +86,17 @@ class Model(ABC):
     def batch_limit(self) -> int:
         """The largest batch this model takes (after warmup: bounded by what it measured)."""
         return self.spec.max_batch_size
+
+    def memory_bytes(self) -> int:
+        """What this loaded model holds (weights, captured graphs, buffers), in bytes."""
+        return 0
+
+    def available(self) -> bool:
+        """Whether batches can run now (False while what it calls is down)."""
+        return True
+
+    def close(self) -> None:  # noqa: B027 - most models hold nothing to free
+        """Free what it holds (unloaded): threads, connections, device memory."""
 
 
 def memory_batch_limit(

@@ -23,6 +23,10 @@ class SimModel(Model):
         self.spec: SimSpec = spec
         self.poison_prefix = poison_prefix  # test-only fault trigger (see above)
         self._batch_s = spec.batch_ms / 1000.0
+        # What a version's weights would hold: really allocated, so the worker's memory
+        # accounting measures something (spec.memory_mb, 0 by default).
+        self._held = bytearray(int(spec.memory_mb * 1_000_000))
+        time.sleep(spec.load_ms / 1000)  # a version that takes a while to load
 
     def predict(self, inputs: Sequence[Any], params: dict[str, Any]) -> Any:
         if not 1 <= len(inputs) <= self.spec.max_batch_size:
@@ -35,8 +39,16 @@ class SimModel(Model):
             time.sleep(self._batch_s)
         salt = params.get("salt", "")
         if self.spec.vector_dim:
-            return sim_vectors(list(inputs), salt, self.spec.vector_dim)
-        return [sim_output(x, salt) for x in inputs]
+            # A variant draws other vectors, as it gives other digests.
+            vsalt = f"{self.spec.variant}\x00{salt}" if self.spec.variant else salt
+            return sim_vectors(list(inputs), vsalt, self.spec.vector_dim)
+        return [sim_output(x, salt, self.spec.variant) for x in inputs]
+
+    def memory_bytes(self) -> int:
+        return len(self._held)
+
+    def close(self) -> None:
+        self._held = bytearray()
 
     def warmup(self) -> dict[int, float]:
         # The cost is flat by construction; report it rather than sleep through a sweep.

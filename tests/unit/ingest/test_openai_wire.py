@@ -196,6 +196,17 @@ def test_models_answer_speaks_both_shapes() -> None:
     assert all(d["object"] == "model" and d["owned_by"] for d in a["data"])
 
 
+def test_models_answer_lists_no_retired_version() -> None:
+    listing = [
+        {"model": "sim", "version": "1", "state": "retired"},
+        {"model": "sim", "version": "2", "state": "live"},
+        {"model": "old", "version": "1", "state": "retired"},
+    ]
+    a = models_answer(listing)
+    assert [d["id"] for d in a["data"]] == ["sim", "sim@2"]
+    assert a["models"] == listing  # Gristmill's own list shows every state
+
+
 @pytest.mark.parametrize(
     ("headers", "want"),
     [

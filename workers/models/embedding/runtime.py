@@ -142,7 +142,9 @@ class EmbeddingModel(Model):
         runtime = runtime or EmbedRuntime()
         if not 2 <= spec.max_tokens <= 512:
             raise ValueError("max_tokens must be 2..512 (the model's position table)")
-        self.model_dir = Path(model_files_dir(runtime.model_dir))
+        # A registered version names its own files (spec.artifact); the built-in one
+        # takes the worker's (embed_model_dir) or the packaged weights.
+        self.model_dir = Path(model_files_dir(spec.artifact or runtime.model_dir))
         self.device = resolve_device(runtime.device)
         self.dtype = resolve_dtype(runtime.dtype, self.device)
         self.cuda = self.device.type == "cuda"
@@ -620,6 +622,18 @@ class EmbeddingModel(Model):
         fits = [n for n, b in self.peak_memory_bytes.items() if b <= free_bytes]
         return max(fits, default=0)
 
+    def memory_bytes(self) -> int:
+        """The weights on the device plus what captured graphs reserve."""
+        tensors = [t for t in vars(self.encoder).values() if isinstance(t, torch.Tensor)]
+        for layer in self.encoder.layers:
+            tensors += [t for t in vars(layer).values() if isinstance(t, torch.Tensor)]
+        return sum(t.numel() * t.element_size() for t in tensors) + self.graph_memory_bytes
+
     def close(self) -> None:
         if self._prep_pool is not None:
             self._prep_pool.shutdown(wait=False)
+        # Unloaded: drop the weights and graphs so their memory can go to another version.
+        self.graphs = None
+        self.encoder.layers.clear()
+        if self.cuda:
+            torch.cuda.empty_cache()

@@ -1,0 +1,101 @@
+"""The model registry's tables (migrations/versions/0012_model_registry.py), beside
+results/schema.py and in its metadata."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    Integer,
+    Table,
+    Text,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+from results.schema import metadata
+
+model_names = Table(
+    "model_names",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("previous_live", Text),  # where a rollback goes
+    Column("sticky", Text, nullable=False, server_default="tenant"),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+model_versions = Table(
+    "model_versions",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("version", Text, primary_key=True),
+    Column("backend", Text, nullable=False),
+    Column("artifact", Text, nullable=False, server_default=""),
+    Column("sha256", Text, nullable=False, server_default=""),
+    Column("config", JSONB, nullable=False, server_default="{}"),
+    Column("max_batch_size", Integer, nullable=False),
+    Column("memory_bytes", BigInteger, nullable=False, server_default="0"),
+    Column("state", Text, nullable=False, server_default="staged"),  # a VersionState
+    Column("canary_share", Float, nullable=False, server_default="0"),
+    Column("created_by", Text, nullable=False, server_default=""),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+model_audit = Table(
+    "model_audit",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("actor", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("name", Text, nullable=False),
+    Column("version", Text),
+    Column("detail", JSONB, nullable=False, server_default="{}"),
+)
+
+model_readiness = Table(
+    "model_readiness",
+    metadata,
+    Column("scheduler_id", Text, primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("version", Text, primary_key=True),
+    Column("ready_workers", Integer, nullable=False, server_default="0"),
+    Column("loading_workers", Integer, nullable=False, server_default="0"),
+    Column("unavailable_workers", Integer, nullable=False, server_default="0"),
+    Column("failed_workers", Integer, nullable=False, server_default="0"),
+    Column("error", Text),
+    Column("retry_after_s", Float),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+model_curves = Table(
+    "model_curves",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("version", Text, primary_key=True),
+    Column("worker_class", Text, primary_key=True),
+    Column("max_batch_size", Integer, nullable=False),
+    Column("profile_ms", JSONB, nullable=False, server_default="{}"),
+    Column("workers", Integer, nullable=False, server_default="0"),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+model_replays = Table(
+    "model_replays",
+    metadata,
+    Column("replay_id", UUID(as_uuid=False), primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("candidate", Text, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("since", DateTime(timezone=True), nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("items", Integer, nullable=False, server_default="0"),
+    Column("passed", Boolean),
+    Column("report", JSONB, nullable=False, server_default="{}"),
+)
