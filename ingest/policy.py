@@ -13,6 +13,7 @@ import time
 from core.config import Settings
 from core.errors import InvalidInput, RateLimited, Unavailable
 from core.vocab import TIER_TO_CLASS
+from ingest import metrics
 from ingest.kv_admission import decide_kv
 from ingest.load_watch import LoadWatch
 from ingest.ratelimit import TenantLimiter, Verdict
@@ -106,4 +107,6 @@ def check_kv(
     if d.never_fits:
         raise InvalidInput(d.message, field="max_tokens")
     if not d.admit:
-        raise Unavailable(d.message, retry_after_s=d.retry_after_s, reason="kv_capacity")
+        error = Unavailable(d.message, retry_after_s=d.retry_after_s, reason="kv_capacity")
+        metrics.refused(tenant.tier, error)
+        raise error
