@@ -3,7 +3,7 @@ report (pool, blocks in use, blocks wanted per class, decode rate), so the API a
 completions from KV capacity (decision 32, core/load_report.py's KVState).
 
 Revision ID: 0014
-Revises: 0008
+Revises: 0012
 """
 
 import sqlalchemy as sa
@@ -11,7 +11,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
 
 revision = "0014"
-down_revision = "0008"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
