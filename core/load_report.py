@@ -32,6 +32,17 @@ class ModelCapacity(TypedDict):
     workers: int  # live workers serving the model
 
 
+class KVState(TypedDict):
+    """A generation model's KV cache as its scheduler's policy sees it
+    (scheduler/generation/kv_report.py), for the API's KV admission."""
+
+    num_blocks: int  # the worker's pool
+    block_size: int  # tokens a block holds
+    used: int  # blocks held by running sequences
+    wanted: dict[str, int]  # class -> blocks its waiting sequences' prompt + max_tokens need
+    decode_tok_s: float  # tokens sampled per second of stepping, over a recent window
+
+
 @dataclass
 class LoadReport:
     # model ref -> its record (a bare items/s from a scheduler of an older version)
@@ -39,3 +50,4 @@ class LoadReport:
     backlog: dict[str, dict[str, int]] = field(default_factory=dict)  # ref -> class -> n
     lag: dict[str, int] = field(default_factory=dict)  # class -> held back in Kafka (paused)
     tenants: TenantBacklog = field(default_factory=dict)
+    kv: dict[str, KVState] = field(default_factory=dict)  # generation model ref -> its cache

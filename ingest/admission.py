@@ -39,7 +39,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.load_report import REST, LoadReport, TenantBacklog
+from core.load_report import REST, KVState, LoadReport, TenantBacklog
 from core.vocab import PRIORITY_CLASSES
 
 # A lower class is refused for this long after a higher one was refused for capacity
@@ -111,6 +111,8 @@ class LoadView:
     tenants: TenantBacklog = field(default_factory=dict)
     as_of: float = 0.0  # monotonic time of the oldest report in it
     schedulers: int = 1  # reports combined (each scheduler buffers its own share)
+    # generation model ref -> each scheduler's KV cache (ingest/kv_admission.py)
+    kv: dict[str, list[KVState]] = field(default_factory=dict)
     _sums: dict[tuple[str, str], ClassSums] = field(default_factory=dict, repr=False)
 
     def sums(self, ref: str, priority: str) -> ClassSums:
@@ -135,9 +137,12 @@ class LoadView:
         back: dict[str, dict[str, int]] = {}
         lag: dict[str, int] = {}
         tenants: TenantBacklog = {}
+        kv: dict[str, list[KVState]] = {}
         n = 0
         for r in reports:
             n += 1
+            for ref, state in r.kv.items():
+                kv.setdefault(ref, []).append(state)
             for ref, raw in r.capacity.items():
                 c = ModelLoad.of(raw)
                 have = cap.get(ref)
@@ -166,7 +171,7 @@ class LoadView:
                             dst_t[t] = [old[0] + q, old[1] + w]
                         else:  # one tenant's requests spread over several schedulers
                             dst_t[t] = [old[0] + q, w]
-        return cls(cap, back, lag, tenants, schedulers=max(1, n))
+        return cls(cap, back, lag, tenants, schedulers=max(1, n), kv=kv)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from ingest import metrics
 from ingest.error_shapes import Shape, declared
 from ingest.idempotency import claim, release
 from ingest.infer import check_headers
-from ingest.policy import check_rate
+from ingest.policy import check_kv, check_rate
 from ingest.schemas import parse_body
 from ingest.state import AppState, get_state
 from ingest.streams import StreamHub, Subscription
@@ -218,6 +218,8 @@ async def create_completion(
     if idempotency_key is not None and body.seed is None and "seed" in params:
         # A retry must draw what the first attempt drew (and hash alike).
         params["seed"] = keyed_seed(tenant.id, idempotency_key)
+    first_deadline = received + st.settings.default_timeout_ms / 1000
+    check_kv(st.load, tenant, spec.ref, len(ids), params["max_tokens"], first_deadline)
     limit_headers = check_rate(st.limiter, st.settings, tenant)
     rid = str(uuid.uuid4())  # with an Idempotency-Key, the claim may name an earlier one
     msg = _message(st, spec, tenant, rid, tokenized_input(prompt, ids), params, received)

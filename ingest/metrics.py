@@ -156,6 +156,11 @@ def responded(code: int, error: BaseException | None) -> None:
         ADMISSION.labels(tier, str(code), reason_of(error)).inc()
 
 
+def refused(tier: str, error: GristmillError) -> None:
+    """A refusal outside /v1/infer's answer path (a completion refused for KV capacity)."""
+    ADMISSION.labels(tier, str(error.status), error.reason).inc()
+
+
 def answered(msg: RequestMessage, row: dict[str, Any], now: float) -> None:
     """A sync result reached its caller: the respond stage and the whole request."""
     if row["status"] != RequestStatus.SUCCEEDED:

@@ -11,8 +11,10 @@ import math
 import time
 
 from core.config import Settings
-from core.errors import RateLimited, Unavailable
+from core.errors import InvalidInput, RateLimited, Unavailable
 from core.vocab import TIER_TO_CLASS
+from ingest import metrics
+from ingest.kv_admission import decide_kv
 from ingest.load_watch import LoadWatch
 from ingest.ratelimit import TenantLimiter, Verdict
 from results.tenants import Tenant
@@ -79,3 +81,32 @@ def check_admission(
         # Metrics label: a deadline no batch can meet, or the queue ahead too long.
         label = "unmeetable_deadline" if d.reason == "deadline" else "predicted_delay"
         raise Unavailable(d.message, retry_after_s=d.retry_after_s or None, reason=label)
+
+
+def check_kv(
+    load: LoadWatch,
+    tenant: Tenant,
+    model_ref: str,
+    prompt_tokens: int,
+    max_tokens: int,
+    deadline: float,
+) -> None:
+    """A completion against the generation model's published KV cache
+    (ingest/kv_admission.py): 400 when it can never fit, 503 when its wait for blocks
+    passes its first-token ``deadline`` (epoch s)."""
+    view = load.view
+    states = [] if view is None else view.kv.get(model_ref, [])
+    d = decide_kv(
+        states,
+        TIER_TO_CLASS[tenant.tier],
+        prompt_tokens,
+        max_tokens,
+        now=time.time(),
+        deadline=deadline,
+    )
+    if d.never_fits:
+        raise InvalidInput(d.message, field="max_tokens")
+    if not d.admit:
+        error = Unavailable(d.message, retry_after_s=d.retry_after_s, reason="kv_capacity")
+        metrics.refused(tenant.tier, error)
+        raise error

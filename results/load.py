@@ -29,6 +29,7 @@ def report_scheduler(conn: Connection, scheduler_id: str, report: LoadReport) ->
         backlog=report.backlog,
         lag=report.lag,
         tenant_backlog=report.tenants,
+        kv=report.kv,
     )
     conn.execute(
         stmt.on_conflict_do_update(
@@ -38,6 +39,7 @@ def report_scheduler(conn: Connection, scheduler_id: str, report: LoadReport) ->
                 "backlog": stmt.excluded.backlog,
                 "lag": stmt.excluded.lag,
                 "tenant_backlog": stmt.excluded.tenant_backlog,
+                "kv": stmt.excluded.kv,
                 "updated_at": func.now(),
             },
         )
@@ -60,6 +62,7 @@ def live_reports_stmt(stale_s: float, deployment: str) -> Select[Any]:
         scheduler_load.c.backlog,
         scheduler_load.c.lag,
         scheduler_load.c.tenant_backlog,
+        scheduler_load.c.kv,
         func.extract("epoch", func.now() - scheduler_load.c.updated_at).label("age_s"),
     ).where(
         scheduler_load.c.updated_at > func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_s),
@@ -69,7 +72,7 @@ def live_reports_stmt(stale_s: float, deployment: str) -> Select[Any]:
 
 def report_of(row: Row[Any]) -> LoadReport:
     """A row of ``live_reports_stmt`` as the report its scheduler wrote."""
-    return LoadReport(row.capacity, row.backlog, row.lag, row.tenant_backlog)
+    return LoadReport(row.capacity, row.backlog, row.lag, row.tenant_backlog, row.kv)
 
 
 def heartbeat_stmt(instance_id: str) -> Any:

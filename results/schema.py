@@ -301,6 +301,8 @@ scheduler_load = Table(
     Column("tenant_backlog", JSONB, nullable=False, server_default="{}"),
     # this scheduler's metrics window (core/metrics_window.py), for the dashboard
     Column("metrics", JSONB, nullable=False, server_default="{}"),
+    # generation model ref -> its KV cache (core.load_report.KVState), for KV admission
+    Column("kv", JSONB, nullable=False, server_default="{}"),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 

@@ -267,6 +267,8 @@ class SchedulerService:
         lag = held_lag(self.lanes)
         with self.cond:
             report = self.core.load(lag)
+        if self.gen is not None and self.gen.kv is not None:
+            report.kv = {self.gen.spec.ref: self.gen.kv}
         # Read outside the lock above: the window's gauges take it themselves.
         window = metrics.window(time.time()) if publish else None
         try:

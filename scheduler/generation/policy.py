@@ -107,6 +107,13 @@ class ContinuousBatcher:
     def has_work(self) -> bool:
         return bool(self._seqs) or bool(self._events)
 
+    def waiting_sequences(self) -> Iterable[Sequence]:
+        """Sequences not holding blocks: new arrivals and preempted ones."""
+        for q in self._waiting:
+            yield from q
+        for r in self._resumed:
+            yield from r
+
     @property
     def num_waiting(self) -> int:
         return sum(len(q) for q in self._waiting) + sum(len(r) for r in self._resumed)

@@ -33,6 +33,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from core.generation import StepOutput, StepPlan
+from core.load_report import KVState
 from core.models.causal_lm import CausalLMSpec
 from core.models.lm_codec import Codec, shared_codec
 from core.protocol import GenerationInfo, GenStep
@@ -46,6 +47,7 @@ from scheduler.batcher import Pending
 from scheduler.generation.config import PolicyConfig
 from scheduler.generation.engine import Engine as StepEngine
 from scheduler.generation.events import gap_summary
+from scheduler.generation.kv_report import DecodeRate, kv_state
 from scheduler.generation.outbox import Ending, Flush, Outbox
 from scheduler.generation.policy import ContinuousBatcher
 from scheduler.generation.requests import Prepared, Progress, Refused, prepare
@@ -163,6 +165,10 @@ class GenerationService:
         self.handles: list[WorkerHandle] = []
         self.steps = 0
         self._preempted = 0
+        self.decode_rate = DecodeRate()
+        # The KV cache after the latest step, for the load report: replaced whole by the
+        # step loop (which owns the policy), read by the heartbeat thread.
+        self.kv: KVState | None = None
         self._threads = [
             threading.Thread(target=self._step_loop, name="gen-steps", daemon=True),
             threading.Thread(target=self._flush_loop, name="gen-flush", daemon=True),
@@ -288,6 +294,8 @@ class GenerationService:
             self.steps += 1
             st = engine.last
             if st is not None:
+                rate = self.decode_rate.add(time.time(), st.step_s, st.sampled)
+                self.kv = kv_state(engine.policy, rate)
                 preempted = engine.policy.preemptions - self._preempted
                 self._preempted = engine.policy.preemptions
                 metrics.generation_step(
