@@ -10,7 +10,7 @@ request log: upgrade a running system by migrating to this revision, rolling the
 schedulers and APIs, then migrating to head (docs/decisions/0029).
 
 Revision ID: 0009
-Revises: 0012
+Revises: 0014
 """
 
 from datetime import UTC, datetime, timedelta
@@ -20,7 +20,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import BYTEA
 
 revision = "0009"
-down_revision = "0012"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
