@@ -121,7 +121,7 @@ def test_partitioning_is_online_and_keeps_every_row(database: str) -> None:
             {"t": tenant},
         )
     # Step 1 (additive): the code of this revision writes from here on.
-    migrate_database(settings, "0009")
+    migrate_database(settings, "0015")
     written: list[str] = []
     waits: list[float] = []
     errors: list[BaseException] = []

@@ -17,8 +17,8 @@ longer than a catalog change:
 The old table's rows are then dropped with it, as one partition, once they are all
 older than the retention. docs/decisions/0029-compact-results-and-a-partitioned-request-log.md.
 
-Revision ID: 0010
-Revises: 0009
+Revision ID: 0016
+Revises: 0015
 """
 
 import re
@@ -28,8 +28,8 @@ from datetime import UTC, datetime, timedelta
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0010"
-down_revision = "0009"
+revision = "0016"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

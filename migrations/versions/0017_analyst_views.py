@@ -7,14 +7,14 @@ partitions. The hourly aggregates are SQL functions of a time window
 partitions and uses the indexes, where a view grouped by hour would have to aggregate
 the whole log before a filter on its hour could apply.
 
-Revision ID: 0011
-Revises: 0010
+Revision ID: 0017
+Revises: 0016
 """
 
 from alembic import op
 
-revision = "0011"
-down_revision = "0010"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 

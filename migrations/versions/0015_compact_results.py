@@ -9,7 +9,7 @@ key), and the code of this revision works before the next one, which partitions 
 request log: upgrade a running system by migrating to this revision, rolling the
 schedulers and APIs, then migrating to head (docs/decisions/0029).
 
-Revision ID: 0009
+Revision ID: 0015
 Revises: 0014
 """
 
@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import BYTEA
 
-revision = "0009"
+revision = "0015"
 down_revision = "0014"
 branch_labels = None
 depends_on = None
