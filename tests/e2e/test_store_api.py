@@ -5,9 +5,12 @@ sends a request again still leaves it one row (issues 19 and 17)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -176,22 +179,41 @@ def test_refusals_are_counted_per_tenant_and_reason(system: System, engine: Engi
 def test_a_504_stored_later_is_a_late_answer_and_a_resent_request_keeps_one_row(
     system: System, engine: Engine
 ) -> None:
-    """With the scheduler stopped, a request times out (504) and its retry with the same
-    Idempotency-Key, after the first caller gave up, sends it to Kafka again. Once the
-    scheduler is back both messages are read: one row, at the first attempt's
-    received_at, and the late_answers view shows it stored after the API gave up."""
-    system.stop("scheduler")
+    """With the scheduler frozen (SIGSTOP: still reported live for a few seconds), a
+    request times out (504) and its retry with the same Idempotency-Key, after the first
+    caller gave up, sends it to Kafka again. Once the scheduler runs again both messages
+    are read: one row, at the first attempt's received_at, and the late_answers view
+    shows it stored after the API gave up. (A stopped scheduler would not do: once its
+    reports are stale the API answers 503 at once, as it should.)"""
+    system.wait_until_serving("sim")
+    group = system.procs["scheduler"].pid
     key = f"late-{uuid.uuid4().hex}"
-    # A deadline past what admission predicts for the work queued ahead (a few seconds
-    # here), so the request is accepted and then times out with no scheduler.
-    body = {"model": "sim", "input": "late one", "timeout_ms": 5000}
+    body = {"model": "sim", "input": "late one", "timeout_ms": 1000}
     headers = {**system.headers(), "Idempotency-Key": key}
-    first = httpx.post(f"{system.url}/v1/infer", headers=headers, json=body, timeout=10)
-    assert first.status_code == 504, first.text
-    rid = first.json()["error"]["message"].rsplit("/", 1)[-1]
-    second = httpx.post(f"{system.url}/v1/infer", headers=headers, json=body, timeout=10)
-    assert second.status_code == 504
-    system.start_scheduler(workers=1, models=f"sim,{EMBED}")
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        first = httpx.post(f"{system.url}/v1/infer", headers=headers, json=body, timeout=10)
+        assert first.status_code == 504, first.text
+        rid = first.json()["error"]["message"].rsplit("/", 1)[-1]
+        # The retry waits long enough for the scheduler to run again: it is sent to
+        # Kafka again, since the first attempt's deadline has passed.
+        with ThreadPoolExecutor(1) as pool:
+            retry = pool.submit(
+                httpx.post,
+                f"{system.url}/v1/infer",
+                headers=headers,
+                json={**body, "timeout_ms": 60_000},
+                timeout=90,
+            )
+            time.sleep(1)  # the retry is in Kafka before the scheduler runs again
+            os.killpg(group, signal.SIGCONT)
+            second = retry.result()
+    finally:
+        os.killpg(group, signal.SIGCONT)
+    # The retry is answered from the one row: the first attempt's, which the scheduler
+    # found past its deadline when it ran again.
+    assert second.status_code == 504, (second.status_code, second.text)
+    assert second.json()["error"]["code"] == "deadline_exceeded"
 
     def late() -> Any:
         with engine.connect() as conn:
