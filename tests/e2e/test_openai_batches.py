@@ -30,10 +30,21 @@ def bsys(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         },
     )
     try:
-        s.start_scheduler(workers=2, models=f"{EMBED},{LM}")
+        s.start_scheduler(workers=1, models=f"{EMBED},{LM}")
         s.url = s.start_api()
         s.wait_until_serving(EMBED, timeout_s=300)
-        s.wait_until_serving(LM, timeout_s=300)
+        deadline = time.time() + 180  # the generation model: warm until it answers
+        while True:
+            r = httpx.post(
+                f"{s.url}/v1/completions",
+                headers=s.headers(),
+                json={"model": LM, "prompt": "warm up", "max_tokens": 2, "temperature": 0},
+                timeout=60,
+            )
+            if r.status_code == 200:
+                break
+            assert time.time() < deadline, r.text
+            time.sleep(1)
         yield s
     finally:
         s.close()
