@@ -340,10 +340,20 @@ class BatchStager:
         for line, n in parsed:
             self.checks.check(line, n)
             if isinstance(self.spec, CausalLMSpec):
-                ids = self.spec.encode_prompt(line.input, field=f"line {n}.body.prompt")
-                params = self.spec.normalize_params(line.params)
-                self.spec.check_fits(len(ids), params["max_tokens"])
+                self._fits(self.spec, line, n)
             self.items.add(JobItem(custom_id=line.custom_id, input=line.input), f"line {n}")
+
+    @staticmethod
+    def _fits(spec: CausalLMSpec, line: bw.BatchLine, n: int) -> None:
+        """The prompt tokenizes, the sampling parameters are valid, and both fit the
+        context: refused naming the line, as the model's own checks name the field."""
+        ids = spec.encode_prompt(line.input, field=f"line {n}.body.prompt")
+        try:
+            params = spec.normalize_params(line.params)
+            spec.check_fits(len(ids), params["max_tokens"])
+        except InvalidInput as exc:
+            field = f"line {n}.body.{(exc.field or 'max_tokens').removeprefix('params.')}"
+            raise InvalidInput(f"line {n}: {exc.message}", field=field) from exc
 
 
 def _parse(raw: bytes, n: int, endpoint: str) -> tuple[bw.BatchLine, int] | None:
