@@ -2,7 +2,7 @@
 objects that name a job (decision 35).
 
 Revision ID: 0013
-Revises: 0012
+Revises: 0014
 """
 
 import sqlalchemy as sa
@@ -10,7 +10,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 revision = "0013"
-down_revision = "0012"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
