@@ -257,7 +257,7 @@ def _answer(b: Any, j: Any, r: Any) -> dict[str, Any]:
     if b.endpoint == bw.EMBEDDINGS:
         encoding = EncodingFormat((b.item_params or {}).get("encoding_format", "float"))
         return embeddings_answer(
-            [{"output": r.output}],
+            [{"output": r.output, "output_vector": r.output_vector}],
             model=j.model,
             encoding=encoding,
             dimensions=None,

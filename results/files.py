@@ -159,6 +159,7 @@ async def result_page(engine: AsyncEngine, job_id: str, start: int, limit: int) 
             job_items.c.input,
             requests.c.status,
             requests.c.output,
+            requests.c.output_vector,  # an embedding's float32 bytes, where stored so
             requests.c.error,
         )
         .select_from(job_items.outerjoin(requests, requests.c.request_id == job_items.c.request_id))

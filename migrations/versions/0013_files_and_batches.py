@@ -2,7 +2,7 @@
 objects that name a job (decision 35).
 
 Revision ID: 0013
-Revises: 0014
+Revises: 0017
 """
 
 import sqlalchemy as sa
@@ -10,7 +10,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 revision = "0013"
-down_revision = "0014"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 
