@@ -19,7 +19,17 @@ from core import __version__
 from core.config import Settings
 from core.models.catalog import build_specs
 from core.topics import ensure_topics
-from ingest import admin, completions, dashboard, infer, jobs, kserve, metrics, openai_compat
+from ingest import (
+    admin,
+    completions,
+    dashboard,
+    infer,
+    jobs,
+    kserve,
+    metrics,
+    openai_batches,
+    openai_compat,
+)
 from ingest.auth import Authenticator, AuthGate
 from ingest.catalog import ModelCatalog
 from ingest.fast_path import InferFastPath
@@ -161,6 +171,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(completions.router)
     app.include_router(jobs.router, responses=ERROR_RESPONSES)
     app.include_router(openai_compat.router)
+    app.include_router(openai_batches.router)
     app.include_router(kserve.router)
     app.include_router(metrics.router)
     app.include_router(admin.router, responses=ERROR_RESPONSES)

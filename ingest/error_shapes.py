@@ -4,9 +4,10 @@ One mapping decides the status (ingest/http.py); this module only writes the bod
 
 * Gristmill's own routes: ``{"error": {"code", "message", "field"?, "reference"?}}``.
 * OpenAI-compatible routes (``/v1/embeddings``, ``/v1/completions`` and
-  ``/v1/completions/{id}``): ``{"error": {"message", "type",
-  "param", "code"}}``, as OpenAI's API and SDK expect; ``type`` is OpenAI's class of
-  the status, ``code`` Gristmill's own code, ``param`` the field at fault.
+  ``/v1/completions/{id}``, everything under ``/v1/files`` and ``/v1/batches``):
+  ``{"error": {"message", "type", "param", "code"}}``, as OpenAI's API and SDK
+  expect; ``type`` is OpenAI's class of the status, ``code`` Gristmill's own code,
+  ``param`` the field at fault.
 * KServe v2 / Triton routes (``/v2``): ``{"error": "<message>"}`` (the Open
   Inference Protocol's error body; tritonclient raises it as its message).
 
@@ -33,6 +34,7 @@ class Shape(StrEnum):
 # Paths served for OpenAI's clients (templates: ``{name}`` is one path segment) and
 # KServe's (prefix).
 OPENAI_PATHS = frozenset({"/v1/embeddings", "/v1/completions", "/v1/completions/{completion_id}"})
+OPENAI_PREFIXES = ("/v1/files", "/v1/batches")  # and every path under them
 KSERVE_PREFIX = "/v2"
 
 
@@ -47,6 +49,8 @@ def matches(template: str, path: str) -> bool:
 
 def shape_for(path: str) -> Shape:
     if any(matches(t, path) for t in OPENAI_PATHS):
+        return Shape.OPENAI
+    if any(path == p or path.startswith(p + "/") for p in OPENAI_PREFIXES):
         return Shape.OPENAI
     if path == KSERVE_PREFIX or path.startswith(KSERVE_PREFIX + "/"):
         return Shape.KSERVE

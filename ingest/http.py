@@ -292,8 +292,10 @@ class BodyLimit:
         self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Job uploads stream up to gigabytes and enforce their own limits as they parse.
-        if scope["type"] != "http" or scope.get("path", "").startswith("/v1/jobs"):
+        # Job and file uploads stream up to gigabytes and enforce their own limits as
+        # they parse (ingest/job_upload.py body_chunks).
+        path = scope.get("path", "")
+        if scope["type"] != "http" or path.startswith("/v1/jobs") or path == "/v1/files":
             await self.app(scope, receive, send)
             return
         shape = shape_for(scope.get("path", ""))

@@ -17,6 +17,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     SmallInteger,
     Table,
@@ -334,4 +335,52 @@ answer_timeouts = Table(
     Column("tenant_id", UUID(as_uuid=False), nullable=False),
     Column("gave_up_at", DateTime(timezone=True), nullable=False),
     postgresql_partition_by="RANGE (received_at)",
+)
+
+# --- OpenAI's Files and Batches APIs (decision 35) ---
+
+# An uploaded file, tenant-scoped; its bytes are in stored_file_chunks.
+stored_files = Table(
+    "stored_files",
+    metadata,
+    Column("file_id", Text, primary_key=True),
+    Column("tenant_id", UUID(as_uuid=False), nullable=False),
+    Column("purpose", Text, nullable=False),
+    Column("filename", Text, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("expires_at", DateTime(timezone=True)),
+    Index("stored_files_tenant_created", "tenant_id", "created_at"),
+)
+
+# A file's bytes in pieces of at most results.files.CHUNK_BYTES, so neither an upload
+# nor a download ever holds a whole file in memory.
+stored_file_chunks = Table(
+    "stored_file_chunks",
+    metadata,
+    Column(
+        "file_id",
+        Text,
+        ForeignKey("stored_files.file_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("seq", Integer, primary_key=True),
+    Column("data", LargeBinary, nullable=False),
+)
+
+# An OpenAI batch: a job (its items, results, status) plus what OpenAI's object names.
+openai_batches = Table(
+    "openai_batches",
+    metadata,
+    Column("batch_id", Text, primary_key=True),
+    Column("tenant_id", UUID(as_uuid=False), nullable=False),
+    Column("job_id", UUID(as_uuid=False), nullable=False, unique=True),
+    Column("endpoint", Text, nullable=False),
+    Column("input_file_id", Text, nullable=False),
+    Column("completion_window", Text, nullable=False),
+    Column("metadata", JSONB),
+    Column("item_params", JSONB),  # per-endpoint options for the answer (encoding_format)
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("output_expires_at", DateTime(timezone=True)),
+    Index("openai_batches_tenant_created", "tenant_id", "created_at"),
 )

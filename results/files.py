@@ -1,0 +1,171 @@
+"""OpenAI's Files and Batches: uploaded files stored as chunks, and the batch objects
+that name a job (decision 35). Every query is scoped to the tenant."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import IO, Any
+
+from sqlalchemy import and_, delete, insert, or_, select, tuple_
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from results.schema import job_items, openai_batches, requests, stored_file_chunks, stored_files
+
+# Bytes per stored chunk: an upload or a download holds one at a time (1 MiB: large
+# enough that a 1 GB file is ~1,000 rows, small enough to be nothing in memory).
+CHUNK_BYTES = 1 << 20
+
+
+async def store_file(
+    engine: AsyncEngine,
+    *,
+    file_id: str,
+    tenant_id: str,
+    purpose: str,
+    filename: str,
+    staged: IO[bytes],
+    size: int,
+    expires_at: datetime | None,
+) -> None:
+    """The staged bytes, chunk by chunk, and the file row last, in one transaction: a
+    file is listed only once all of it is stored."""
+    staged.seek(0)
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(stored_files).values(
+                file_id=file_id,
+                tenant_id=tenant_id,
+                purpose=purpose,
+                filename=filename,
+                bytes=size,
+                expires_at=expires_at,
+            )
+        )
+        seq = 0
+        while block := staged.read(CHUNK_BYTES):
+            await conn.execute(
+                insert(stored_file_chunks).values(file_id=file_id, seq=seq, data=block)
+            )
+            seq += 1
+
+
+async def get_file(engine: AsyncEngine, tenant_id: str, file_id: str) -> Row[Any] | None:
+    async with engine.connect() as conn:
+        return (
+            await conn.execute(
+                select(stored_files).where(
+                    stored_files.c.file_id == file_id, stored_files.c.tenant_id == tenant_id
+                )
+            )
+        ).first()
+
+
+async def list_files(
+    engine: AsyncEngine,
+    tenant_id: str,
+    *,
+    purpose: str | None,
+    after: Row[Any] | None,
+    limit: int,
+    newest_first: bool,
+) -> Sequence[Row[Any]]:
+    """A page of the tenant's files ordered by (created_at, file_id), after ``after``."""
+    t = stored_files.c
+    q = select(stored_files).where(t.tenant_id == tenant_id)
+    if purpose is not None:
+        q = q.where(t.purpose == purpose)
+    key = tuple_(t.created_at, t.file_id)
+    if after is not None:
+        mark = tuple_(after.created_at, after.file_id)
+        q = q.where(key < mark if newest_first else key > mark)
+    order = (t.created_at.desc(), t.file_id.desc()) if newest_first else (t.created_at, t.file_id)
+    async with engine.connect() as conn:
+        return (await conn.execute(q.order_by(*order).limit(limit))).all()
+
+
+async def delete_file(engine: AsyncEngine, tenant_id: str, file_id: str) -> bool:
+    async with engine.begin() as conn:
+        res = await conn.execute(
+            delete(stored_files).where(
+                stored_files.c.file_id == file_id, stored_files.c.tenant_id == tenant_id
+            )
+        )
+        return bool(res.rowcount)
+
+
+async def file_chunks(engine: AsyncEngine, file_id: str) -> AsyncIterator[bytes]:
+    """The file's bytes, one chunk per query (no transaction held across chunks)."""
+    seq = 0
+    while True:
+        async with engine.connect() as conn:
+            data = (
+                await conn.execute(
+                    select(stored_file_chunks.c.data).where(
+                        stored_file_chunks.c.file_id == file_id, stored_file_chunks.c.seq == seq
+                    )
+                )
+            ).scalar()
+        if data is None:
+            return
+        yield bytes(data)
+        seq += 1
+
+
+async def insert_batch(conn: AsyncConnection, values: dict[str, Any]) -> None:
+    await conn.execute(insert(openai_batches).values(**values))
+
+
+async def get_batch(engine: AsyncEngine, tenant_id: str, batch_id: str) -> Row[Any] | None:
+    async with engine.connect() as conn:
+        return (
+            await conn.execute(
+                select(openai_batches).where(
+                    openai_batches.c.batch_id == batch_id,
+                    openai_batches.c.tenant_id == tenant_id,
+                )
+            )
+        ).first()
+
+
+async def list_batches(
+    engine: AsyncEngine, tenant_id: str, after: Row[Any] | None, limit: int
+) -> Sequence[Row[Any]]:
+    """The tenant's batches, newest first, after ``after`` (OpenAI's cursor)."""
+    b = openai_batches.c
+    q = select(openai_batches).where(b.tenant_id == tenant_id)
+    if after is not None:
+        q = q.where(
+            or_(
+                b.created_at < after.created_at,
+                and_(b.created_at == after.created_at, b.batch_id < after.batch_id),
+            )
+        )
+    async with engine.connect() as conn:
+        return (
+            await conn.execute(q.order_by(b.created_at.desc(), b.batch_id.desc()).limit(limit))
+        ).all()
+
+
+async def result_page(engine: AsyncEngine, job_id: str, start: int, limit: int) -> Sequence[Any]:
+    """Items from index ``start`` in input order, with their request id, input and the
+    current attempt's result (an unfinished item has no status)."""
+    q = (
+        select(
+            job_items.c.item_index,
+            job_items.c.custom_id,
+            job_items.c.request_id,
+            job_items.c.input,
+            requests.c.status,
+            requests.c.output,
+            requests.c.output_vector,  # an embedding's float32 bytes, where stored so
+            requests.c.error,
+        )
+        .select_from(job_items.outerjoin(requests, requests.c.request_id == job_items.c.request_id))
+        .where(job_items.c.job_id == job_id, job_items.c.item_index >= start)
+        .order_by(job_items.c.item_index)
+        .limit(limit)
+    )
+    async with engine.connect() as conn:
+        return (await conn.execute(q)).all()
