@@ -1,7 +1,7 @@
 """OpenAI's Files and Batches APIs: uploaded files (bytes in chunks) and the batch
 objects that name a job (decision 35).
 
-Revision ID: 0013
+Revision ID: 0018
 Revises: 0017
 """
 
@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
-revision = "0013"
+revision = "0018"
 down_revision = "0017"
 branch_labels = None
 depends_on = None
