@@ -30,18 +30,15 @@ from fastapi.responses import ORJSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import and_, exists, select
 
-from core import tracing
-from core.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound, Unavailable
+from core.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound
 from core.limits import canonical_uuid, check_text, shown
 from core.messages import RequestMessage, body_hash
 from core.models.causal_lm import CausalLMSpec, generation_params
 from core.models.token_ids import tokenized_input
-from core.topics import request_topic
 from core.vocab import TIER_TO_CLASS, RequestStatus
-from ingest import metrics
 from ingest.error_shapes import Shape, declared
-from ingest.idempotency import claim, release
-from ingest.infer import check_headers
+from ingest.idempotency import claim
+from ingest.infer import check_headers, send_claimed
 from ingest.policy import check_kv, check_rate
 from ingest.schemas import parse_body
 from ingest.state import AppState, get_state
@@ -250,17 +247,9 @@ async def create_completion(
             send = await _resend(st, rid, tenant.id, c.first_deadline, fut)
             start = resume
         if send:
-            topic = request_topic(st.settings, msg.priority)
-            try:
-                await st.producer.produce(topic, msg.encode(), headers=tracing.headers())
-            except Unavailable:
-                if c is not None and c.first and idempotency_key is not None:
-                    # Nothing reached Kafka: the client's retry sends it again at once.
-                    await release(
-                        st.engine, tenant_id=tenant.id, key=idempotency_key, request_id=rid
-                    )
-                raise
-            metrics.admitted(tenant.tier)
+            await send_claimed(
+                st, tenant, msg, first_claim=c is None or c.first, key=idempotency_key
+            )
     except BaseException:
         st.waiter.discard(rid)
         raise

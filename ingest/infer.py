@@ -107,6 +107,23 @@ def request_message(
     )
 
 
+async def send_claimed(
+    st: AppState, tenant: Tenant, msg: RequestMessage, *, first_claim: bool, key: str | None
+) -> None:
+    """Produce an accepted request's message and count it admitted. If Kafka refuses it,
+    a key this attempt claimed is released, so the client's retry sends it at once."""
+    try:
+        await st.producer.produce(
+            request_topic(st.settings, msg.priority), msg.encode(), headers=tracing.headers()
+        )
+    except Unavailable:
+        if first_claim and key is not None:
+            # Nothing reached Kafka: the client's retry sends it again at once.
+            await release(st.engine, tenant_id=tenant.id, key=key, request_id=msg.request_id)
+        raise
+    metrics.admitted(tenant.tier)
+
+
 @router.post(
     "/v1/infer",
     response_model=InferAnswer,
@@ -220,17 +237,9 @@ async def _infer(
             # (same request id, so at most one result row either way).
             send = c.first_deadline is not None and c.first_deadline < datetime.now(UTC)
         if send:
-            topic = request_topic(st.settings, msg.priority)
-            try:
-                await st.producer.produce(topic, msg.encode(), headers=tracing.headers())
-            except Unavailable:
-                if c is not None and c.first and idempotency_key is not None:
-                    # Nothing reached Kafka: the client's retry sends it again at once.
-                    await release(
-                        st.engine, tenant_id=tenant.id, key=idempotency_key, request_id=rid
-                    )
-                raise
-            metrics.admitted(tenant.tier)
+            await send_claimed(
+                st, tenant, msg, first_claim=c is None or c.first, key=idempotency_key
+            )
         try:
             row = await asyncio.wait_for(
                 asyncio.shield(fut), timeout=max(0.0, deadline - time.time())
