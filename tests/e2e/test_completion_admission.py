@@ -14,11 +14,11 @@ from sqlalchemy import select
 
 pytest.importorskip("torch")
 
-from gristmill.devservices.stack import Services, System, build_system
+from gristmill.devservices.stack import Services, System
 from results.db import make_engine
 from results.schema import scheduler_load
+from tests.e2e.generation_system import MODEL, generation_system
 
-MODEL = "gristmill-lm"
 # The smallest pool the worker takes (1 MiB: 64 blocks of 16 tokens at 1 KiB a token in
 # fp32), so a few long requests saturate it.
 KV_MB = "1"
@@ -26,27 +26,10 @@ KV_MB = "1"
 
 @pytest.fixture(scope="module")
 def tiny_pool(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    sys_ = build_system(
-        services, tmp_path_factory.mktemp("kv"), extra_env={"GRISTMILL_LM_KV_CACHE_MB": KV_MB}
-    )
-    try:
-        sys_.start_scheduler(workers=1, models=MODEL)
-        sys_.url = sys_.start_api()
-        deadline = time.time() + 180
-        while True:
-            r = httpx.post(
-                f"{sys_.url}/v1/completions",
-                headers=sys_.headers(),
-                json={"model": MODEL, "prompt": "warm up", "max_tokens": 2, "temperature": 0},
-                timeout=60,
-            )
-            if r.status_code == 200:
-                break
-            assert time.time() < deadline, r.text
-            time.sleep(1)
+    with generation_system(
+        services, tmp_path_factory.mktemp("kv"), {"GRISTMILL_LM_KV_CACHE_MB": KV_MB}
+    ) as sys_:
         yield sys_
-    finally:
-        sys_.close()
 
 
 def published(system: System) -> dict[str, object]:

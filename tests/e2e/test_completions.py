@@ -20,14 +20,14 @@ from sqlalchemy import select
 torch = pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
-from gristmill.devservices.stack import Services, System, build_system  # noqa: E402
+from gristmill.devservices.stack import Services, System  # noqa: E402
 from results.db import make_engine  # noqa: E402
 from results.schema import generation_progress, requests  # noqa: E402
+from tests.e2e.generation_system import MODEL, generation_system  # noqa: E402
 from workers.models.causal_lm import weights  # noqa: E402
 from workers.models.causal_lm.plain import generate  # noqa: E402
 from workers.models.causal_lm.tokenizer import Codec  # noqa: E402
 
-MODEL = "gristmill-lm"
 PROMPTS = [
     "Every accepted request is",
     "The scheduler",
@@ -42,25 +42,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def lm_system(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    sys_ = build_system(services, tmp_path_factory.mktemp("gen"))
-    try:
-        sys_.start_scheduler(workers=1, models=MODEL)
-        sys_.url = sys_.start_api()
-        deadline = time.time() + 180
-        while True:
-            r = httpx.post(
-                f"{sys_.url}/v1/completions",
-                headers=sys_.headers(),
-                json={"model": MODEL, "prompt": "warm up", "max_tokens": 2, "temperature": 0},
-                timeout=60,
-            )
-            if r.status_code == 200:
-                break
-            assert time.time() < deadline, r.text
-            time.sleep(1)
+    with generation_system(services, tmp_path_factory.mktemp("gen")) as sys_:
         yield sys_
-    finally:
-        sys_.close()
 
 
 @pytest.fixture(scope="module")
