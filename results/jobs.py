@@ -8,7 +8,8 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Select, select, text, update
+import psycopg
+from sqlalchemy import Select, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -128,9 +129,7 @@ async def unsucceeded_items(conn: AsyncConnection, job_id: str) -> list[int]:
     """Indexes of the items whose current attempt has no successful result."""
     redo = (
         select(job_items.c.item_index)
-        .select_from(
-            job_items.outerjoin(requests, requests.c.request_id == job_items.c.request_id)
-        )
+        .select_from(job_items.outerjoin(requests, requests.c.request_id == job_items.c.request_id))
         .where(job_items.c.job_id == job_id)
         .where((requests.c.status.is_(None)) | (requests.c.status != "succeeded"))
         .order_by(job_items.c.item_index)
@@ -169,14 +168,17 @@ async def start_attempt(
 
 # --- the scheduler's side: counters advanced with the result rows (sync) ---
 
-_LOCK_JOBS = text(
-    "SELECT 1 FROM jobs WHERE job_id = ANY(CAST(:ids AS uuid[])) ORDER BY job_id FOR UPDATE"
+# Plain SQL for the driver's cursor: the results transaction runs on a psycopg
+# connection of its own (results/store.py). Arrays travel in binary (the driver's text
+# format for a list is built in Python, element by element).
+_LOCK_JOBS = (
+    "SELECT 1 FROM jobs WHERE job_id = ANY(%(ids)b::text[]::uuid[]) ORDER BY job_id FOR UPDATE"
 )
 
 # Counts only rows of each item's *current* attempt: a row of an older attempt (still
 # queued when the job was retried, persisted afterwards) is in the request log but is
 # not this attempt's result, so it must not advance the counters.
-_ADVANCE = text("""
+_ADVANCE = """
     UPDATE jobs j SET
         succeeded = j.succeeded + c.succeeded,
         failed = j.failed + c.failed,
@@ -197,17 +199,18 @@ _ADVANCE = text("""
                count(*) FILTER (WHERE w.status = 'failed') AS failed,
                count(*) FILTER (WHERE w.status = 'expired') AS expired,
                count(*) FILTER (WHERE w.status = 'cancelled') AS cancelled
-        FROM unnest(CAST(:rids AS uuid[]), CAST(:jobs AS uuid[]), CAST(:idx AS int4[]),
-                    CAST(:st AS text[])) AS w(request_id, job_id, item_index, status)
+        FROM unnest(%(rids)b::text[]::uuid[], %(jobs)b::text[]::uuid[],
+                    %(idx)b::int4[], %(st)b::text[])
+             AS w(request_id, job_id, item_index, status)
         JOIN job_items i ON i.job_id = w.job_id AND i.item_index = w.item_index
                         AND i.request_id = w.request_id
         GROUP BY i.job_id
     ) c
-    WHERE j.job_id = c.job_id""")
+    WHERE j.job_id = c.job_id"""
 
 
 def record_job_results(
-    conn: Connection, written: Iterable[tuple[str, str | None, int | None, str]]
+    cur: psycopg.Cursor[Any], written: Iterable[tuple[str, str | None, int | None, str]]
 ) -> None:
     """Advance job counters by newly written result rows (request id, job id, item
     index, status), in the results transaction: counters match the rows exactly even
@@ -220,8 +223,8 @@ def record_job_results(
     if not rows:
         return
     ids = sorted(Counter(j for _, j, _, _ in rows))
-    conn.execute(_LOCK_JOBS, {"ids": ids})
-    conn.execute(
+    cur.execute(_LOCK_JOBS, {"ids": ids})
+    cur.execute(
         _ADVANCE,
         {
             "rids": [r for r, _, _, _ in rows],

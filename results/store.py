@@ -19,21 +19,23 @@ the job's row lock is held only while the transaction commits.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 import orjson
+import psycopg
 from sqlalchemy import BigInteger, Connection, DateTime, Engine, Integer, Text
-from sqlalchemy.dialects.postgresql import BYTEA, JSONB, UUID, insert
+from sqlalchemy.dialects.postgresql import BYTEA, JSONB, UUID
 
 from results import announce
-from results.db import RESULTS_CHANNEL
+from results.db import RESULTS_CHANNEL, libpq_url
 from results.jobs import record_job_results
 from results.schema import REQUEST_ROW_COLUMNS, RequestRow, batches, requests
-from results.vectors import to_base64
-
-_INSERT_BATCH = insert(batches).on_conflict_do_nothing()
 
 _PG_TYPES: dict[type, str] = {
     UUID: "uuid",
@@ -61,13 +63,41 @@ def _array_param(pgtype: str) -> str:
     return f"%b::{pgtype}[]"
 
 
-# ON CONFLICT without a target: the key alone can conflict, and the statement works on
-# the partitioned log and on the single table before it (docs/decisions/0029).
-_INSERT_REQUESTS = (
-    f"INSERT INTO requests ({', '.join(c for c, _ in _REQUEST_COLUMNS)}) "
-    f"SELECT * FROM unnest({', '.join(_array_param(t) for _, t in _REQUEST_COLUMNS)}) "
-    "ON CONFLICT DO NOTHING RETURNING request_id, job_id, status, persisted_at, item_index"
-)
+def _scalar_param(pgtype: str) -> str:
+    """A column whose value every row of the write shares, sent once."""
+    if pgtype in ("jsonb", "uuid"):
+        return f"%b::text::{pgtype}"
+    return f"%b::{pgtype}"
+
+
+# A column whose value every row of a write shares (a batch's model, status and times,
+# its tenant or job, an output column the model does not use) is sent once, so neither
+# the driver nor the server handles it per row. request_id, unique to each row, is
+# always an array (unnest needs one); there is a statement per set of shared columns,
+# and few sets occur.
+_NEVER_SHARED = "request_id"
+
+
+@lru_cache(maxsize=256)
+def insert_statement(shared: tuple[bool, ...]) -> str:
+    """The INSERT of request rows whose columns flagged in ``shared`` hold one value for
+    every row (parameters: those values in column order, then one array per other
+    column). It returns the ids written - a redelivered request meets its first row and
+    is skipped (ON CONFLICT without a target works on the partitioned log and on the
+    single table before it, docs/decisions/0029) - and the transaction's time, which
+    is every new row's ``persisted_at``."""
+    cols = [(c, t, one) for (c, t), one in zip(_REQUEST_COLUMNS, shared, strict=True)]
+    select = ", ".join(_scalar_param(t) if one else f'u."{c}"' for c, t, one in cols)
+    arrays = ", ".join(_array_param(t) for _, t, one in cols if not one)
+    names = ", ".join(f'"{c}"' for c, _, one in cols if not one)
+    return (
+        f"WITH written AS (INSERT INTO requests ({', '.join(c for c, _, _ in cols)}) "
+        f"SELECT {select} FROM unnest({arrays}) AS u({names}) "
+        "ON CONFLICT DO NOTHING RETURNING request_id) "
+        "SELECT coalesce(array_agg(request_id::text), '{}'), now() FROM written"
+    )
+
+
 _NOTIFY = f"SELECT pg_notify('{RESULTS_CHANNEL}', p) FROM unnest(%b::text[]) AS p"
 _OUTPUT = [c for c, _ in _REQUEST_COLUMNS].index("output")
 _VECTOR = [c for c, _ in _REQUEST_COLUMNS].index("output_vector")
@@ -93,63 +123,185 @@ def column_arrays(rows: Sequence[Mapping[str, Any]]) -> list[list[Any]]:
     return out
 
 
+def insert_parameters(arrays: list[list[Any]]) -> tuple[str, list[Any]]:
+    """The statement and parameters that insert ``arrays`` (``column_arrays``' output):
+    a column of one repeated value goes as that value. Pure."""
+    n = len(arrays[0])
+    shared = tuple(
+        n > 1 and name != _NEVER_SHARED and col.count(col[0]) == n
+        for (name, _), col in zip(_REQUEST_COLUMNS, arrays, strict=True)
+    )
+    scalars = [col[0] for col, one in zip(arrays, shared, strict=True) if one]
+    rest = [col for col, one in zip(arrays, shared, strict=True) if not one]
+    return insert_statement(shared), scalars + rest
+
+
 def write_results(
     conn: Connection, request_rows: list[RequestRow], batch_row: dict[str, Any] | None
 ) -> list[str]:
-    """Upsert rows and announce them; returns the ids that were newly written."""
-    if batch_row is not None:
-        conn.execute(_INSERT_BATCH, batch_row)
-    if not request_rows:
-        return []
+    """``write_on`` inside the caller's SQLAlchemy transaction (it commits)."""
     driver = conn.connection.driver_connection  # the psycopg connection, same transaction
     assert driver is not None
-    cur = driver.cursor()
-    arrays = column_arrays(request_rows)
-    cur.execute(_INSERT_REQUESTS, arrays)
-    rows = cur.fetchall()
-    written = [str(rid) for rid, *_ in rows]
-    notes = announcements(request_rows, arrays[_OUTPUT], arrays[_VECTOR], rows)
-    if notes:
-        cur.execute(_NOTIFY, (notes,))
-    record_job_results(
-        conn, ((str(rid), None if j is None else str(j), i, st) for rid, j, st, _, i in rows)
-    )
-    return written
+    return write_on(driver, request_rows, batch_row, commit=False)
+
+
+def write_on(
+    pg: psycopg.Connection[Any],
+    request_rows: list[RequestRow],
+    batch_row: dict[str, Any] | None,
+    *,
+    commit: bool,
+) -> list[str]:
+    """Upsert rows and announce them on ``pg`` (committing if ``commit``); returns the
+    ids that were newly written.
+
+    Two round trips to the server whatever the write holds, both pipelined: the batch
+    row and the request rows (with the transaction's BEGIN), whose answer says which
+    rows are new; then the announcements, the job counters and the COMMIT. Each round
+    trip costs a scheduler thread a wait for the server and for the interpreter lock
+    after it, so a write of six or eight sequential statements held a persist thread
+    longer than its rows' work did (docs/bench/store.md)."""
+    inserted = pg.cursor()
+    arrays = column_arrays(request_rows) if request_rows else []
+    with pg.pipeline():
+        if batch_row is not None:
+            pg.cursor().execute(_batch_insert(tuple(batch_row)), batch_row)
+        if request_rows:
+            inserted.execute(*insert_parameters(arrays))
+    written: list[str] = []
+    notes: list[str] = []
+    jobs: list[tuple[str, str | None, int | None, str]] = []
+    if request_rows:
+        got = inserted.fetchone()
+        assert got is not None
+        written, persisted_at = got
+        new = is_written(request_rows, written)
+        notes = announcements(request_rows, arrays[_OUTPUT], arrays[_VECTOR], new, persisted_at)
+        jobs = [
+            (r["request_id"], r["job_id"], r["item_index"], r["status"])
+            for r, fresh in zip(request_rows, new, strict=True)
+            if fresh and r["job_id"] is not None
+        ]
+    cur = pg.cursor()
+    with pg.pipeline():
+        if notes:
+            cur.execute(_NOTIFY, (notes,))
+        record_job_results(cur, jobs)
+        if commit:
+            pg.commit()
+    return list(written)
+
+
+@lru_cache(maxsize=8)
+def _batch_insert(columns: tuple[str, ...]) -> str:
+    """The batch row's INSERT (its columns are scheduler/rows.py's, checked here)."""
+    unknown = set(columns) - set(batches.c.keys())
+    if unknown:
+        raise ValueError(f"not columns of batches: {sorted(unknown)}")
+    values = ", ".join(f"%({c})s" for c in columns)
+    return f"INSERT INTO batches ({', '.join(columns)}) VALUES ({values}) ON CONFLICT DO NOTHING"
+
+
+class ResultWriter:
+    """The scheduler's result writes, each a transaction of its own on a connection its
+    persist thread keeps: no pool checkout and no liveness ping before every write (a
+    round trip each). A write that fails rolls back; a connection that broke is
+    dropped, and the thread's next write (the persister retries transient faults)
+    connects again."""
+
+    def __init__(self, database_url: str, *, connect_timeout_s: int = 10):
+        self._url = libpq_url(database_url)
+        self._timeout = connect_timeout_s
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: set[psycopg.Connection[Any]] = set()
+
+    def __call__(
+        self, request_rows: list[RequestRow], batch_row: dict[str, Any] | None
+    ) -> list[str]:
+        pg = self._connection()
+        try:
+            return write_on(pg, request_rows, batch_row, commit=True)
+        except BaseException:
+            self._recover(pg)
+            raise
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        pg: psycopg.Connection[Any] | None = getattr(self._local, "pg", None)
+        if pg is None or pg.closed:
+            pg = psycopg.connect(self._url, autocommit=False, connect_timeout=self._timeout)
+            self._local.pg = pg
+            with self._lock:
+                self._open.add(pg)
+        return pg
+
+    def _recover(self, pg: psycopg.Connection[Any]) -> None:
+        if not pg.broken:
+            with contextlib.suppress(psycopg.Error):
+                pg.rollback()
+                return
+        self._forget(pg)
+
+    def _forget(self, pg: psycopg.Connection[Any]) -> None:
+        with contextlib.suppress(psycopg.Error):
+            pg.close()
+        with self._lock:
+            self._open.discard(pg)
+        self._local.pg = None
+
+    def close(self) -> None:
+        """Close every thread's connection (the persister has stopped)."""
+        with self._lock:
+            conns, self._open = list(self._open), set()
+        for pg in conns:
+            with contextlib.suppress(psycopg.Error):
+                pg.close()
+
+
+def is_written(rows: Sequence[Mapping[str, Any]], written: Sequence[str]) -> list[bool]:
+    """Whether each row is among the ids the insert returned (PostgreSQL's spelling of
+    a UUID; a row's id in another spelling of the same UUID still matches). Pure."""
+    ids = set(written)
+    out = []
+    for r in rows:
+        rid = r["request_id"]
+        if rid not in ids and ids:
+            with contextlib.suppress(ValueError, TypeError, AttributeError):
+                rid = str(uuid.UUID(str(rid)))
+        out.append(rid in ids)
+    return out
 
 
 def announcements(
-    request_rows: list[RequestRow],
-    outputs: list[str | None],
-    vectors: list[bytes | None],
-    returned: list[Any],
+    request_rows: Sequence[Mapping[str, Any]],
+    outputs: Sequence[str | None],
+    vectors: Sequence[bytes | None],
+    written: Sequence[bool],
+    persisted_at: datetime,
 ) -> list[str]:
     """Every sync request is announced, written now or before: a waiter may be waiting
     on a redelivered request whose first row landed while it was not listening. Those
     written now carry their answer; the others (and answers too large to inline) are
     announced by id and fetched. Job items have no waiter (job results are read by
     polling the job's rows): announcing thousands a second would only keep every API
-    instance busy."""
-    persisted_at: dict[str, datetime] = {str(rid): at for rid, _, _, at, *_ in returned}
+    instance busy. Pure."""
+    answers = announce.Answers(persisted_at)
     inline: list[bytes] = []
     by_id: list[str] = []
-    for row, output, vector in zip(request_rows, outputs, vectors, strict=True):
-        if row.get("job_id") is not None:
+    for row, output, vector, new in zip(request_rows, outputs, vectors, written, strict=True):
+        if row["job_id"] is not None:
             continue
-        rid = str(row["request_id"])
-        at = persisted_at.get(rid)
-        answer = None
-        if at is not None:
-            b64 = None if vector is None else to_base64(vector)
-            answer = announce.inline_result(row, at, output, b64)
+        answer = answers.answer(row, output, vector) if new else None
         if answer is not None and len(answer) <= announce.INLINE_MAX:
             inline.append(answer)
         else:
-            by_id.append(rid)
+            by_id.append(str(row["request_id"]))
     return announce.payloads(inline, by_id)
 
 
 def persist(
     engine: Engine, request_rows: list[RequestRow], batch_row: dict[str, Any] | None
 ) -> list[str]:
+    """One write in a transaction of its own, on a pooled connection (tools, tests)."""
     with engine.begin() as conn:
         return write_results(conn, request_rows, batch_row)

@@ -52,7 +52,7 @@ from results.load import (
     report_scheduler,
 )
 from results.modelregistry import Readiness, record_from_row, versions_stmt
-from results.store import persist
+from results.store import ResultWriter
 from results.sweeper import Sweeper
 from scheduler import metrics, tracing
 from scheduler.batcher import Pending
@@ -127,8 +127,9 @@ class SchedulerService:
         self.stopping = threading.Event()  # stop consuming
         self.engine = make_engine(settings.database_url, pool_size=5)
         self.producer = Producer(producer_config(settings))
+        self.writer = ResultWriter(settings.database_url)
         self.persister = Persister(
-            metrics.timed_store(lambda rows, brow: persist(self.engine, rows, brow)),
+            metrics.timed_store(self.writer),
             DeadLetters(self.producer, dead_letter_topic(settings)),
             self._done,
             self.stopping,
@@ -396,6 +397,7 @@ class SchedulerService:
         self.workers.join(deadline=time.time() + self.settings.batch_timeout_s)
         self.workers.stop_workers()
         self.persister.shutdown()
+        self.writer.close()
         if self.gen is not None and self.gen_pool is not None:
             # What is generating is left to the partitions' next owner, which resumes
             # it from the progress rows flushed here; finished rows are written first.

@@ -49,7 +49,7 @@ from psycopg.adapt import PyFormat, Transformer
 
 from core.messages import RequestMessage
 from core.vocab import RequestStatus
-from results.store import _OUTPUT, _VECTOR, announcements, column_arrays
+from results.store import _OUTPUT, _VECTOR, announcements, column_arrays, insert_parameters
 from scheduler.batcher import Batch, BatchKey, Pending
 from scheduler.dispatch import Write
 from scheduler.rows import write_rows
@@ -86,10 +86,11 @@ def persist_cpu(w: Write, tx: Any) -> int:
     psycopg Transformer, the driver's own parameter encoding)."""
     rows, _ = write_rows(w)
     arrays = column_arrays(rows)
-    tx.dump_sequence(arrays, [PyFormat.BINARY] * len(arrays))
+    _, params = insert_parameters(arrays)
+    tx.dump_sequence(params, [PyFormat.BINARY] * len(params))
     if w.items[0].msg.job_id is None:
-        returned = [(r["request_id"], None, "succeeded", r["received_at"]) for r in rows]
-        announcements(rows, arrays[_OUTPUT], arrays[_VECTOR], returned)
+        written = [True] * len(rows)
+        announcements(rows, arrays[_OUTPUT], arrays[_VECTOR], written, rows[0]["received_at"])
     return len(rows)
 
 

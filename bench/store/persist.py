@@ -169,7 +169,8 @@ def produce(stack: Stack, kind: str, rows: int) -> dict[str, Any]:
             input=SENTENCE.format(i=i),
             params={"salt": ""},
             deadline=now + 3600,  # nothing expires: every row is a computed result
-            received_at=now,
+            # Sync requests arrive one by one; a job's items share its acceptance time.
+            received_at=now if job_id else now + i * 1e-5,
             job_id=job_id,
             item_index=i if job_id else None,
         )
@@ -315,9 +316,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "--output",
                     str(raw),
                     "--nonblocking",
-                    # Only the thread holding the interpreter lock: the shares are of
-                    # the Python time that bounds the scheduler, not of waiting threads.
-                    "--gil",
+                    # gil: only the thread holding the interpreter lock (the Python time
+                    # that bounds the scheduler); wall: every thread, waiting included.
+                    "--gil" if args.profile_mode == "gil" else "--idle",
                 ],
                 check=True,
                 capture_output=True,
@@ -339,6 +340,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "SELECT count(*), avg(size), "
                 "percentile_disc(0.5) WITHIN GROUP (ORDER BY size) FROM batches"
             ).fetchone()  # type: ignore[misc]
+            reasons = dict(
+                conn.execute("SELECT reason, count(*) FROM batches GROUP BY 1").fetchall()
+            )
+            # Where a row's time went inside the scheduler (median ms): waiting to be
+            # batched, between batching and compute (dispatch, the worker socket),
+            # between compute and commit (the persist queue and the write).
+            stages = conn.execute(
+                "SELECT "
+                + ", ".join(
+                    f"percentile_cont(0.5) WITHIN GROUP (ORDER BY "
+                    f"extract(epoch FROM {b} - {a}) * 1000)"
+                    for a, b in (
+                        ("consumed_at", "batched_at"),
+                        ("batched_at", "compute_start_at"),
+                        ("compute_end_at", "persisted_at"),
+                    )
+                )
+                + " FROM requests"
+            ).fetchone()  # type: ignore[misc]
         result = {
             "kind": args.kind,
             "rows": args.rows,
@@ -354,7 +374,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "count": int(nbatches),
                 "mean_size": round(float(mean_size or 0), 1),
                 "p50_size": p50_size,
+                "reasons": reasons,
             },
+            "stage_p50_ms": dict(
+                zip(("batch_wait", "to_compute", "to_commit"), map(float, stages), strict=True)
+            ),
             "scheduler_thread_cpu_s": {
                 k: round(v - threads_before.get(k, 0.0), 2)
                 for k, v in sorted(threads_after.items(), key=lambda kv: -kv[1])
@@ -383,6 +407,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--fast", action="store_true", help="fsync and synchronous_commit off")
     ap.add_argument("--profile", type=int, default=0, help="py-spy the scheduler S seconds")
+    ap.add_argument("--profile-mode", choices=("gil", "wall"), default="gil")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the scheduler")
     ap.add_argument("--out", type=Path, help="folder for persist-<kind>[-<label>].json")
     ap.add_argument("--label", default="")

@@ -83,9 +83,9 @@ def test_an_oversized_answer_is_refused_by_the_packer() -> None:
 def test_the_store_inlines_new_sync_answers_and_names_the_rest() -> None:
     new, redelivered, big, job = row(1), row(2), row(3), row(4, job_id=str(uuid.uuid4()))
     outputs = ['"small"', '"again"', orjson.dumps("y" * 5000).decode(), '"job"']
-    # RETURNING gives back only rows written now: the redelivered one's row existed.
-    returned = [(r["request_id"], r["job_id"], "succeeded", T0) for r in (new, big, job)]
-    [payload] = announcements([new, redelivered, big, job], outputs, [None] * 4, returned)
+    # The insert returns only rows written now: the redelivered one's row existed.
+    written = [True, False, True, True]
+    [payload] = announcements([new, redelivered, big, job], outputs, [None] * 4, written, T0)
     rows, ids = announce.parse(payload)
     assert [r["request_id"] for r in rows] == [new["request_id"]]
     assert rows[0]["output"] == "small" and rows[0]["output_vector"] is None
@@ -98,8 +98,7 @@ def test_an_embedding_rides_inline_as_its_stored_bytes() -> None:
     values = [((-1) ** i) * i / 7 for i in range(384)]
     vector = from_floats(values)
     r = row(5)
-    returned = [(r["request_id"], None, "succeeded", T0)]
-    [payload] = announcements([r], [None], [vector], returned)
+    [payload] = announcements([r], [None], [vector], [True], T0)
     [got], ids = announce.parse(payload)
     assert ids == [] and got["output"] is None and got["output_vector"] == vector
     assert to_floats(got["output_vector"]) == [float(np.float32(v)) for v in values]
@@ -109,7 +108,39 @@ def test_an_embedding_rides_inline_as_its_stored_bytes() -> None:
 def test_two_embeddings_share_a_payload_and_a_batch_stays_under_the_cap() -> None:
     rs = [row(100 + i) for i in range(256)]
     vec = from_floats([0.5] * 384)
-    returned = [(r["request_id"], None, "succeeded", T0) for r in rs]
-    payloads = announcements(rs, [None] * 256, [vec] * 256, returned)
+    payloads = announcements(rs, [None] * 256, [vec] * 256, [True] * 256, T0)
     assert len(payloads) == 128
     assert all(len(p.encode()) < 8000 for p in payloads)
+
+
+def test_answers_of_one_batch_share_their_common_part_but_keep_their_own() -> None:
+    """Rows of a batch differ in id, received and consumed times and output; the rest is
+    encoded once. Every answer still decodes to exactly its own row."""
+    rows = [
+        row(
+            200 + i,
+            received_at=T0 + timedelta(microseconds=i),
+            consumed_at=T0 + timedelta(milliseconds=i % 2),
+        )
+        for i in range(5)
+    ]
+    rows[4] = {**rows[4], "status": "failed", "error": 'a "quoted" error', "batch_size": None}
+    at = T0 + timedelta(seconds=1)
+    outs = [orjson.dumps({"i": i}).decode() for i in range(5)]
+    written = [True] * 5
+    payloads = announcements(rows, outs, [None] * 5, written, at)
+    got = [g for p in payloads for g in announce.parse(p)[0]]
+    assert [g["request_id"] for g in got] == [r["request_id"] for r in rows]
+    for g, r, i in zip(got, rows, range(5), strict=True):
+        assert g["output"] == {"i": i} and g["persisted_at"] == at
+        for k in (*announce.TIMES, *announce.PLAIN):
+            assert g[k] == r[k], k
+
+
+def test_a_request_id_in_another_spelling_still_counts_as_written() -> None:
+    from results.store import is_written
+
+    rid = uuid.UUID(int=7)
+    rows = [{"request_id": str(rid).upper()}, {"request_id": str(uuid.UUID(int=8))}]
+    assert is_written(rows, [str(rid)]) == [True, False]
+    assert is_written(rows, []) == [False, False]
