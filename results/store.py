@@ -137,26 +137,27 @@ def insert_parameters(arrays: list[list[Any]]) -> tuple[str, list[Any]]:
 
 
 def write_results(
-    conn: Connection, request_rows: list[RequestRow], batch_row: dict[str, Any] | None
+    conn: Connection, request_rows: list[RequestRow], *batch_rows: dict[str, Any] | None
 ) -> list[str]:
     """``write_on`` inside the caller's SQLAlchemy transaction (it commits)."""
     driver = conn.connection.driver_connection  # the psycopg connection, same transaction
     assert driver is not None
-    return write_on(driver, request_rows, batch_row, commit=False)
+    return write_on(driver, request_rows, [b for b in batch_rows if b is not None], commit=False)
 
 
 def write_on(
     pg: psycopg.Connection[Any],
     request_rows: list[RequestRow],
-    batch_row: dict[str, Any] | None,
+    batch_rows: Sequence[dict[str, Any]],
     *,
     commit: bool,
 ) -> list[str]:
     """Upsert rows and announce them on ``pg`` (committing if ``commit``); returns the
-    ids that were newly written.
+    ids that were newly written. ``batch_rows``: the rows of the batches they ran in
+    (the persister may write several batches' results in one transaction).
 
     Two round trips to the server whatever the write holds, both pipelined: the batch
-    row and the request rows (with the transaction's BEGIN), whose answer says which
+    rows and the request rows (with the transaction's BEGIN), whose answer says which
     rows are new; then the announcements, the job counters and the COMMIT. Each round
     trip costs a scheduler thread a wait for the server and for the interpreter lock
     after it, so a write of six or eight sequential statements held a persist thread
@@ -164,8 +165,8 @@ def write_on(
     inserted = pg.cursor()
     arrays = column_arrays(request_rows) if request_rows else []
     with pg.pipeline():
-        if batch_row is not None:
-            pg.cursor().execute(_batch_insert(tuple(batch_row)), batch_row)
+        for brow in batch_rows:
+            pg.cursor().execute(_batch_insert(tuple(brow)), brow)
         if request_rows:
             inserted.execute(*insert_parameters(arrays))
     written: list[str] = []
@@ -217,11 +218,11 @@ class ResultWriter:
         self._open: set[psycopg.Connection[Any]] = set()
 
     def __call__(
-        self, request_rows: list[RequestRow], batch_row: dict[str, Any] | None
+        self, request_rows: list[RequestRow], batch_rows: Sequence[dict[str, Any]]
     ) -> list[str]:
         pg = self._connection()
         try:
-            return write_on(pg, request_rows, batch_row, commit=True)
+            return write_on(pg, request_rows, batch_rows, commit=True)
         except BaseException:
             self._recover(pg)
             raise
@@ -300,8 +301,8 @@ def announcements(
 
 
 def persist(
-    engine: Engine, request_rows: list[RequestRow], batch_row: dict[str, Any] | None
+    engine: Engine, request_rows: list[RequestRow], *batch_rows: dict[str, Any] | None
 ) -> list[str]:
     """One write in a transaction of its own, on a pooled connection (tools, tests)."""
     with engine.begin() as conn:
-        return write_results(conn, request_rows, batch_row)
+        return write_results(conn, request_rows, *batch_rows)

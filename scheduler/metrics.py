@@ -120,6 +120,11 @@ PERSIST_RETRIES = Counter(
     "Result-store writes that failed and were retried (PostgreSQL away or refusing)",
     registry=REGISTRY,
 )
+PERSIST_MERGED = Counter(
+    "gristmill_persist_merged_writes_total",
+    "Batches' results written in another batch's transaction (group commit under a backlog)",
+    registry=REGISTRY,
+)
 COMMIT_SECONDS = Histogram(
     "gristmill_kafka_commit_duration_seconds",
     "One synchronous Kafka offset commit, by consumer lane (sync, jobs)",
@@ -260,6 +265,11 @@ def produce_failed(reason: str, n: int = 1) -> None:
 
 def persist_retried() -> None:
     PERSIST_RETRIES.inc()
+
+
+def merged_writes(n: int) -> None:
+    """``n`` writes went in one transaction: ``n - 1`` of them rode on another's."""
+    PERSIST_MERGED.inc(n - 1)
 
 
 def timed_store(

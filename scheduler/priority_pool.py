@@ -48,6 +48,22 @@ class PriorityPool:
             heapq.heappush(self._heap, (priority, next(self._seq), fn, args))
             self._cv.notify_all()
 
+    def take_while(
+        self, priority: float, fn: Callable[..., Any], accept: Callable[..., bool]
+    ) -> list[tuple[Any, ...]]:
+        """The arguments of queued ``fn`` tasks at ``priority`` from the front of the
+        queue, while ``accept(*args)`` says yes: a running task takes on work queued
+        just like it (nothing more urgent is passed over)."""
+        out: list[tuple[Any, ...]] = []
+        with self._cv:
+            while self._heap:
+                prio, _, f, args = self._heap[0]
+                if prio != priority or f != fn or not accept(*args):
+                    break
+                heapq.heappop(self._heap)
+                out.append(args)
+        return out
+
     def pending(self) -> int:
         with self._cv:
             return len(self._heap)

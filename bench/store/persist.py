@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import psycopg
 from confluent_kafka import Producer
 
@@ -230,6 +231,7 @@ def sample(stack: Stack, sched: int, dsn: str) -> dict[str, Any]:
             "pg_current_wal_lsn() - '0/0'::pg_lsn"
         ).fetchone()  # type: ignore[misc]
     workers = children(sched)
+    cpu = psutil.cpu_times()
     return {
         "t": time.perf_counter(),
         "rows": int(inserted),
@@ -242,6 +244,9 @@ def sample(stack: Stack, sched: int, dsn: str) -> dict[str, Any]:
             "kafka": sum(cpu_seconds(p) for p in kafka_pids(stack)),
             "bench": cpu_seconds(os.getpid(), recursive=False),
         },
+        # The whole machine's busy CPU: what is not the groups above ran beside the
+        # benchmark (on a shared machine, other people's work) and is reported as such.
+        "machine_busy": cpu.user + cpu.nice + cpu.system + cpu.irq + cpu.softirq + cpu.steal,
     }
 
 
@@ -272,6 +277,7 @@ def steady(samples: list[dict[str, Any]], rows: int) -> dict[str, Any]:
     b = next(s for s in samples if s["rows"] >= rows * 0.9)
     dt, dn = b["t"] - a["t"], b["rows"] - a["rows"]
     cpu = {k: b["cpu"][k] - a["cpu"][k] for k in a["cpu"]}
+    others = b["machine_busy"] - a["machine_busy"] - sum(cpu.values())
     return {
         "window_s": round(dt, 2),
         "rows": dn,
@@ -283,6 +289,7 @@ def steady(samples: list[dict[str, Any]], rows: int) -> dict[str, Any]:
         "cpu_cores": {k: round(v / dt, 3) for k, v in cpu.items()},
         "cpu_us_per_row": {k: round(v / dn * 1e6, 1) for k, v in cpu.items()},
         "cpu_us_per_row_total": round(sum(cpu.values()) / dn * 1e6, 1),
+        "other_processes_cores": round(max(0.0, others) / dt, 3),
     }
 
 

@@ -284,7 +284,7 @@ def test_the_persister_isolates_rows_the_database_refuses(system: System, engine
             settled.set()
 
     persister = Persister(
-        lambda rows, brow: persist(engine, rows, brow),
+        lambda rows, brows: persist(engine, rows, *brows),
         DeadLetters(producer, dead_letter_topic(s)),
         on_done,
         threading.Event(),

@@ -92,12 +92,11 @@ class _Svc:
         if len(self.handles) >= self.n_workers:
             self.ready.set()
 
-    def _store(self, rows: list[dict[str, Any]], brow: dict[str, Any] | None) -> None:
+    def _store(self, rows: list[dict[str, Any]], brows: list[dict[str, Any]]) -> None:
         with self.cond:
             self.rows.extend(rows)
             self.writes.append(list(rows))
-            if brow is not None:
-                self.batches.append(brow)
+            self.batches.extend(brows)
 
     def _done(self, offsets: list[tuple[tuple[str, int], int]], n: int) -> None:
         with self.cond:

@@ -52,7 +52,7 @@ def test_a_transient_fault_is_retried_until_the_write_lands() -> None:
 
     p = _persister(store, _Sink(0), threading.Event())
     try:
-        assert p._store([], None) is True
+        assert p._store([], []) is True
         assert len(calls) == 4
     finally:
         p.shutdown()
@@ -68,7 +68,7 @@ def test_a_data_fault_is_not_retried_but_refused() -> None:
     p = _persister(store, _Sink(0), threading.Event())
     try:
         with pytest.raises(_Refused):
-            p._store([], None)
+            p._store([], [])
         assert len(calls) == 1
     finally:
         p.shutdown()
@@ -85,7 +85,7 @@ def test_once_stopping_a_failing_write_gives_up_for_kafka_to_redeliver() -> None
     stopping.set()
     p = _persister(store, _Sink(0), stopping)
     try:
-        assert p._store([], None) is False
+        assert p._store([], []) is False
         assert len(calls) == persister_mod.STOPPING_TRIES
     finally:
         p.shutdown()
