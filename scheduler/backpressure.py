@@ -33,3 +33,41 @@ def paused_classes(
         elif depth < limit // 2:
             out.discard(rank)
     return frozenset(out)
+
+
+# A lane whose every class is over budget stops taking messages for at most this long
+# before pausing its partitions. Not taking them costs nothing: librdkafka stops
+# fetching once its own bounded queue is full (queued.max.messages.kbytes), and what it
+# prefetched is kept. A pause drops that prefetch (librdkafka purges a paused
+# partition's queue) and the resume fetches it again: at the budget's edge a lane
+# paused and resumed many times a second, and one scheduler read a job's items at a
+# third of the rate its workers took them (docs/bench/store.md). But only a lane that
+# polls serves its rebalance callbacks, so after this long (workers that stopped
+# draining) it pauses and polls: a revocation then waits at most this, well inside
+# the group's session timeout (decision 0006).
+HOLD_MAX_S = 1.0
+
+
+@dataclass(frozen=True)
+class LaneHold:
+    """How a lane holds back: classes paused in Kafka, and since when (epoch s) it has
+    taken no messages without pausing (None: it takes them)."""
+
+    paused: frozenset[int] = frozenset()
+    held_since: float | None = None
+
+
+def lane_hold(
+    wanted: frozenset[int], ranks: frozenset[int], current: LaneHold, now: float
+) -> LaneHold:
+    """What a lane reading ``ranks`` does when ``wanted`` classes are over budget: if
+    all of them are, it stops taking messages (and pauses them after ``HOLD_MAX_S``);
+    if only some are, those are paused in Kafka so the others flow."""
+    if ranks and wanted >= ranks:
+        if current.paused >= ranks:
+            return current
+        since = now if current.held_since is None else current.held_since
+        if now - since >= HOLD_MAX_S:
+            return LaneHold(paused=ranks)
+        return LaneHold(paused=current.paused, held_since=since)
+    return LaneHold(paused=wanted & ranks)

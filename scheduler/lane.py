@@ -27,10 +27,14 @@ from core.kafka import consumer_config
 from core.topics import request_topic
 from core.vocab import PRIORITY_CLASSES, PriorityClass
 from scheduler import metrics
+from scheduler.backpressure import LaneHold, lane_hold
 
 log = logging.getLogger("gristmill.scheduler")
 
 TP = tuple[str, int]
+# How often a held lane looks at its classes' buffers again (s): resuming costs at most
+# this, against the half-budget of queued work the workers are still taking.
+HOLD_RECHECK_S = 0.005
 
 
 class LaneHost(Protocol):
@@ -95,9 +99,11 @@ class ConsumerLane:
         self.host = host
         self.topics = spec.topics(settings)
         self.owned: set[TP] = set()
-        self.paused: frozenset[int] = frozenset()
+        self.hold = LaneHold()  # classes paused in Kafka; whether the lane is held
         self.lag: dict[str, int] = {}
         self.closing = threading.Event()  # set once the host has persisted all it will
+        # monotonic: when the asynchronous commit awaiting its answer left (0: none)
+        self._commit_started = 0.0
         self.consumer = Consumer(
             consumer_config(
                 settings,
@@ -116,6 +122,9 @@ class ConsumerLane:
                     # only spins the broker.
                     "fetch.wait.max.ms": 100,
                     "enable.partition.eof": False,
+                    # The periodic commit does not wait for the broker (the lane keeps
+                    # reading); its outcome arrives here, on this lane's thread.
+                    "on_commit": self._on_commit,
                     **spec.fetch,
                 },
             )
@@ -135,24 +144,32 @@ class ConsumerLane:
         self.closing.set()
         self.thread.join(timeout_s)
 
+    @property
+    def paused(self) -> frozenset[int]:
+        """Classes this lane is not reading now (paused, or held with the whole lane)."""
+        return self.spec.ranks if self.hold.held_since is not None else self.hold.paused
+
     def _run(self) -> None:
         last_commit = last_lag = 0.0
         while not self._stopping.is_set():
-            # consume() waits for its whole timeout unless the count is reached, which
-            # would add that wait to every request: block on poll() for the first
-            # message only, then drain whatever is already fetched without waiting.
-            first = self.consumer.poll(0.05)
-            msgs = [] if first is None else [first, *self.consumer.consume(499, timeout=0)]
+            if self._apply_backpressure(time.time()):
+                # Held: take nothing and look again shortly (backpressure.HOLD_MAX_S).
+                self._stopping.wait(HOLD_RECHECK_S)
+            else:
+                # consume() waits for its whole timeout unless the count is reached,
+                # which would add that wait to every request: block on poll() for the
+                # first message only, then drain whatever is fetched without waiting.
+                first = self.consumer.poll(0.05)
+                msgs = [] if first is None else [first, *self.consumer.consume(499, timeout=0)]
+                good = [m for m in msgs if _ok(m)]
+                if good:
+                    self.host.accept(good, self.owned, time.time())
             now = time.time()
-            good = [m for m in msgs if _ok(m)]
-            if good:
-                self.host.accept(good, self.owned, now)
-            self._apply_backpressure()
             if now - last_lag >= 1.0:
                 self._measure_lag()
                 last_lag = now
             if now - last_commit >= self.settings.commit_interval_ms / 1000:
-                self.commit()
+                self.commit(wait=False)
                 last_commit = now
         # Stopped consuming: wait for the host to finish and persist, then hand over.
         self.closing.wait()
@@ -160,22 +177,51 @@ class ConsumerLane:
         self.consumer.close()
 
     # ---- offsets -------------------------------------------------------------------
-    def commit(self, only: set[TP] | None = None) -> None:
+    def commit(self, only: set[TP] | None = None, *, wait: bool = True) -> None:
+        """Commit the persisted positions of this lane's partitions (``only`` some).
+
+        ``wait=False`` is the periodic commit: it returns at once and ``_on_commit``
+        records the outcome when the broker answers. A commit that blocked the lane took
+        a broker round trip every 100 ms out of its reading, longer whenever the
+        broker's disk was slow. A revocation and the final commit wait: the partitions
+        are handed over right after."""
         positions = self.host.committable(self.owned if only is None else only & self.owned)
         if not positions:
             return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
+        if not wait:
+            self._commit_started = time.monotonic()
+            try:
+                self.consumer.commit(offsets=offsets, asynchronous=True)
+            except Exception as exc:  # e.g. no assignment during a rebalance
+                metrics.committed(self.spec.name, 0.0, ok=False)
+                log.warning("%s lane: commit failed: %s", self.spec.name, exc)
+            return
         started = time.monotonic()
         try:
-            self.consumer.commit(
-                offsets=[TopicPartition(t, p, o) for (t, p), o in positions.items()],
-                asynchronous=False,
-            )
+            self.consumer.commit(offsets=offsets, asynchronous=False)
         except Exception as exc:  # e.g. rebalance in progress; the next round retries
             metrics.committed(self.spec.name, time.monotonic() - started, ok=False)
             log.warning("%s lane: commit failed: %s", self.spec.name, exc)
             return
         metrics.committed(self.spec.name, time.monotonic() - started, ok=True)
         self.host.mark_committed(positions)
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """A commit's outcome (inside poll, on this lane's thread)."""
+        took = time.monotonic() - self._commit_started
+        counted = self._commit_started > 0  # an asynchronous one (not yet counted)
+        self._commit_started = 0.0
+        if err is not None:
+            if counted:
+                metrics.committed(self.spec.name, took, ok=False)
+            if err.code() != KafkaError._NO_OFFSET:  # nothing to commit: not a failure
+                log.warning("%s lane: commit failed: %s", self.spec.name, err)
+            return
+        done = {(p.topic, p.partition): p.offset for p in partitions if p.error is None}
+        if counted:
+            metrics.committed(self.spec.name, took, ok=len(done) == len(partitions))
+        self.host.mark_committed(done)
 
     def _measure_lag(self) -> None:
         """Messages in Kafka not yet consumed, per class."""
@@ -199,21 +245,23 @@ class ConsumerLane:
         among = self.consumer.assignment() if among is None else among
         return [tp for tp in among if tp.topic in topics]
 
-    def _apply_backpressure(self) -> None:
-        """Pause this lane's classes whose buffer is full; resume drained ones."""
+    def _apply_backpressure(self, now: float) -> bool:
+        """Pause this lane's classes whose buffer is full, resume drained ones, or hold
+        the whole lane (scheduler/backpressure.py); True while it takes no messages."""
         wanted = self.host.wanted_paused(self.paused) & self.spec.ranks
-        if wanted == self.paused:
-            return
-        if wanted - self.paused:
-            self.consumer.pause(self._class_partitions(wanted - self.paused))
-        if self.paused - wanted:
-            self.consumer.resume(self._class_partitions(self.paused - wanted))
-        log.info(
-            "%s lane: paused classes %s",
-            self.spec.name,
-            [PRIORITY_CLASSES[r] for r in sorted(wanted)],
-        )
-        self.paused = wanted
+        before = self.hold
+        self.hold = lane_hold(wanted, self.spec.ranks, before, now)
+        if self.hold.paused != before.paused:
+            if self.hold.paused - before.paused:
+                self.consumer.pause(self._class_partitions(self.hold.paused - before.paused))
+            if before.paused - self.hold.paused:
+                self.consumer.resume(self._class_partitions(before.paused - self.hold.paused))
+            log.info(
+                "%s lane: paused classes %s",
+                self.spec.name,
+                [str(PRIORITY_CLASSES[r]) for r in sorted(self.hold.paused)],
+            )
+        return self.hold.held_since is not None
 
     # ---- rebalances (called inside poll, on this lane's thread) ----------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -221,10 +269,10 @@ class ConsumerLane:
             "%s lane: assigned %s", self.spec.name, [(p.topic, p.partition) for p in partitions]
         )
         self.owned.update((p.topic, p.partition) for p in partitions)
-        if self.paused:
+        if self.hold.paused:
             # Newly assigned partitions of a paused class start paused too.
             consumer.incremental_assign(partitions)
-            consumer.pause(self._class_partitions(self.paused, partitions))
+            consumer.pause(self._class_partitions(self.hold.paused, partitions))
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]

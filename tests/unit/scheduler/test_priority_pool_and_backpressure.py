@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from scheduler.backpressure import BufferBudget, paused_classes
+from scheduler.backpressure import HOLD_MAX_S, BufferBudget, LaneHold, lane_hold, paused_classes
 from scheduler.priority_pool import PriorityPool
 
 
@@ -74,3 +74,39 @@ def test_reserved_thread_runs_urgent_work_while_background_holds_the_others() ->
 def test_pool_needs_a_thread_for_background_work() -> None:
     with pytest.raises(ValueError):
         PriorityPool(1, name="t", reserved=1)
+
+
+JOBS_LANE = frozenset({3})
+SYNC_LANE = frozenset({0, 1, 2})
+
+
+def test_a_lane_over_budget_holds_before_it_pauses() -> None:
+    """Holding keeps librdkafka's prefetch (a pause would drop it); only a hold that
+    lasts HOLD_MAX_S turns into a pause, so rebalances are served again."""
+    h = lane_hold(JOBS_LANE, JOBS_LANE, LaneHold(), now=100.0)
+    assert h == LaneHold(paused=frozenset(), held_since=100.0)
+    h = lane_hold(JOBS_LANE, JOBS_LANE, h, now=100.0 + HOLD_MAX_S / 2)
+    assert h.held_since == 100.0 and not h.paused  # still held, since the first moment
+    h = lane_hold(JOBS_LANE, JOBS_LANE, h, now=100.0 + HOLD_MAX_S)
+    assert h == LaneHold(paused=JOBS_LANE)  # paused, and polling again
+    assert lane_hold(JOBS_LANE, JOBS_LANE, h, now=200.0) == h  # stays paused
+    assert lane_hold(frozenset(), JOBS_LANE, h, now=201.0) == LaneHold()  # drained: resumed
+
+
+def test_a_hold_that_drains_in_time_never_pauses() -> None:
+    h = lane_hold(JOBS_LANE, JOBS_LANE, LaneHold(), now=0.0)
+    assert lane_hold(frozenset(), JOBS_LANE, h, now=0.2) == LaneHold()
+    # A new hold starts its own clock.
+    assert lane_hold(JOBS_LANE, JOBS_LANE, LaneHold(), now=5.0).held_since == 5.0
+
+
+def test_some_classes_over_budget_are_paused_so_the_others_flow() -> None:
+    h = lane_hold(frozenset({2}), SYNC_LANE, LaneHold(), now=0.0)
+    assert h == LaneHold(paused=frozenset({2}))
+    # Then every class is over: held (the paused one stays paused), then all paused.
+    h = lane_hold(SYNC_LANE, SYNC_LANE, h, now=1.0)
+    assert h.paused == {2} and h.held_since == 1.0
+    h = lane_hold(SYNC_LANE, SYNC_LANE, h, now=1.0 + HOLD_MAX_S)
+    assert h == LaneHold(paused=SYNC_LANE)
+    # Classes of other lanes in ``wanted`` are not this lane's business.
+    assert lane_hold(frozenset({1, 3}), SYNC_LANE, LaneHold(), now=0.0).paused == {1}
