@@ -59,6 +59,10 @@ _FIELDS: tuple[tuple[str, tuple[type, ...], bool], ...] = (
     ("weight", _NUMBER, False),
     ("extra", (dict,), False),
 )
+# Optional fields whose null means "none" (RequestMessage's ``X | None``). In the others,
+# null is a wrong type: it would pass here and fail later, in a retry's count
+# (attempt), a row (attempts = attempt + 1) or the queueing of the request itself.
+_NULLABLE = frozenset({"job_id", "item_index"})
 _KNOWN = frozenset(f.name for f in fields(RequestMessage))
 # The form the API writes ids in (str(uuid4())); anything else is parsed the slow way.
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -220,7 +224,7 @@ def _strict_message(data: dict[str, Any]) -> RequestMessage:
     """Any message: the first field that is missing or bad is named (``Malformed``)."""
     for name, kinds, required in _FIELDS:
         v = data.get(name, _MISSING)
-        if v is _MISSING or (v is None and not required):
+        if v is _MISSING or (v is None and name in _NULLABLE):
             if required:
                 raise Malformed(f"missing field {name}")
             continue
