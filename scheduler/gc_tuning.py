@@ -10,8 +10,10 @@ collector's sight, and a young threshold of ``GEN0_THRESHOLD`` makes collections
 rarer without letting garbage cycles pile up for long: at 30,000 messages/s a young
 collection still runs several times a second.
 
-Measured with ``bench.store.persist --rows 100000 --kind sync`` on the 2-core dev box
-(docs/bench/store): about 6 us a persisted row less in the scheduler's CPU.
+Measured with ``bench.store.persist --rows 200000 --kind sync`` on the 2-core dev box,
+the same code with and without this (steady state, two quiet runs each): the scheduler
+spends 26 rather than 40 us of CPU a persisted row, and persists 24,700 rather than
+18,900 rows/s. What it costs: garbage cycles (rare here) wait up to 50,000 allocations.
 """
 
 from __future__ import annotations
