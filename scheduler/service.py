@@ -58,6 +58,7 @@ from scheduler import metrics, tracing
 from scheduler.batcher import Pending
 from scheduler.deadletter import DeadLetters
 from scheduler.dispatch import DispatchCore, Reject
+from scheduler.gc_tuning import tune_gc
 from scheduler.generation.service import GenerationService
 from scheduler.intake import decode
 from scheduler.lane import ConsumerLane, held_lag, lane_specs
@@ -366,6 +367,9 @@ class SchedulerService:
         threading.Thread(
             target=sweeper.run, args=(self.stopping,), daemon=True, name="sweeper"
         ).start()
+        # Start-up is done: fewer, cheaper collections from here (scheduler/gc_tuning.py:
+        # 26 rather than 40 us of scheduler CPU a persisted row, bench.store.persist).
+        tune_gc()
         for lane in self.lanes:
             lane.start(self.stopping)
         log.info("scheduler running")

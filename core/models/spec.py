@@ -8,6 +8,7 @@ turns a spec and the worker's runtime settings into a ``Model``).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,8 +83,29 @@ class ModelSpec:
         return out
 
     def batch_params(self, params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-        """The part of the (normalized) params that goes into the batch key."""
-        return tuple(sorted((p.name, params[p.name]) for p in self.params if p.batching))
+        """The part of the (normalized) params that goes into the batch key, sorted by
+        name. A missing one raises ``KeyError`` naming the first in declaration order.
+        The scheduler calls this once a message: the names are worked out once a spec."""
+        cached = self.__dict__.get("_batching")
+        if cached is None or cached[0] is not self.params:
+            cached = self._batching_names()
+        names = cached[1]
+        if len(names) == 1:  # the common case, without a list
+            return ((names[0], params[names[0]]),)
+        pairs = [(name, params[name]) for name in names]
+        if not cached[2]:
+            pairs.sort()
+        return tuple(pairs)
+
+    def _batching_names(self) -> tuple[tuple[ParamSpec, ...], tuple[str, ...], bool]:
+        """The batching params' names in declaration order, and whether that order is
+        already sorted (strictly: equal names would compare their values), with the
+        ``params`` they were read from: a spec whose params are replaced works them out
+        again. Kept in the instance's ``__dict__``, so a frozen subclass may cache too."""
+        names = tuple(p.name for p in self.params if p.batching)
+        in_order = all(a < b for a, b in itertools.pairwise(names))
+        cached = self.__dict__["_batching"] = (self.params, names, in_order)
+        return cached
 
     def embedding_dim(self) -> int | None:
         """Length of the vector the model answers each input with; None for a model

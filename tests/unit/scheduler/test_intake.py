@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import fields
 from typing import Any
 
 import orjson
@@ -12,9 +13,10 @@ from core.config import Settings
 from core.messages import RequestMessage
 from core.models.catalog import build_specs
 from core.vocab import PRIORITY_CLASSES
+from scheduler import intake
 from scheduler.batcher import BatchKey, Pending
 from scheduler.dispatch import Reject
-from scheduler.intake import decode
+from scheduler.intake import Malformed, _message, _strict_message, decode
 
 SPECS = build_specs(Settings())
 TP = ("gm.requests.paid", 2)
@@ -119,3 +121,178 @@ def test_a_rejected_job_item_counts_toward_its_job() -> None:
 def test_an_unknown_class_queues_as_free_traffic() -> None:
     got = run(orjson.dumps(message(priority="platinum")))
     assert isinstance(got, Pending) and got.rank == PRIORITY_CLASSES.index("free")
+
+
+# ---- the fast path for the API's own message, held to the strict one ---------------
+
+
+def _strict_or_reason(data: dict[str, Any]) -> RequestMessage | str:
+    try:
+        return _strict_message(data)
+    except Malformed as exc:
+        return f"Malformed: {exc}"
+    except TypeError as exc:
+        return f"TypeError: {exc}"
+
+
+def _fast_or_reason(data: dict[str, Any]) -> RequestMessage | str:
+    try:
+        return _message(data)
+    except Malformed as exc:
+        return f"Malformed: {exc}"
+    except TypeError as exc:
+        return f"TypeError: {exc}"
+
+
+def _without(name: str) -> dict[str, Any]:
+    data = message()
+    del data[name]
+    return data
+
+
+JOB = str(uuid.uuid4())
+# Messages the fast path takes, and ones it must leave to the strict path.
+VARIANTS: list[dict[str, Any]] = [
+    message(),
+    message(job_id=JOB, item_index=0, priority="jobs", job_attempt=2, attempt=1),
+    message(deadline=1_700_000_100, received_at=1_700_000_000, weight=3),
+    message(weight=0.25, body_hash="ab" * 32, extra={"k": "v"}),
+    message(future_field=[1, 2], trace_context="00-abc"),
+    message(tenant_id=TENANT.upper()),
+    message(request_id="{" + str(uuid.uuid4()) + "}"),
+    message(job_id=JOB.replace("-", "")),
+    message(item_index=2**31 - 1, attempt=2**31 - 1),
+    message(input={"text": "x", "ids": [1, 2]}),
+    _without("body_hash"),
+    _without("extra"),
+    _without("weight"),
+    _without("attempt"),
+    _without("job_id"),
+    _without("input"),
+    _without("request_id"),
+    _without("params"),
+    message(request_id=5),
+    message(request_id="r1"),
+    message(tenant_id="t1"),
+    message(tenant_id=["x"]),
+    message(priority=None),
+    message(model=1),
+    message(version=1.0),
+    message(params=None),
+    message(params=[]),
+    message(deadline=0),
+    message(deadline=-1.0),
+    message(deadline=1e11),
+    message(deadline=False),
+    message(received_at="now"),
+    message(body_hash=3),
+    message(job_id=7),
+    message(job_id="nope"),
+    message(item_index=-1),
+    message(item_index=1.0),
+    message(item_index=True),
+    message(attempt=2**31),
+    message(attempt=False),
+    message(job_attempt=-5),
+    message(weight=0),
+    message(weight=-1.5),
+    message(weight=True),
+    message(weight="1"),
+    message(weight=1e308 * 10),  # inf: orjson writes null
+    message(extra=[]),
+    message(extra="x"),
+    message(body_hash=None, job_id=None, item_index=None),
+]
+
+
+@pytest.mark.parametrize("data", VARIANTS)
+def test_the_fast_path_accepts_and_rejects_exactly_what_the_strict_path_does(
+    data: dict[str, Any],
+) -> None:
+    # Through JSON, as the scheduler reads it.
+    data = orjson.loads(orjson.dumps(data))
+    assert _fast_or_reason(data) == _strict_or_reason(orjson.loads(orjson.dumps(data)))
+
+
+@pytest.mark.parametrize("field", ["body_hash", "attempt", "job_attempt", "weight", "extra"])
+def test_null_in_a_field_that_has_a_default_is_rejected_and_named(field: str) -> None:
+    got = run(orjson.dumps(message(**{field: None})))
+    assert isinstance(got, Reject) and got.reason == f"field {field} has type NoneType"
+    assert got.row is not None and got.row["status"] == "failed"
+
+
+@pytest.mark.parametrize("field", ["job_id", "item_index"])
+def test_null_in_a_field_that_may_be_absent_means_absent(field: str) -> None:
+    got = run(orjson.dumps(message(**{field: None})))
+    assert isinstance(got, Pending) and getattr(got.msg, field) is None
+
+
+# ---- what decode keeps once --------------------------------------------------------
+
+
+def test_messages_with_equal_batching_params_share_one_batch_key() -> None:
+    a, b = run(orjson.dumps(message())), run(orjson.dumps(message()))
+    c = run(orjson.dumps(message(params={"salt": "t"})))
+    assert isinstance(a, Pending) and isinstance(b, Pending) and isinstance(c, Pending)
+    assert a.key is b.key and a.key == BatchKey("sim", "1", (("salt", "s"),))
+    assert c.key == BatchKey("sim", "1", (("salt", "t"),)) and c.key != a.key
+
+
+def test_equal_but_differently_typed_params_key_as_they_always_did() -> None:
+    # 1 == 1.0: such keys were equal, so one queue, before the cache too.
+    one = run(orjson.dumps(message(params={"salt": 1})))
+    other = run(orjson.dumps(message(params={"salt": 1.0})))
+    text = run(orjson.dumps(message(params={"salt": "1"})))
+    assert isinstance(one, Pending) and isinstance(other, Pending) and isinstance(text, Pending)
+    assert one.key == other.key and text.key != one.key
+
+
+@pytest.mark.parametrize("salt", [["a"], {"a": 1}, [["nested"]]])
+def test_an_unhashable_batching_param_is_rejected_even_once_its_key_is_cached(salt: Any) -> None:
+    assert isinstance(run(orjson.dumps(message())), Pending)
+    got = run(orjson.dumps(message(params={"salt": salt})))
+    assert isinstance(got, Reject) and got.reason.startswith("TypeError: unhashable type")
+    assert got.row is not None
+
+
+def test_unhashable_params_that_do_not_batch_are_queued() -> None:
+    lm = SPECS["gristmill-lm"]["1"]
+    params = {"max_tokens": 4, "temperature": 0.5, "seed": None, "stop": ["\n", "."]}
+    got = run(orjson.dumps(message(model=lm.name, version=lm.version, params=params)))
+    assert isinstance(got, Pending) and got.key == BatchKey(lm.name, lm.version, ())
+    assert got.msg.params == params
+
+
+def test_an_unknown_model_keys_by_all_its_params() -> None:
+    got = run(orjson.dumps(message(model="gone", params={"b": 2, "a": 1})))
+    assert isinstance(got, Pending) and got.key == BatchKey("gone", "1", (("a", 1), ("b", 2)))
+    got = run(orjson.dumps(message(model="gone", params={"a": [1]})))
+    assert isinstance(got, Reject) and "unhashable" in got.reason
+
+
+def test_the_key_cache_is_bounded_and_still_right_once_emptied() -> None:
+    for i in range(intake.KEY_CACHE_SIZE + 10):
+        got = run(orjson.dumps(message(params={"salt": f"s{i}"})))
+        assert isinstance(got, Pending) and got.key.params == (("salt", f"s{i}"),)
+        assert len(intake._KEYS) <= intake.KEY_CACHE_SIZE
+
+
+def test_requests_of_one_tenant_share_its_id_and_odd_ids_are_not_remembered() -> None:
+    a, b = run(orjson.dumps(message())), run(orjson.dumps(message()))
+    assert isinstance(a, Pending) and isinstance(b, Pending)
+    assert a.msg.tenant_id is b.msg.tenant_id and a.msg.tenant_id == TENANT
+    odd = TENANT.upper()
+    got = run(orjson.dumps(message(tenant_id=odd)))
+    assert isinstance(got, Pending) and got.msg.tenant_id == odd
+    assert odd not in intake._TENANTS
+
+
+def test_the_fast_path_builds_the_request_field_for_field() -> None:
+    data = message(job_id=JOB, item_index=3, weight=2.5, body_hash="h", extra={"x": 1})
+    fast = _message(orjson.loads(orjson.dumps(data)))
+    assert fast == RequestMessage(**data)
+    assert [f.name for f in fields(RequestMessage)] == [
+        "request_id", "tenant_id", "priority", "model", "version", "input", "params",
+        "deadline", "received_at", "body_hash", "job_id", "item_index", "attempt",
+        "job_attempt", "weight", "extra",
+    ]  # fmt: skip
