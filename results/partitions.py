@@ -37,8 +37,8 @@ DETACH_WAIT_MS = 30_000
 
 # A request row stays in the heap up to this many bytes, PostgreSQL's largest
 # toast_tuple_target (TOAST_TUPLE_TARGET_MAIN for 8 KB pages; the default is 2,032): a
-# row with a 768- or 1,536-wide float32 vector then costs the server 28% and 25% less
-# CPU than moved out of line, and fewer bytes (docs/bench/store.md, "Vectors of other
+# row with a 768- or 1,536-wide float32 vector then costs the server 22% less CPU than
+# moved out of line, and fewer bytes (docs/bench/store.md, "Vectors of other
 # widths"; docs/decisions/0029).
 REQUESTS_TOAST_TUPLE_TARGET = 8160
 # Storage parameters of each partitioned table's partitions, set when one is created
