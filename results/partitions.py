@@ -9,6 +9,10 @@ and then dropped. That is why the tables have no DEFAULT partition: PostgreSQL a
 a concurrent detach only without one. Every DDL statement runs with a short
 ``lock_timeout``, so one never queues in front of the writers; it is retried at the
 next sweep. What to create and drop is decided in results/retention.py.
+
+A partition is made with the parent's column storage (``INCLUDING STORAGE``, the
+request log's vectors are stored EXTERNAL) and the table's storage parameters, which a
+partition does not inherit from its partitioned parent (see ``TABLE_OPTIONS``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,18 @@ DDL_LOCK_TIMEOUT_MS = 200
 # A concurrent detach blocks nobody while it waits (for queries that may still read the
 # partition), so it may wait longer; if it still times out, it is finished next sweep.
 DETACH_WAIT_MS = 30_000
+
+# A request row stays in the heap up to this many bytes, PostgreSQL's largest
+# toast_tuple_target (TOAST_TUPLE_TARGET_MAIN for 8 KB pages; the default is 2,032): a
+# row with a 768- or 1,536-wide float32 vector then costs the server 22% less CPU than
+# moved out of line, and fewer bytes (docs/bench/store.md, "Vectors of other
+# widths"; docs/decisions/0029).
+REQUESTS_TOAST_TUPLE_TARGET = 8160
+# Storage parameters of each partitioned table's partitions, set when one is created
+# (migrations/versions/0019_vector_storage.py set them on the partitions made before).
+TABLE_OPTIONS: dict[str, dict[str, int]] = {
+    "requests": {"toast_tuple_target": REQUESTS_TOAST_TUPLE_TARGET},
+}
 
 _BOUND = re.compile(r"FOR VALUES FROM \((?P<lo>[^)]*)\) TO \((?P<hi>[^)]*)\)")
 
@@ -78,6 +94,14 @@ def _ident(name: str) -> str:
     return name
 
 
+def with_clause(table: str) -> str:
+    """The ``WITH (..)`` clause that gives a new partition of ``table`` its parameters."""
+    options = TABLE_OPTIONS.get(table)
+    if not options:
+        return ""
+    return " WITH (" + ", ".join(f"{_ident(k)} = {int(v)}" for k, v in options.items()) + ")"
+
+
 def create(engine: Engine, slot: Slot, key: str) -> None:
     """Make ``slot``'s partition as a table of its own, then attach it (one transaction).
     The CHECK constraint matching its bound lets the attach skip a scan."""
@@ -86,7 +110,10 @@ def create(engine: Engine, slot: Slot, key: str) -> None:
     with engine.begin() as conn:
         conn.execute(text(f"SET LOCAL lock_timeout = {DDL_LOCK_TIMEOUT_MS}"))
         conn.execute(
-            text(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
+            text(
+                f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
+                f"INCLUDING STORAGE INCLUDING COMPRESSION){with_clause(table)}"
+            )
         )
         conn.execute(
             text(

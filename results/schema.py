@@ -93,6 +93,7 @@ requests = Table(
     Column("status", Text, nullable=False),  # a RequestStatus
     Column("output", JSONB(none_as_null=True)),  # NULL for a vector output
     # A vector output as little-endian float32 (results/vectors.py); NULL otherwise.
+    # Stored EXTERNAL, rows kept in the heap up to a page (revision 0019, decision 29).
     Column("output_vector", BYTEA),
     Column("error", Text),
     Column("attempts", Integer, nullable=False, server_default="1"),

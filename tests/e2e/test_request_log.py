@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
+import numpy as np
 import psycopg
 import pytest
 from sqlalchemy import Engine, text
@@ -331,4 +332,84 @@ def test_the_sweeper_keeps_retention_and_partitions(database: str) -> None:
     leader.release()
     assert other.try_lead()
     other.release()
+    engine.dispose()
+
+
+def _storage(engine: Engine, table: str) -> tuple[str, list[str]]:
+    """(output_vector's attstorage, the table's reloptions) of ``table``."""
+    with engine.connect() as conn:
+        r = conn.execute(
+            text(
+                "SELECT a.attstorage, coalesce(c.reloptions, '{}') FROM pg_class c "
+                "JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = 'output_vector' "
+                "WHERE c.relname = :t"
+            ),
+            {"t": table},
+        ).one()
+    return str(r[0]), list(r[1])
+
+
+def _toast_bytes(engine: Engine, table: str) -> int:
+    return count(
+        engine,
+        "SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE relname = :t",
+        t=table,
+    )
+
+
+def _vector(engine: Engine, request_id: str) -> bytes:
+    with engine.connect() as conn:
+        return bytes(
+            conn.execute(
+                text("SELECT output_vector FROM requests WHERE request_id = :r"), {"r": request_id}
+            ).scalar_one()
+        )
+
+
+def test_vectors_are_stored_external_and_rows_kept_in_the_heap(database: str) -> None:
+    """Revision 0019 changes the storage of the partitions that exist, leaving the rows
+    stored before as they were; a partition made afterwards has the same settings, and
+    a 1,024-wide float32 vector written into it stays in the heap and reads back
+    byte for byte."""
+    settings = settings_for(database)
+    migrate_database(settings, "0018")
+    engine = make_engine(database, pool_size=2)
+    with engine.begin() as conn:
+        tenant = conn.execute(
+            text("INSERT INTO tenants (name, tier) VALUES ('w', 'paid') RETURNING id::text")
+        ).scalar_one()
+    rng = np.random.default_rng(19)
+    wide = [rng.standard_normal(1024, dtype=np.float32).tobytes() for _ in range(2)]
+    now = datetime.now(UTC)
+    old = row(tenant, now, output_vector=wide[0])
+    persist(engine, [old], None)
+    with engine.connect() as conn:
+        (here,) = conn.execute(
+            text("SELECT tableoid::regclass::text FROM requests WHERE request_id = :r"),
+            {"r": old["request_id"]},
+        ).one()
+    assert _storage(engine, here)[0] == "x"  # EXTENDED before the revision
+    assert _toast_bytes(engine, here) > 0  # a 4 KB vector went out of line
+
+    migrate_database(settings)
+    with engine.connect() as conn:
+        parts, _ = list_partitions(conn, ["requests"])
+    assert parts
+    for p in parts:
+        assert _storage(engine, p.name) == ("e", ["toast_tuple_target=8160"])
+    assert _storage(engine, "requests")[0] == "e"
+    assert _vector(engine, old["request_id"]) == wide[0]  # stored before, read the same
+
+    last = max(p.upper for p in parts)
+    fresh = Slot("requests", partition_name("requests", last, DAY), last, last + DAY)
+    create_partition(engine, fresh, "received_at")
+    assert _storage(engine, fresh.name) == ("e", ["toast_tuple_target=8160"])
+    new = row(tenant, last + timedelta(hours=1), output_vector=wide[1])
+    assert persist(engine, [new], None) == [new["request_id"]]
+    assert _vector(engine, new["request_id"]) == wide[1]
+    assert np.array_equal(
+        np.frombuffer(_vector(engine, new["request_id"]), np.float32),
+        np.frombuffer(wide[1], np.float32),
+    )
+    assert _toast_bytes(engine, fresh.name) == 0  # the row stayed in the heap
     engine.dispose()
