@@ -72,7 +72,8 @@ def _pending(n: int, priority: str, key: BatchKey) -> list[Pending]:
             input=f"a sentence to embed, number {i}",
             params={"normalize": True},
             deadline=now + 60,
-            received_at=now,
+            # Sync requests arrive one by one; a job's items share its acceptance time.
+            received_at=now if job else now + i * 1e-5,
             job_id=job,
             item_index=i if job else None,
             extra={"produced_at": now},
