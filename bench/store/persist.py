@@ -23,6 +23,7 @@ goes (a second run: the profiler's own cost stays out of the rates).
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import shutil
@@ -234,6 +235,7 @@ def sample(stack: Stack, sched: int, dsn: str) -> dict[str, Any]:
     cpu = psutil.cpu_times()
     return {
         "t": time.perf_counter(),
+        "wall": time.time(),
         "rows": int(inserted),
         "table_bytes": int(rel),
         "wal_bytes": int(wal),
@@ -253,7 +255,12 @@ def sample(stack: Stack, sched: int, dsn: str) -> dict[str, Any]:
 def drain(
     stack: Stack, sched: int, rows: int, *, during: Callable[[], None] | None = None
 ) -> list[dict[str, Any]]:
-    """Samples every 0.5 s until every row is in (or the scheduler stops making progress)."""
+    """Samples every 0.5 s until every row is in (or the scheduler stops making progress).
+
+    The samples' row counts are PostgreSQL's statistics, which a busy backend reports at
+    most once a second and an idle one up to 10 s late: they pace the sampling, and once
+    they stall the rows are counted exactly. The rates come from the rows themselves
+    (``exact_progress``)."""
     dsn = libpq_url(stack.settings.database_url)
     samples = [sample(stack, sched, dsn)]
     stalled_since = time.perf_counter()
@@ -263,12 +270,35 @@ def drain(
         samples.append(sample(stack, sched, dsn))
         if samples[-1]["rows"] > samples[-2]["rows"]:
             stalled_since = time.perf_counter()
+        elif time.perf_counter() - stalled_since > 1.0 and count_rows(dsn) >= rows:
+            break  # all in; the statistics have not caught up
         elif time.perf_counter() - stalled_since > 120:
             raise RuntimeError(f"no progress for 120 s at {samples[-1]['rows']} rows")
         if during is not None and not ran_during and samples[-1]["rows"] > rows * 0.2:
             ran_during = True
             during()
     return samples
+
+
+def count_rows(dsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        (n,) = conn.execute("SELECT count(*) FROM requests").fetchone()  # type: ignore[misc]
+    return int(n)
+
+
+def exact_progress(samples: list[dict[str, Any]], dsn: str) -> None:
+    """Each sample's ``rows``: the rows whose transaction had begun by the sample's time
+    (``persisted_at``, the transaction's start; a write's transaction lasts milliseconds
+    to a few hundred), read from the rows after the drain."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        times = [
+            t
+            for (t,) in conn.execute(
+                "SELECT extract(epoch FROM persisted_at)::float8 FROM requests ORDER BY 1"
+            )
+        ]
+    for s in samples:
+        s["rows"] = bisect.bisect_right(times, s["wall"])
 
 
 def steady(samples: list[dict[str, Any]], rows: int) -> dict[str, Any]:
@@ -335,6 +365,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         threads_before = thread_cpu(sched.pid)
         t0 = time.perf_counter()
         samples = drain(stack, sched.pid, args.rows, during=record if args.profile else None)
+        exact_progress(samples, libpq_url(stack.settings.database_url))
         threads_after = thread_cpu(sched.pid)
         listener.stop_flag.set()
         with psycopg.connect(libpq_url(stack.settings.database_url)) as conn:
@@ -347,7 +378,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "SELECT count(*), avg(size), "
                 "percentile_disc(0.5) WITHIN GROUP (ORDER BY size) FROM batches"
             ).fetchone()  # type: ignore[misc]
-            reasons = dict(
+            reasons: dict[str, int] = dict(
                 conn.execute("SELECT reason, count(*) FROM batches GROUP BY 1").fetchall()
             )
             # Where a row's time went inside the scheduler (median ms): waiting to be
@@ -365,7 +396,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     )
                 )
                 + " FROM requests"
-            ).fetchone()  # type: ignore[misc]
+            ).fetchone()
+            assert stages is not None
         result = {
             "kind": args.kind,
             "rows": args.rows,
