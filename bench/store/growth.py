@@ -39,10 +39,10 @@ from typing import Any
 
 import psycopg
 
+from bench.store.batch_rows import batch_rows
 from bench.store.persist import machine
 from bench.store.questions import QUESTIONS
 from core.config import settings_from_env
-from core.vocab import RequestStatus
 from gristmill.devservices import PostgresServer
 from gristmill.migrate import migrate_database
 from results.db import make_engine
@@ -231,43 +231,8 @@ class LogBench:
 
     # ---- the scheduler's write -------------------------------------------------------
     def _rows(self, n: int, at: datetime) -> list[RequestRow]:
-        tenant = self.tenant_ids[0]
         vec = bytes(range(256)) * (DIM * 4 // 256)
-        batch_id = str(uuid.uuid4())
-        rows: list[RequestRow] = []
-        for i in range(n):
-            t = at + timedelta(microseconds=i)
-            rows.append(
-                {
-                    "request_id": str(uuid.uuid4()),
-                    "tenant_id": tenant,
-                    "priority": "jobs",
-                    "model": "all-minilm-l6-v2",
-                    "model_version": "1",
-                    "params": {"normalize": True},
-                    "input": None,
-                    "status": RequestStatus.SUCCEEDED,
-                    "output": None,
-                    "output_vector": vec,
-                    "error": None,
-                    "attempts": 1,
-                    "batch_id": batch_id,
-                    "batch_size": n,
-                    "job_id": None,
-                    "item_index": None,
-                    "received_at": t,
-                    "produced_at": t,
-                    "consumed_at": t,
-                    "batched_at": t,
-                    "compute_start_at": t,
-                    "compute_end_at": t,
-                    "deadline_at": t + timedelta(seconds=1),
-                    "kafka_topic": "gristmill.requests.jobs",
-                    "kafka_partition": 0,
-                    "kafka_offset": i,
-                }
-            )
-        return rows
+        return batch_rows([vec] * n, self.tenant_ids[0], at)
 
     def insert_rate(self, seconds: float, threads: int = 3) -> dict[str, Any]:
         at = self.newest - timedelta(minutes=1)

@@ -39,7 +39,6 @@ import shutil
 import statistics
 import tempfile
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -48,16 +47,15 @@ import numpy as np
 import psycopg
 
 from bench.peers.procs import cpu_seconds
+from bench.store.batch_rows import batch_rows
 from bench.store.persist import machine
 from core.config import settings_from_env
-from core.vocab import RequestStatus
 from gristmill.devservices import PostgresServer
 from gristmill.migrate import migrate_database
 from results.db import make_engine
 from results.partitions import REQUESTS_TOAST_TUPLE_TARGET
 from results.partitions import create as create_partition
 from results.retention import Slot, partition_name
-from results.schema import RequestRow
 from results.store import persist
 
 BATCH = 256
@@ -73,45 +71,6 @@ def vectors(n: int, dim: int, seed: int) -> list[bytes]:
     v = rng.standard_normal((n, dim), dtype=np.float32)
     v /= np.linalg.norm(v, axis=1, keepdims=True)
     return [row.tobytes() for row in v]
-
-
-def batch_rows(vecs: list[bytes], tenant: str, at: datetime) -> list[RequestRow]:
-    """One batch as the scheduler builds it (scheduler/rows.py) for an embedding model."""
-    batch_id = str(uuid.uuid4())
-    rows: list[RequestRow] = []
-    for i, vec in enumerate(vecs):
-        t = at + timedelta(microseconds=i)
-        rows.append(
-            {
-                "request_id": str(uuid.uuid4()),
-                "tenant_id": tenant,
-                "priority": "jobs",
-                "model": "all-minilm-l6-v2",
-                "model_version": "1",
-                "params": {"normalize": True},
-                "input": None,
-                "status": RequestStatus.SUCCEEDED,
-                "output": None,
-                "output_vector": vec,
-                "error": None,
-                "attempts": 1,
-                "batch_id": batch_id,
-                "batch_size": len(vecs),
-                "job_id": None,
-                "item_index": None,
-                "received_at": t,
-                "produced_at": t,
-                "consumed_at": t,
-                "batched_at": t,
-                "compute_start_at": t,
-                "compute_end_at": t,
-                "deadline_at": t + timedelta(seconds=1),
-                "kafka_topic": "gristmill.requests.jobs",
-                "kafka_partition": 0,
-                "kafka_offset": i,
-            }
-        )
-    return rows
 
 
 class WidthBench:
