@@ -191,6 +191,14 @@ async def _result_file(st: AppState, tenant: Tenant, file_id: str) -> tuple[Any,
     return b, j, errors
 
 
+async def _uploaded_file(st: AppState, tenant: Tenant, file_id: str) -> Any:
+    """The tenant's uploaded file ``file_id``; 404 when it has none of that id."""
+    f = await files_db.get_file(st.engine, tenant.id, file_id)
+    if f is None:
+        raise NotFound(f"no file {file_id[:80]!r}")
+    return f
+
+
 @router.get("/v1/files/{file_id}", responses=ERRORS)
 async def get_file(
     request: Request, file_id: str, authorization: str | None = Header(default=None)
@@ -213,10 +221,7 @@ async def get_file(
                 "status_details": None,
             }
         )
-    f = await files_db.get_file(st.engine, tenant.id, file_id)
-    if f is None:
-        raise NotFound(f"no file {file_id[:80]!r}")
-    return ORJSONResponse(file_object(f))
+    return ORJSONResponse(file_object(await _uploaded_file(st, tenant, file_id)))
 
 
 @router.delete("/v1/files/{file_id}", responses=ERRORS)
@@ -243,9 +248,7 @@ async def file_content(
     if result is not None:
         b, j, errors = result
         return StreamingResponse(result_lines(st, b, j, errors), media_type="application/jsonl")
-    f = await files_db.get_file(st.engine, tenant.id, file_id)
-    if f is None:
-        raise NotFound(f"no file {file_id[:80]!r}")
+    f = await _uploaded_file(st, tenant, file_id)
     return StreamingResponse(
         files_db.file_chunks(st.engine, f.file_id), media_type="application/jsonl"
     )

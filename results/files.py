@@ -11,6 +11,7 @@ from sqlalchemy import and_, delete, insert, or_, select, tuple_
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from results.job_items import page_with_results
 from results.schema import job_items, openai_batches, requests, stored_file_chunks, stored_files
 
 # Bytes per stored chunk: an upload or a download holds one at a time (1 MiB: large
@@ -151,21 +152,17 @@ async def list_batches(
 async def result_page(engine: AsyncEngine, job_id: str, start: int, limit: int) -> Sequence[Any]:
     """Items from index ``start`` in input order, with their request id, input and the
     current attempt's result (an unfinished item has no status)."""
-    q = (
-        select(
-            job_items.c.item_index,
-            job_items.c.custom_id,
-            job_items.c.request_id,
-            job_items.c.input,
-            requests.c.status,
-            requests.c.output,
-            requests.c.output_vector,  # an embedding's float32 bytes, where stored so
-            requests.c.error,
-        )
-        .select_from(job_items.outerjoin(requests, requests.c.request_id == job_items.c.request_id))
-        .where(job_items.c.job_id == job_id, job_items.c.item_index >= start)
-        .order_by(job_items.c.item_index)
-        .limit(limit)
+    return await page_with_results(
+        engine,
+        job_id,
+        start,
+        limit,
+        job_items.c.item_index,
+        job_items.c.custom_id,
+        job_items.c.request_id,
+        job_items.c.input,
+        requests.c.status,
+        requests.c.output,
+        requests.c.output_vector,  # an embedding's float32 bytes, where stored so
+        requests.c.error,
     )
-    async with engine.connect() as conn:
-        return (await conn.execute(q)).all()

@@ -28,21 +28,31 @@ async def copy_items(conn: AsyncConnection, staged: IO[bytes]) -> None:
             await copy.write(block)
 
 
-async def items_page(
-    engine: AsyncEngine, job_id: str, start: int, limit: int
-) -> Sequence[Any]:
+async def items_page(engine: AsyncEngine, job_id: str, start: int, limit: int) -> Sequence[Any]:
     """Items from index ``start`` in input order, with their current attempt's result."""
+    return await page_with_results(
+        engine,
+        job_id,
+        start,
+        limit,
+        job_items.c.item_index,
+        job_items.c.custom_id,
+        job_items.c.attempt,
+        requests.c.status,
+        requests.c.output,
+        requests.c.output_vector,
+        requests.c.error,
+        requests.c.attempts,
+    )
+
+
+async def page_with_results(
+    engine: AsyncEngine, job_id: str, start: int, limit: int, *columns: Any
+) -> Sequence[Any]:
+    """``columns`` of a job's items from index ``start`` in input order, each joined to
+    its current attempt's row in the request log (none yet: the row's columns are null)."""
     q = (
-        select(
-            job_items.c.item_index,
-            job_items.c.custom_id,
-            job_items.c.attempt,
-            requests.c.status,
-            requests.c.output,
-            requests.c.output_vector,
-            requests.c.error,
-            requests.c.attempts,
-        )
+        select(*columns)
         .select_from(job_items.outerjoin(requests, requests.c.request_id == job_items.c.request_id))
         .where(job_items.c.job_id == job_id, job_items.c.item_index >= start)
         .order_by(job_items.c.item_index)
