@@ -42,19 +42,6 @@ def _epoch(d: datetime | None) -> float | None:
     return None if d is None else d.timestamp()
 
 
-def inline_result(
-    row: Mapping[str, Any],
-    persisted_at: datetime,
-    output_json: str | None,
-    vector_b64: str | None = None,
-) -> bytes:
-    """One answer as JSON; ``output_json`` is the output as already written to the
-    request log and ``vector_b64`` its vector's stored bytes in base64 (so the answer
-    decodes to what a fetch of the row would)."""
-    vector = None if vector_b64 is None else vector_b64.encode("ascii")
-    return Answers(persisted_at).answer(row, output_json, vector, encoded=True)
-
-
 class Answers:
     """The inline answers of one transaction. A batch's rows share their status, model,
     batch size, batch times and the transaction's ``persisted_at``: that part of the
@@ -92,10 +79,9 @@ class Answers:
         row: Mapping[str, Any],
         output_json: str | None,
         vector: bytes | None,
-        *,
-        encoded: bool = False,
     ) -> bytes:
-        """``row``'s answer; ``vector`` is its stored bytes (``encoded``: already base64)."""
+        """``row``'s answer; ``output_json`` is the output as written to the request log,
+        ``vector`` its stored float32 bytes (the answer carries them in base64)."""
         own = orjson.dumps(
             {
                 "request_id": str(row["request_id"]),
@@ -105,7 +91,7 @@ class Answers:
             }
         )
         if vector is not None:
-            b64 = vector if encoded else binascii.b2a_base64(vector, newline=False)
+            b64 = binascii.b2a_base64(vector, newline=False)
             own = own[:-1] + b',"output_vector":"' + b64 + b'"}'
         return own[:-1] + b"," + self._shared_part(row) + b"}"
 

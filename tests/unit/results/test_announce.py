@@ -39,7 +39,8 @@ def test_an_inline_answer_decodes_to_what_a_fetched_row_holds() -> None:
     r = row(1)
     at = T0 + timedelta(milliseconds=143)
     out = {"label": "positive", "scores": [0.25, 1e-07]}
-    [payload] = announce.payloads([announce.inline_result(r, at, orjson.dumps(out).decode())], [])
+    answer = announce.Answers(at).answer(r, orjson.dumps(out).decode(), None)
+    [payload] = announce.payloads([answer], [])
     [got], ids = announce.parse(payload)
     assert ids == []
     assert got["output"] == out and got["persisted_at"] == at
@@ -49,7 +50,7 @@ def test_an_inline_answer_decodes_to_what_a_fetched_row_holds() -> None:
 
 def test_missing_times_and_a_failed_answer_survive() -> None:
     r = row(2, status="failed", error="boom", batch_size=None, batched_at=None)
-    [payload] = announce.payloads([announce.inline_result(r, T0, None)], [])
+    [payload] = announce.payloads([announce.Answers(T0).answer(r, None, None)], [])
     [got], _ = announce.parse(payload)
     assert got["status"] == "failed" and got["error"] == "boom"
     assert got["batched_at"] is None and got["output"] is None and got["batch_size"] is None
@@ -57,7 +58,7 @@ def test_missing_times_and_a_failed_answer_survive() -> None:
 
 def test_payloads_stay_under_the_cap_and_keep_every_answer_and_id_in_order() -> None:
     answers = [
-        announce.inline_result(row(i), T0, orjson.dumps("x" * (i % 500)).decode())
+        announce.Answers(T0).answer(row(i), orjson.dumps("x" * (i % 500)).decode(), None)
         for i in range(300)
     ]
     ids = [str(uuid.UUID(int=10_000 + i)) for i in range(500)]
