@@ -177,7 +177,7 @@ def _check_tier_order(name: str, values: Mapping[str, object], rises: bool) -> N
 
 class EdgeSettings(_Concern):
     """What one request may carry and how API keys are checked (core/limits.py,
-    ingest/schemas.py, ingest/auth.py). The caps and why they sit where they do:
+    ingest/native/wire.py, ingest/edge/auth.py). The caps and why they sit where they do:
     docs/decisions/0025-edge-validation-caps-and-error-mapping.md."""
 
     # A model reference ("name" or "name@version"); echoed in errors, never stored.
@@ -210,7 +210,7 @@ class EdgeSettings(_Concern):
 
 
 class TierSettings(_Concern):
-    """Per-tier promises and limits (ingest/policy.py, ingest/admission.py)."""
+    """Per-tier promises and limits (ingest/admission/policy.py, ingest/admission/capacity.py)."""
 
     # A request's deadline when the caller gives no timeout_ms: its tier's SLO.
     tier_slo_ms: dict[str, PositiveMs] = {"enterprise": 1_000, "paid": 2_000, "free": 5_000}
@@ -233,7 +233,7 @@ class TierSettings(_Concern):
     # Admission has no thresholds of its own: it derives them from each request's
     # deadline, the model's measured cost curve and the live workers (decision 24).
     # Event-loop lag (ms) at which an API instance starts refusing a tier's new sync
-    # requests, and at which it refuses them all (ingest/overload.py, decision 15): its
+    # requests, and at which it refuses them all (ingest/admission/overload.py, decision 15): its
     # own CPU saturation, which the workers' load reports cannot show.
     loop_lag_shed_ms: dict[str, tuple[float, float]] = {
         "free": (50.0, 150.0),
@@ -275,7 +275,7 @@ class TierSettings(_Concern):
 
 
 class JobSettings(_Concern):
-    """Client batches (ingest/jobs.py, ingest/job_submit.py, ingest/webhooks.py)."""
+    """Client batches (ingest/jobs/routes.py, ingest/jobs/submit.py, ingest/jobs/webhooks.py)."""
 
     max_job_items: int = Field(1_000_000, ge=1)  # per job, JSONL upload
     max_job_json_items: int = Field(100_000, ge=1)  # per job, JSON body

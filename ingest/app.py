@@ -19,35 +19,32 @@ from core import __version__
 from core.config import Settings
 from core.models.catalog import build_specs
 from core.topics import ensure_topics
-from ingest import (
-    admin,
-    completions,
-    dashboard,
-    infer,
-    jobs,
-    kserve,
-    metrics,
-    openai_batches,
-    openai_compat,
-)
-from ingest.auth import Authenticator, AuthGate
-from ingest.catalog import ModelCatalog
+from ingest import metrics
+from ingest.acceptance.catalog import ModelCatalog
+from ingest.acceptance.producer import AsyncProducer
+from ingest.acceptance.state import AppState, get_state
+from ingest.acceptance.waiters import ResultWaiter
+from ingest.admission.load_watch import LoadWatch
+from ingest.admission.overload import Overload
+from ingest.admission.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
+from ingest.edge.auth import Authenticator, AuthGate
+from ingest.edge.http import BodyLimit, ErrorGuard, install_error_handlers
+from ingest.edge.readiness import Readiness
+from ingest.edge.refusal_log import RefusalLog
+from ingest.edge.request_log_flush import flush_loop, flush_once
+from ingest.edge.tracing import traced
 from ingest.fast_path import InferFastPath
-from ingest.http import BodyLimit, ErrorGuard, install_error_handlers
-from ingest.job_submit import JobPublisher
-from ingest.load_watch import LoadWatch
-from ingest.openai_wire import models_answer
-from ingest.overload import Overload
-from ingest.producer import AsyncProducer
-from ingest.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
-from ingest.readiness import Readiness
-from ingest.refusal_log import RefusalLog
-from ingest.request_log_flush import flush_loop, flush_once
-from ingest.schemas import ERROR_RESPONSES, infer_request_schema
-from ingest.state import AppState, get_state
-from ingest.tracing import traced
-from ingest.waiters import ResultWaiter
-from ingest.webhooks import webhook_loop
+from ingest.jobs import routes as jobs
+from ingest.jobs.submit import JobPublisher
+from ingest.jobs.webhooks import webhook_loop
+from ingest.kserve import routes as kserve
+from ingest.native import routes as infer
+from ingest.native.wire import ERROR_RESPONSES, infer_request_schema
+from ingest.openai import batches as openai_batches
+from ingest.openai import completions
+from ingest.openai import embeddings as openai_compat
+from ingest.openai.wire import models_answer
+from ingest.operations import admin, dashboard
 from results.db import make_async_engine
 from results.durability import refusal
 

@@ -6,7 +6,7 @@ The sync endpoint is the hot path. At 1,000 requests/s FastAPI's layers around i
 API's CPU, about as much as the endpoint's own work (docs/bench/profile.md). This
 wrapper serves that one route with the same handler the FastAPI route uses
 (``answer_infer``), the same key check, the same body limits and the same error
-mapping (ingest/http.py); every other request, and the lifespan, goes to FastAPI,
+mapping (ingest/edge/http.py); every other request, and the lifespan, goes to FastAPI,
 which still documents the route in OpenAPI. Decision 16 says why a route bypasses
 the framework.
 
@@ -24,12 +24,12 @@ from starlette.types import Receive, Scope, Send
 
 from core.config import Settings
 from ingest import metrics
-from ingest.error_shapes import shape_for
-from ingest.http import answer, capped, declared_too_large, timed, too_large
-from ingest.infer import answer_infer, check_headers
-from ingest.openai_compat import answer_embeddings
-from ingest.openai_wire import parse_prefer
-from ingest.state import AppState
+from ingest.acceptance.state import AppState
+from ingest.edge.error_shapes import shape_for
+from ingest.edge.http import answer, capped, declared_too_large, timed, too_large
+from ingest.native.routes import answer_infer, check_headers
+from ingest.openai.embeddings import answer_embeddings
+from ingest.openai.wire import parse_prefer
 
 log = logging.getLogger("gristmill.ingest")
 

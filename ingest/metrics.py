@@ -41,11 +41,11 @@ from core.messages import RequestMessage
 from core.metrics import LATENCY_BUCKETS, multiprocess_dir, snapshot, stage_histogram
 from core.metrics_window import API_SERIES, MetricsWindow
 from core.vocab import RequestStatus
-from ingest.http import DATABASE_ERRORS  # the one list of what means "database down"
+from ingest.edge.http import DATABASE_ERRORS  # the one list of what means "database down"
 from results.metrics import JobGauges, job_gauges_of, job_gauges_stmt
 
 if TYPE_CHECKING:
-    from ingest.state import AppState
+    from ingest.acceptance.state import AppState
 
 log = logging.getLogger("gristmill.ingest.metrics")
 

@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from results.schema import job_items, requests
 
-# COPY text format, in the column order the staging writes (ingest/job_upload.py).
+# COPY text format, in the column order the staging writes (ingest/jobs/upload.py).
 COPY_ITEMS = "COPY job_items (job_id, item_index, custom_id, input, request_id) FROM STDIN"
 _COPY_BLOCK = 1 << 20  # bytes handed to the driver at a time
 

@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from results.schema import requests
 
-# The columns an answer is built from (ingest/infer.py's result_body).
+# The columns an answer is built from (ingest/native/routes.py's result_body).
 RESULT_COLUMNS = (
     requests.c.request_id,
     requests.c.status,

@@ -62,7 +62,7 @@ api_keys = Table(
     Column("prefix", Text, nullable=False),  # first characters, to recognise a key in listings
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("revoked_at", DateTime(timezone=True)),
-    # Admin scope: operator routes (ingest/admin_auth.py); tenant keys cannot reach them.
+    # Admin scope: operator routes (ingest/operations/admin_auth.py); tenant keys cannot reach them.
     Column("admin", Boolean, nullable=False, server_default="false"),
 )
 
@@ -309,7 +309,7 @@ scheduler_load = Table(
 )
 
 # Refused requests (401, 429, 503, 504), counted per second, tenant, tier, status and
-# reason by each API process and written about once a second (ingest/refusal_counts.py):
+# reason by each API process and written about once a second (ingest/edge/refusal_counts.py):
 # an overload never becomes a row per refusal. Partitioned by range of ``at``.
 refusals = Table(
     "refusals",

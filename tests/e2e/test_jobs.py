@@ -14,7 +14,7 @@ import pytest
 
 from core.models.sim import sim_output
 from gristmill.devservices.stack import System
-from ingest.webhooks import SIGNATURE_HEADER, verify
+from ingest.jobs.webhooks import SIGNATURE_HEADER, verify
 
 
 def submit(

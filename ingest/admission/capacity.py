@@ -1,0 +1,526 @@
+"""Admission: which sync requests the workers can serve in time. Pure; the clock is passed in.
+
+Every scheduler reports, four times a second, what its live workers can do per model
+(items/s at the batch size batches get, that batch's compute time, a batch of one's,
+the worker count: scheduler/capacity.py) and what waits (queued requests per model,
+class and largest tenants; what Kafka holds back in paused classes). Each API instance
+combines the reports into a ``LoadView`` and decides every request with ``Admission``
+(decision 24). All thresholds derive from the request's own deadline, the model's
+measured cost curve and the live worker count; the few constants left are below.
+
+1. **Deadline.** A request whose deadline is shorter than the least any request of
+   this model takes (a batch of one plus the scheduler's margin) is refused at once,
+   saying so: the scheduler would expire it unrun anyway. So is one that, while the
+   workers are saturated, could not wait out a running batch and run its own in time.
+2. **Strict order.** While a higher class of the same model is being refused for
+   capacity (within ``ORDER_WINDOW_S``), every lower class is refused too.
+3. **Below capacity nothing is refused.** The capacity test applies only while the
+   model is overloaded for this class: the classes at or above it arrive faster than
+   the workers serve (beyond the noise of a rate measured over ``RATE_WINDOW_S``), or
+   a burst: ``BACKLOG_ROUNDS`` full batches per worker wait and the last second brought
+   more than the workers serve in one, or a backlog that takes longer than the rate
+   window to drain.
+4. **Capacity.** Then a request is admitted when the work queued ahead of it drains in
+   time: the whole batches ahead, at the capacity that higher classes' arrivals (and the
+   other tenants of its class, by round robin) leave, taken at the high end of their
+   noise (``P95_Z``), must fit its deadline less its own batch, the wait for a worker to
+   come free (one batch time over the worker count) and the margin.
+   Inside its class a request waits only for its tenant's round-robin share of other
+   tenants' queues (decision 9), so the tenant that owns a backlog is the one refused.
+5. **Buffer.** A class whose queue would outgrow the schedulers' buffers is refused,
+   so no sync burst is ever held in Kafka behind other tenants (decision 24).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.load_report import REST, KVState, LoadReport, TenantBacklog
+from core.vocab import PRIORITY_CLASSES
+
+# A lower class is refused for this long after a higher one was refused for capacity
+# (the promise is "over any 1 s window": long enough to span a report interval and a
+# burst's first batches, short enough that capacity freed by a lull is used at once).
+ORDER_WINDOW_S = 1.0
+# Arrival rates are counted over this window: two report periods of every scheduler and
+# several batch times of any model up to 2 s per batch smooth Poisson noise while a
+# burst still shows within the window.
+RATE_WINDOW_S = 5.0
+# What higher classes take is also counted over this longer window, and the larger of
+# the two rates is what a lower class must expect: after a lull of a few seconds the
+# short rate says capacity is free, the traffic comes back at its long-run rate, and
+# whatever was admitted on the lull's strength expires (simulated: 18% of free's
+# admitted requests at 3x capacity on 20 ms batches of 2, 5% with the long window).
+LONG_RATE_WINDOW_S = 30.0
+# One-sided 95% point of a normal: admission promises each tier its SLO at p95, so a
+# rate that decides admission is taken this many standard deviations on the safe side:
+# arrivals count as overload only when this far above capacity, and the capacity left
+# to a lower class is what higher classes' arrivals leave even when they run this high.
+P95_Z = 1.645
+# A burst counts as overload before the 5 s rate shows it: a backlog of this many full
+# batches for every worker (below capacity the queue holds the batch being formed and
+# rarely a second) while the last BURST_WINDOW_S brought more than the workers serve in
+# that time. One second: a burst shows within it, and so does the queue it builds.
+BACKLOG_ROUNDS = 2
+BURST_WINDOW_S = 1.0
+# Retry-After when no capacity is left to this class at all (higher classes take it).
+NO_CAPACITY_RETRY_S = 5.0
+
+
+@dataclass
+class ModelLoad:
+    """What the live workers of one model can do (scheduler/capacity.py's record)."""
+
+    items_s: float = 0.0
+    batch: int = 1
+    batch_ms: float = 0.0
+    single_ms: float = 0.0
+    workers: int = 0
+
+    @classmethod
+    def of(cls, raw: Any) -> ModelLoad:
+        if isinstance(raw, Mapping):
+            return cls(
+                float(raw.get("items_s", 0.0)),
+                max(1, int(raw.get("batch", 1))),
+                float(raw.get("batch_ms", 0.0)),
+                float(raw.get("single_ms", 0.0)),
+                int(raw.get("workers", 0)),
+            )
+        return cls(items_s=float(raw), workers=1)  # a report from before the record
+
+
+@dataclass(frozen=True)
+class ClassSums:
+    higher: float  # queued in the classes above
+    held: float  # held in Kafka by paused classes at or above (partitions are FIFO)
+    queued: float  # queued in the class itself
+    by_tenant: Mapping[str, list[float]]  # its largest tenants: [queued, weight]
+    weights: float  # their weights summed (REST: its tenant count)
+
+
+@dataclass
+class LoadView:
+    capacity: dict[str, ModelLoad]
+    backlog: dict[str, dict[str, int]]
+    lag: dict[str, int]
+    tenants: TenantBacklog = field(default_factory=dict)
+    as_of: float = 0.0  # monotonic time of the oldest report in it
+    schedulers: int = 1  # reports combined (each scheduler buffers its own share)
+    # generation model ref -> each scheduler's KV cache (ingest/admission/kv.py)
+    kv: dict[str, list[KVState]] = field(default_factory=dict)
+    _sums: dict[tuple[str, str], ClassSums] = field(default_factory=dict, repr=False)
+
+    def sums(self, ref: str, priority: str) -> ClassSums:
+        """What one class of one model sees queued (computed once per view)."""
+        got = self._sums.get((ref, priority))
+        if got is None:
+            rank = PRIORITY_CLASSES.index(priority)
+            by_class = self.backlog.get(ref, {})
+            by_tenant = self.tenants.get(ref, {}).get(priority) or {}
+            got = self._sums[(ref, priority)] = ClassSums(
+                higher=sum(by_class.get(c, 0) for c in PRIORITY_CLASSES[:rank]),
+                held=sum(self.lag.get(c, 0) for c in PRIORITY_CLASSES[: rank + 1]),
+                queued=by_class.get(priority, 0),
+                by_tenant=by_tenant,
+                weights=sum(w for _, w in by_tenant.values()),
+            )
+        return got
+
+    @classmethod
+    def combine(cls, reports: Iterable[LoadReport]) -> LoadView:
+        cap: dict[str, ModelLoad] = {}
+        back: dict[str, dict[str, int]] = {}
+        lag: dict[str, int] = {}
+        tenants: TenantBacklog = {}
+        kv: dict[str, list[KVState]] = {}
+        n = 0
+        for r in reports:
+            n += 1
+            for ref, state in r.kv.items():
+                kv.setdefault(ref, []).append(state)
+            for ref, raw in r.capacity.items():
+                c = ModelLoad.of(raw)
+                have = cap.get(ref)
+                if have is None:
+                    cap[ref] = c
+                else:  # several schedulers: capacity adds up, batch times are the longest
+                    have.items_s += c.items_s
+                    have.workers += c.workers
+                    have.batch = max(have.batch, c.batch)
+                    have.batch_ms = max(have.batch_ms, c.batch_ms)
+                    have.single_ms = max(have.single_ms, c.single_ms)
+            for ref, by_class in r.backlog.items():
+                dst = back.setdefault(ref, {})
+                for cls_, k in by_class.items():
+                    dst[cls_] = dst.get(cls_, 0) + k
+            for cls_, k in r.lag.items():
+                lag[cls_] = lag.get(cls_, 0) + k
+            for ref, tenants_by_class in r.tenants.items():
+                for cls_, by_tenant in tenants_by_class.items():
+                    dst_t = tenants.setdefault(ref, {}).setdefault(cls_, {})
+                    for t, (q, w) in by_tenant.items():
+                        old = dst_t.get(t)
+                        if old is None:
+                            dst_t[t] = [q, w]
+                        elif t == REST:  # the rest: queued adds up, and so do tenants (at most)
+                            dst_t[t] = [old[0] + q, old[1] + w]
+                        else:  # one tenant's requests spread over several schedulers
+                            dst_t[t] = [old[0] + q, w]
+        return cls(cap, back, lag, tenants, schedulers=max(1, n), kv=kv)
+
+
+@dataclass(frozen=True)
+class Decision:
+    admit: bool
+    predicted_delay_s: float = 0.0  # queue wait predicted for this request
+    retry_after_s: float = 0.0
+    reason: str = ""  # "" | deadline | capacity | order | buffer
+    message: str = ""
+
+
+ADMIT = Decision(True)
+
+
+class RecentAdmissions:
+    """Events counted in time buckets per key (requests admitted or offered lately),
+    kept for ``horizon_s``, with a running total per key so a rate over the whole
+    horizon costs no scan.
+
+    The schedulers' reports are up to half a second old when a request is decided;
+    what was admitted since is not in them yet. Without counting it, a burst is
+    admitted at full speed until the view catches up and overshoots many times over."""
+
+    def __init__(self, horizon_s: float = 5.0, bucket_s: float = 0.1):
+        self.horizon_s = horizon_s
+        self.bucket_s = bucket_s
+        self._buckets: dict[Hashable, deque[list[float]]] = {}
+        self._total: dict[Hashable, float] = {}
+        self.started = math.inf  # the first event counted (any key)
+
+    def add(self, key: Hashable, now: float) -> None:
+        if now < self.started:
+            self.started = now
+        start = math.floor(now / self.bucket_s) * self.bucket_s
+        q = self._buckets.get(key)
+        if q is None:
+            q = self._buckets[key] = deque()
+            self._total[key] = 0.0
+        self._total[key] += 1
+        if q and q[-1][0] == start:
+            q[-1][1] += 1
+            return
+        q.append([start, 1])
+        self._evict(key, q, now)
+
+    def _evict(self, key: Hashable, q: deque[list[float]], now: float) -> None:
+        oldest = now - self.horizon_s
+        while q and q[0][0] < oldest:
+            self._total[key] -= q.popleft()[1]
+
+    def since(self, key: Hashable, t: float) -> int:
+        """Counted at or after ``t`` (to a bucket's precision: rounds up, conservative)."""
+        q = self._buckets.get(key)
+        if not q:
+            return 0
+        floor_t = math.floor(t / self.bucket_s) * self.bucket_s
+        n = 0.0
+        for start, k in reversed(q):
+            if start < floor_t:
+                break
+            n += k
+        return int(n)
+
+    def span(self, now: float) -> float:
+        """The time a rate is measured over: from the oldest bucket still kept (or the
+        first event, when counting began later: a rate is not diluted at start)."""
+        kept_from = math.ceil((now - self.horizon_s) / self.bucket_s) * self.bucket_s
+        return max(self.bucket_s, now - max(kept_from, self.started))
+
+    def rate(self, key: Hashable, now: float) -> float:
+        """Events/s over the horizon (or since counting began, if later)."""
+        q = self._buckets.get(key)
+        if not q:
+            return 0.0
+        self._evict(key, q, now)
+        return self._total[key] / self.span(now)
+
+
+def share_ahead(
+    by_tenant: Mapping[str, list[float]], tenant: str, weight: float, own: float
+) -> float:
+    """Requests of one class served before a new request of ``tenant`` under weighted
+    round robin: all of its own queue (``own``, estimated now), and of every other
+    tenant u at most (own + 1) * w_u / w_own (u is served that much while ours drains)."""
+    turns = (own + 1) / max(weight, 1e-9)
+    ahead = own
+    for t, (n, w) in by_tenant.items():
+        # for REST, w counts its tenants (each taken at the default weight 1)
+        if t != tenant:
+            ahead += min(n, w * turns)
+    return ahead
+
+
+def own_queue_now(
+    reported: float, class_reported: float, admitted: float, age_s: float, drain_s: float
+) -> float:
+    """A tenant's queue now, from a report ``age_s`` old: plus what was admitted since,
+    less what its share of the workers served meanwhile (its share of the class's queue
+    then; all of the capacity when it was the only one queued)."""
+    share = reported / class_reported if class_reported > 0 else 0.0
+    return max(0.0, reported + admitted - age_s * drain_s * share)
+
+
+def queued_ahead(
+    view: LoadView,
+    ref: str,
+    priority: str,
+    tenant: str | None = None,
+    weight: float = 1.0,
+    admitted: float = 0.0,
+    age_s: float = 0.0,
+    drain_s: float = 0.0,
+) -> tuple[float, float]:
+    """(requests served before a new one of this class and tenant, requests queued at
+    this class and above). ``admitted``: this tenant's requests of this class admitted
+    since the reports, which are ``age_s`` old; ``drain_s``: items/s left to the class."""
+    c = view.sums(ref, priority)
+    if tenant is not None and c.by_tenant:
+        reported = c.by_tenant.get(tenant, [0.0, weight])[0]
+        own = own_queue_now(reported, c.queued, admitted, age_s, drain_s)
+        mine = share_ahead(c.by_tenant, tenant, weight, own)
+    else:  # no breakdown reported: the whole class counts
+        mine = c.queued + admitted
+    # Messages held in Kafka by a paused class are neither split by model nor by tenant,
+    # and partitions are FIFO: a new request lands behind all of them (conservative).
+    return c.higher + c.held + mine, c.higher + c.held + c.queued + admitted
+
+
+def wait_s(ahead: float, load: ModelLoad, drain_s: float, higher_s: float) -> float:
+    """Seconds until a request with ``ahead`` requests before it starts, beyond the wait
+    for the next free worker. It rides in the batch being formed when what is ahead,
+    plus what higher classes add (``higher_s``/s) until a worker comes free, leaves it
+    room; otherwise the queue ahead drains at ``drain_s``, what higher classes leave."""
+    until_free_s = load.batch_ms / 1000 / max(1, load.workers)
+    if ahead + higher_s * until_free_s + 1 <= load.batch:
+        return 0.0
+    return ahead / drain_s if drain_s > 0 else math.inf
+
+
+def wait_budget_s(deadline_s: float, load: ModelLoad, margin_s: float) -> float:
+    """How long a request may wait for the work ahead: its deadline less its own batch,
+    the wait for a worker to come free (one batch time over the workers, as the flush
+    rule and the stagger spread their starts) and the scheduler's margin."""
+    batch_s = load.batch_ms / 1000
+    return deadline_s - batch_s - batch_s / max(1, load.workers) - margin_s
+
+
+def least_latency_s(load: ModelLoad, margin_s: float) -> float:
+    """The least any request of this model takes: a batch of one and the margin."""
+    return load.single_ms / 1000 + margin_s
+
+
+@dataclass
+class _Rates:
+    """One class's rates as this instance measured them (per second, its own count),
+    recomputed once per counting bucket: they cannot change faster than that."""
+
+    bucket: float
+    higher: float  # admitted, of the classes above it
+    higher_span: float
+    own: float  # admitted, of the class itself
+    offered: float  # offered, of the class and those above it
+    offered_span: float
+
+
+class Admission:
+    """One API instance's admission state: what it offered and admitted lately, and
+    when each class was last refused for capacity. ``decide`` is the whole policy."""
+
+    def __init__(self, *, margin_s: float, max_buffered: int):
+        self.margin_s = margin_s
+        self.max_buffered = max_buffered
+        self.admitted = RecentAdmissions(RATE_WINDOW_S)  # by (ref, class[, tenant])
+        self.offered = RecentAdmissions(RATE_WINDOW_S)  # by (ref, class): all decided
+        self.admitted_long = RecentAdmissions(LONG_RATE_WINDOW_S, bucket_s=1.0)  # (ref, class)
+        self.refused_at: dict[tuple[str, str], float] = {}  # (ref, class) -> last capacity refusal
+        self._rates: dict[tuple[str, str], _Rates] = {}
+
+    def decide(
+        self,
+        view: LoadView | None,
+        ref: str,
+        priority: str,
+        *,
+        tenant: str,
+        weight: float,
+        deadline_s: float,
+        now: float,
+        instances: int = 1,
+    ) -> Decision:
+        """Admit or refuse one request with ``deadline_s`` seconds to go, now. Spread
+        evenly by a load balancer, each of ``instances`` API instances sees 1/N."""
+        load = view.capacity.get(ref) if view is not None else None
+        if view is None or load is None:
+            self.offered.add((ref, priority), now)
+            d = ADMIT  # no reports yet: admit (the catalog already 503s dead models)
+        else:
+            d = self._decide(view, load, ref, priority, tenant, weight, deadline_s, now, instances)
+        if d.admit:
+            self.admitted.add((ref, priority, tenant), now)
+            self.admitted.add((ref, priority), now)
+            self.admitted_long.add((ref, priority), now)
+        elif d.reason in ("capacity", "buffer"):
+            self.refused_at[(ref, priority)] = now
+        return d
+
+    def rates(self, ref: str, priority: str, now: float) -> _Rates:
+        # Once per counting bucket; while counting is younger than the window the span
+        # still grows (from one bucket up), so then once per tenth of one.
+        young = now - min(self.admitted.started, self.offered.started) < RATE_WINDOW_S
+        bucket = math.floor(now / (self.admitted.bucket_s / (10 if young else 1)))
+        got = self._rates.get((ref, priority))
+        if got is None or got.bucket != bucket:
+            rank = PRIORITY_CLASSES.index(priority)
+            got = self._rates[(ref, priority)] = _Rates(
+                bucket,
+                max(
+                    sum(self.admitted.rate((ref, c), now) for c in PRIORITY_CLASSES[:rank]),
+                    sum(self.admitted_long.rate((ref, c), now) for c in PRIORITY_CLASSES[:rank]),
+                ),
+                self.admitted.span(now),
+                self.admitted.rate((ref, priority), now),
+                sum(self.offered.rate((ref, c), now) for c in PRIORITY_CLASSES[: rank + 1]),
+                self.offered.span(now),
+            )
+        return got
+
+    def _decide(
+        self,
+        view: LoadView,
+        load: ModelLoad,
+        ref: str,
+        priority: str,
+        tenant: str,
+        weight: float,
+        deadline_s: float,
+        now: float,
+        n: int,
+    ) -> Decision:
+        least = least_latency_s(load, self.margin_s)
+        if deadline_s < least:
+            return Decision(
+                False,
+                reason="deadline",
+                message=(
+                    f"cannot finish within its deadline of {deadline_s * 1000:.0f} ms: this "
+                    f"model needs at least {least * 1000:.0f} ms (a batch of one takes "
+                    f"{load.single_ms:.0f} ms); send a longer timeout_ms"
+                ),
+            )
+        # Counted from here on: a request no load could serve in time takes no capacity.
+        self.offered.add((ref, priority), now)
+        rank = PRIORITY_CLASSES.index(priority)
+        above = PRIORITY_CLASSES[:rank]
+        for c in above:
+            at = self.refused_at.get((ref, c))
+            if at is not None and now - at < ORDER_WINDOW_S:
+                return Decision(
+                    False,
+                    retry_after_s=ORDER_WINDOW_S,
+                    reason="order",
+                    message=(
+                        f"overloaded: {c} requests for this model are being refused, so "
+                        f"{priority} requests are too"
+                    ),
+                )
+        budget = wait_budget_s(deadline_s, load, self.margin_s)
+        rates = self.rates(ref, priority, now)
+        # What overtakes a request of this tenant while it waits: higher classes'
+        # arrivals, and under round robin the other tenants' of its class, up to their
+        # weights' share (admitted, by every instance). Taken at the high end of their
+        # Poisson noise (the measured rate's and the arrivals' over the wait to come).
+        higher = rates.higher * n
+        class_drain = max(0.0, load.items_s - higher)
+        others = max(0.0, rates.own - self.admitted.rate((ref, priority, tenant), now)) * n
+        if others > 0:
+            sums = view.sums(ref, priority)
+            mine_w = sums.by_tenant[tenant][1] if tenant in sums.by_tenant else 0.0
+            w_others = (sums.weights - mine_w) or 1.0
+            others = min(others, class_drain * w_others / (w_others + weight))
+        ahead_rate = higher + others
+        horizon = max(budget, load.batch_ms / 1000, RATE_WINDOW_S / 4)
+        noise = math.sqrt(ahead_rate * n / rates.higher_span + ahead_rate / horizon)
+        overtaking = ahead_rate + P95_Z * noise
+        drain = max(0.0, load.items_s - overtaking)
+        age = max(0.0, now - view.as_of)
+        mine = self.admitted.since((ref, priority, tenant), view.as_of) * n
+        ahead, class_total = queued_ahead(
+            view, ref, priority, tenant, weight, mine, age, class_drain
+        )
+        # Each class has its own buffer in every scheduler (scheduler/backpressure.py).
+        own_class = view.sums(ref, priority).queued + view.lag.get(priority, 0) + mine
+        if own_class >= self.max_buffered * view.schedulers:
+            return Decision(
+                False,
+                retry_after_s=max(1.0, own_class / max(load.items_s, 1e-9)),
+                reason="buffer",
+                message=f"overloaded: the schedulers' buffers for {priority} requests are full",
+            )
+        offered = rates.offered * n
+        sigma = math.sqrt(offered * n / rates.offered_span)  # Poisson noise of that, /s
+        # A backlog longer to drain than the rate window: whatever built it (arrivals
+        # through other instances, or before this one started) is beyond what the rates
+        # can show, and no stream below capacity builds that much.
+        overloaded = (
+            offered - P95_Z * sigma > load.items_s or class_total > load.items_s * RATE_WINDOW_S
+        )
+        if not overloaded and class_total >= BACKLOG_ROUNDS * load.batch * max(1, load.workers):
+            # A burst: a backlog of whole rounds of batches, and arrivals over the last
+            # second beyond what the workers serve in one (by more than its noise),
+            # counted up to this request: a burst must show within its first batch.
+            burst_n = n * sum(
+                self.offered.since((ref, c), now - BURST_WINDOW_S)
+                for c in PRIORITY_CLASSES[: rank + 1]
+            )
+            overloaded = burst_n - P95_Z * math.sqrt(burst_n * n) > load.items_s * BURST_WINDOW_S
+        wait = wait_s(ahead, load, drain, overtaking)
+        if not overloaded:
+            return Decision(True, wait)
+        if wait <= budget:
+            return Decision(True, wait)
+        if budget < 0:
+            # Even with nothing queued ahead, a running batch and its own outlast the
+            # deadline while the workers are saturated. Not a refusal for capacity that
+            # lower classes would take: their longer deadlines can wait, and refusing
+            # them too would only leave the workers idle.
+            busy_s = load.batch_ms / 1000 * (1 + 1 / max(1, load.workers)) + self.margin_s
+            return Decision(
+                False,
+                wait,
+                retry_after_s=1.0,
+                reason="deadline",
+                message=(
+                    f"cannot finish within its deadline of {deadline_s * 1000:.0f} ms while "
+                    f"this model's workers are saturated: a batch takes {load.batch_ms:.0f} "
+                    f"ms, so waiting for one and running its own takes {busy_s * 1000:.0f} "
+                    "ms; send a longer timeout_ms, or retry when the load drops"
+                ),
+            )
+        retry = wait - max(0.0, budget) if math.isfinite(wait) else NO_CAPACITY_RETRY_S
+        return Decision(
+            False,
+            wait,
+            retry_after_s=max(1.0, retry),
+            reason="capacity",
+            message=(
+                f"overloaded: about {wait:.1f}s of work is queued ahead of this request "
+                f"({priority}), more than its deadline leaves"
+                if math.isfinite(wait)
+                else f"overloaded: higher tiers take all of this model's capacity ({priority})"
+            ),
+        )

@@ -1,0 +1,112 @@
+"""Applying the tier policy to a request: rate limits (429) and admission (503).
+
+The decisions themselves are pure (ratelimit.py, admission.py); this module
+only picks the tenant's numbers and turns a refusal into the right error and
+headers (RateLimit-* as in the IETF RateLimit header fields draft).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from core.config import Settings
+from core.errors import InvalidInput, RateLimited, Unavailable
+from core.vocab import TIER_TO_CLASS
+from ingest import metrics
+from ingest.admission.kv import decide_kv
+from ingest.admission.load_watch import LoadWatch
+from ingest.admission.ratelimit import TenantLimiter, Verdict
+from results.tenants import Tenant
+
+
+def ratelimit_headers(v: Verdict) -> dict[str, str]:
+    return {
+        "RateLimit-Limit": str(math.floor(v.limit)),
+        "RateLimit-Remaining": str(v.remaining),
+        "RateLimit-Reset": str(math.ceil(v.reset_s)),
+    }
+
+
+def check_rate(
+    limiter: TenantLimiter, settings: Settings, tenant: Tenant, items: int = 1
+) -> dict[str, str]:
+    """One request against the tenant's requests/s; returns headers for the answer.
+
+    A request of many inputs (an embeddings array, a KServe batch) costs one token per
+    input, as that many single requests would; it is taken while the bucket holds any
+    tokens and may leave it in debt, so one larger than the burst is not refused
+    forever (the next request waits the debt off)."""
+    v = limiter.check(
+        tenant.id,
+        "requests",
+        rate=tenant.rate_rps or settings.tier_rate_rps[tenant.tier],
+        burst=tenant.burst or settings.tier_burst[tenant.tier],
+        n=items,
+        now=time.monotonic(),
+        allow_debt=items > 1,
+    )
+    headers = ratelimit_headers(v)
+    if not v.allowed:
+        raise RateLimited(
+            f"rate limit of {v.limit:g} requests/s exceeded for this key",
+            retry_after_s=v.retry_after_s,
+            headers=headers,
+        )
+    return headers
+
+
+def check_admission(
+    load: LoadWatch,
+    settings: Settings,
+    tenant: Tenant,
+    model_ref: str,
+    timeout_ms: int | None = None,
+) -> None:
+    """Admit the request or raise 503 with the reason (ingest/admission/capacity.py, decision 24).
+    ``timeout_ms``: the caller's own deadline; without one, the tier's SLO."""
+    cls_ = TIER_TO_CLASS[tenant.tier]
+    timeout = timeout_ms or settings.tier_slo_ms.get(tenant.tier, settings.default_timeout_ms)
+    d = load.admission.decide(
+        load.view,
+        model_ref,
+        cls_,
+        tenant=tenant.id,
+        weight=tenant.weight,
+        deadline_s=timeout / 1000,
+        now=time.monotonic(),
+        instances=load.limiter.instances,
+    )
+    if not d.admit:
+        # Metrics label: a deadline no batch can meet, or the queue ahead too long.
+        label = "unmeetable_deadline" if d.reason == "deadline" else "predicted_delay"
+        raise Unavailable(d.message, retry_after_s=d.retry_after_s or None, reason=label)
+
+
+def check_kv(
+    load: LoadWatch,
+    tenant: Tenant,
+    model_ref: str,
+    prompt_tokens: int,
+    max_tokens: int,
+    deadline: float,
+) -> None:
+    """A completion against the generation model's published KV cache
+    (ingest/admission/kv.py): 400 when it can never fit, 503 when its wait for blocks
+    passes its first-token ``deadline`` (epoch s)."""
+    view = load.view
+    states = [] if view is None else view.kv.get(model_ref, [])
+    d = decide_kv(
+        states,
+        TIER_TO_CLASS[tenant.tier],
+        prompt_tokens,
+        max_tokens,
+        now=time.time(),
+        deadline=deadline,
+    )
+    if d.never_fits:
+        raise InvalidInput(d.message, field="max_tokens")
+    if not d.admit:
+        error = Unavailable(d.message, retry_after_s=d.retry_after_s, reason="kv_capacity")
+        metrics.refused(tenant.tier, error)
+        raise error

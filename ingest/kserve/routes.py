@@ -1,0 +1,153 @@
+"""The KServe Open Inference Protocol v2 (what Triton's clients speak), on the
+durable path of ``/v1/infer``: each text of an infer request is its own request
+message (ingest/acceptance/pipeline.py), accepted once Kafka has all of them, answered when all
+are in PostgreSQL. Health and metadata are public, as the protocol's probes expect;
+``infer`` takes the same API key as every other route (``Authorization: Bearer``).
+The wire format is ingest/kserve/wire.py; errors are ``{"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Header, Request, Response
+
+from core import __version__
+from core.errors import DeadlineExceeded, Unavailable
+from ingest.acceptance.pipeline import submit_many, validate_each
+from ingest.acceptance.state import get_state
+from ingest.edge.error_shapes import Shape, declared
+from ingest.edge.readiness import Readiness
+from ingest.kserve.wire import (
+    HEADER_LENGTH,
+    check_outputs,
+    infer_answer,
+    model_metadata,
+    output_name,
+    parse_infer,
+    tier_for_priority,
+)
+from ingest.native.routes import check_headers, raise_if_unsuccessful, take_instance_slot
+from ingest.openai.wire import stored_vector
+
+router = APIRouter(
+    prefix="/v2",
+    tags=["KServe v2"],
+    responses=declared(Shape.KSERVE, (404, 405, 500, 503)),
+)
+# infer answers JSON, or JSON and binary tensors after it (the binary extension).
+_INFER_RESPONSES: dict[int | str, Any] = {
+    200: {
+        "description": "the outputs",
+        "content": {"application/json": {}, "application/octet-stream": {}},
+    },
+    **declared(Shape.KSERVE),
+}
+
+
+@router.get("", summary="Server metadata (KServe v2)")
+async def server_metadata() -> dict[str, object]:
+    return {"name": "gristmill", "version": __version__, "extensions": ["binary_tensor_data"]}
+
+
+@router.get("/health/live", summary="The process answers (KServe v2)")
+async def live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@router.get("/health/ready", summary="Ready to take requests (KServe v2)")
+async def ready(request: Request) -> dict[str, bool]:
+    readiness: Readiness = request.app.state.readiness
+    ok, checks = readiness.report(time.monotonic())
+    if not ok:
+        failed = ", ".join(k for k, v in checks.items() if not v)
+        raise Unavailable(f"not ready: {failed}", retry_after_s=1, reason="not_ready")
+    return {"ready": True}
+
+
+def _ref(model: str, version: str | None) -> str:
+    return f"{model}@{version}" if version else model
+
+
+@router.get("/models/{model}", summary="Model metadata (KServe v2)")
+@router.get("/models/{model}/versions/{version}", summary="Model metadata (KServe v2)")
+async def metadata(request: Request, model: str, version: str | None = None) -> dict[str, object]:
+    # The registry's answer, served or not: 404 naming an unknown or retired version.
+    st = get_state(request)
+    await st.catalog.refresh()
+    spec = st.catalog.known(_ref(model, version))
+    names = [spec.version] if version is not None else st.catalog.versions(model)
+    return model_metadata(model, names, spec.embedding_dim())
+
+
+@router.get("/models/{model}/ready", summary="A worker serves the model (KServe v2)")
+@router.get("/models/{model}/versions/{version}/ready", summary="Version ready (KServe v2)")
+async def model_ready(
+    request: Request, model: str, version: str | None = None
+) -> dict[str, object]:
+    # 404 unknown, 503 known but no worker serves it now (the catalog's own answers).
+    spec = await get_state(request).catalog.resolve(_ref(model, version))
+    return {"name": model, "version": spec.version, "ready": True}
+
+
+@router.post("/models/{model}/infer", summary="Inference (KServe v2)", responses=_INFER_RESPONSES)
+@router.post(
+    "/models/{model}/versions/{version}/infer",
+    summary="Inference (KServe v2)",
+    responses=_INFER_RESPONSES,
+)
+async def infer(
+    request: Request,
+    model: str,
+    version: str | None = None,
+    authorization: str | None = Header(default=None),
+    idempotency_key: str | None = Header(default=None),
+) -> Response:
+    received = time.time()
+    st = get_state(request)
+    tenant = await st.auth.authenticate(authorization)  # before the body
+    check_headers(st.settings, idempotency_key)
+    raw = await request.body()
+    take_instance_slot(st, tenant)
+    try:
+        req = parse_infer(raw, request.headers.get(HEADER_LENGTH), st.settings)
+        # The canary applies as on /v1/infer: sticky per tenant or Idempotency-Key.
+        spec = await st.catalog.resolve(
+            _ref(model, version), tenant_id=tenant.id, idempotency_key=idempotency_key
+        )
+        dim = spec.embedding_dim()
+        check_outputs(req, output_name(dim))
+        validate_each(spec, req.texts, lambda i: f"inputs[0].data[{i}]")
+        done = await submit_many(
+            st,
+            tenant,
+            spec,
+            req.texts,
+            spec.normalize_params(None),
+            received=received,
+            timeout_ms=req.timeout_ms,
+            idempotency_key=idempotency_key,
+            tier=tier_for_priority(tenant.tier, req.priority),
+        )
+    finally:
+        st.inflight.release()
+    if done.rows is None:
+        raise DeadlineExceeded(
+            "no answer before the deadline; the inputs stay accepted and their results "
+            f"can be fetched at /v1/requests/{{id}} (first: {done.request_ids[0]})"
+        )
+    for i, row in enumerate(done.rows):
+        raise_if_unsuccessful(row, f"inputs[0].data[{i}]")
+    content, header_length = infer_answer(
+        req,
+        model=spec.name,
+        version=spec.version,
+        vectors=[stored_vector(r) for r in done.rows] if dim is not None else None,
+        outputs=[r["output"] for r in done.rows] if dim is None else None,
+    )
+    headers = dict(done.limit_headers)
+    if header_length is not None:
+        headers[HEADER_LENGTH] = str(header_length)
+        return Response(content, headers=headers, media_type="application/octet-stream")
+    return Response(content, headers=headers, media_type="application/json")
