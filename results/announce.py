@@ -17,11 +17,14 @@ from __future__ import annotations
 import binascii
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
 from results.vectors import from_base64
+
+if TYPE_CHECKING:  # the shape only: this module stays pure
+    from results.requests import AnswerRow
 
 # Below PostgreSQL's 8000-byte cap, with room for the envelope.
 PAYLOAD_MAX = 7000
@@ -126,7 +129,7 @@ def payloads(results: Iterable[bytes], ids: Iterable[str]) -> list[str]:
     return out
 
 
-def parse(payload: str) -> tuple[list[dict[str, Any]], list[str]]:
+def parse(payload: str) -> tuple[list[AnswerRow], list[str]]:
     """(answers as rows, like a fetched row; ids to fetch) from one payload."""
     data = orjson.loads(payload)
     rows = []
@@ -136,5 +139,5 @@ def parse(payload: str) -> tuple[list[dict[str, Any]], list[str]]:
             r[k] = None if v is None else datetime.fromtimestamp(v, UTC)
         vector = r.get("output_vector")
         r["output_vector"] = None if vector is None else from_base64(vector)
-        rows.append(r)
+        rows.append(cast("AnswerRow", r))
     return rows, data["ids"]

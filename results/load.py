@@ -17,6 +17,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.load_report import LoadReport
 from results.schema import api_instances, scheduler_load
@@ -141,3 +142,9 @@ def live_metrics_stmt(stale_s: float, deployment: str) -> CompoundSelect:
         api_instances.c.instance_id.startswith(prefix, autoescape=True),
     )
     return schedulers.union_all(apis)
+
+
+async def live_metrics(engine: AsyncEngine, stale_s: float, deployment: str) -> list[Any]:
+    """``live_metrics_stmt``'s rows: (kind, process, metrics)."""
+    async with engine.connect() as conn:
+        return list((await conn.execute(live_metrics_stmt(stale_s, deployment))).all())

@@ -7,7 +7,8 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Select, select, update
+from sqlalchemy import Connection, Row, Select, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql import func
 
 from core.errors import InvalidInput, NotFound
@@ -107,6 +108,12 @@ def admin_lookup_stmt(key: str) -> Select[tuple[bool, str, str]]:
         .join(tenants, api_keys.c.tenant_id == tenants.c.id)
         .where(api_keys.c.key_hash == hash_key(key), api_keys.c.revoked_at.is_(None))
     )
+
+
+async def admin_lookup(engine: AsyncEngine, key: str) -> Row[tuple[bool, str, str]] | None:
+    """``admin_lookup_stmt``'s row for ``key``: (admin, name, prefix), or None."""
+    async with engine.connect() as conn:
+        return (await conn.execute(admin_lookup_stmt(key))).first()
 
 
 def list_keys(conn: Connection, tenant_name: str | None = None) -> list[dict[str, object]]:
