@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from core.config import ObservabilitySettings
 
-log = logging.getLogger("gristmill.tracing")
+log = logging.getLogger(__name__)
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"

@@ -29,7 +29,7 @@ from gristmill.chaos.rig import Rig, own_services, running_rig
 from gristmill.chaos.table import fault_lines, render
 from results.db import make_engine
 
-log = logging.getLogger("gristmill.chaos")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -296,20 +296,6 @@ def chaos(ctx: typer.Context) -> None:
     raise typer.Exit(chaos_main(ctx.args))
 
 
-@app.command(
-    context_settings={
-        "allow_extra_args": True,
-        "ignore_unknown_options": True,
-        "help_option_names": [],
-    }
-)
-def bench(ctx: typer.Context) -> None:
-    """Open-loop sweep against Gristmill and its peers (see docs/bench/README.md)."""
-    from bench.sweep import main as sweep_main
-
-    raise typer.Exit(sweep_main(ctx.args))
-
-
 @app.command("plan")
 def plan_cmd(
     rate: float = typer.Option(..., help="target requests (items) per second"),

@@ -30,8 +30,9 @@ from core.vocab import PRIORITY_CLASSES, ModelRef, RequestStatus
 from gristmill.simulate.dispatch import FACTORIES, Dispatch
 from gristmill.simulate.report import ORDER_WINDOW_S, Result
 from gristmill.simulate.scenario import Scenario
-from ingest.admission.capacity import Admission, LoadView
+from ingest.admission.capacity import Admission
 from ingest.admission.ratelimit import TenantLimiter
+from ingest.admission.view import LoadView
 from scheduler.batcher import BatchKey, Pending
 from scheduler.dispatch import InFlight, Worker, Write
 from scheduler.offsets import TopicPartition

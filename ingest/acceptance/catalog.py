@@ -50,7 +50,7 @@ from results.modelregistry import (
     versions_stmt,
 )
 
-log = logging.getLogger("gristmill.ingest.catalog")
+log = logging.getLogger(__name__)
 
 # A request for a version no worker serves forces a fresh look at the registry, but not
 # more often than this (s): a flood of such requests is one query per period.

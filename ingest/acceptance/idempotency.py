@@ -12,7 +12,6 @@ reused after that is a new request with a new request id.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -21,9 +20,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from core.config import Settings
 from core.errors import IdempotencyConflict
 from core.limits import check_header_token
+from ingest.acceptance.ports import Claim
 from results.idempotency import claim_key, release_key
 
-log = logging.getLogger("gristmill.ingest.idempotency")
+log = logging.getLogger(__name__)
 
 def check_key(settings: Settings, key: str | None) -> str | None:
     """The header's value (1..max_idempotency_key_chars visible ASCII), or a 400 naming
@@ -31,16 +31,6 @@ def check_key(settings: Settings, key: str | None) -> str | None:
     if key is None:
         return None
     return check_header_token(key, "Idempotency-Key", max_chars=settings.max_idempotency_key_chars)
-
-
-@dataclass(frozen=True)
-class Claim:
-    first: bool  # this call is the first with the key (or the key had expired)
-    request_id: str  # the request the key names: the one to send, fetch or wait for
-    first_deadline: datetime | None = None  # when the first attempt's caller gave up
-    # When the first attempt was received: a resend carries it, so the request keeps
-    # one row (the request log's key includes received_at). None: an old claim.
-    first_received: datetime | None = None
 
 
 async def claim(
@@ -83,3 +73,35 @@ async def release(engine: AsyncEngine, *, tenant_id: str, key: str, request_id: 
         await release_key(engine, tenant_id=tenant_id, key=key, request_id=request_id)
     except (SQLAlchemyError, OSError) as exc:
         log.warning("could not release an idempotency key: %s", exc)
+
+
+class KeyClaims:
+    """The claims in PostgreSQL (``IdempotencyKeys``), kept ``ttl_h`` hours."""
+
+    def __init__(self, engine: AsyncEngine, *, ttl_h: float):
+        self.engine = engine
+        self.ttl_h = ttl_h
+
+    async def claim(
+        self,
+        *,
+        tenant_id: str,
+        key: str,
+        request_id: str,
+        body_hash: str,
+        deadline: float,
+        received: float,
+    ) -> Claim:
+        return await claim(
+            self.engine,
+            tenant_id=tenant_id,
+            key=key,
+            request_id=request_id,
+            body_hash=body_hash,
+            deadline=deadline,
+            received=received,
+            ttl_h=self.ttl_h,
+        )
+
+    async def release(self, *, tenant_id: str, key: str, request_id: str) -> None:
+        await release(self.engine, tenant_id=tenant_id, key=key, request_id=request_id)

@@ -1,41 +1,174 @@
-"""Many inputs in one HTTP request (an OpenAI embeddings array, a KServe batch), on the
-same durable path as ``POST /v1/infer``.
+"""The one acceptance pipeline: what every front door does with a request.
 
-Each input becomes its own request message: the scheduler batches them with everyone
-else's, exactly as it would as many single requests, and each has its own result row.
-They are produced together (librdkafka's linger puts them in one produce request per
-partition), acknowledged once Kafka has every one, and waited for together; the
-answer holds them in input order.
+A front door (``Door``: /v1/infer, /v1/embeddings, /v1/completions, KServe's infer)
+knows its protocol's wire: how to read its body into an ``Order`` and how to answer
+an ``Outcome``. Everything between is here, the same for every door:
 
-An ``Idempotency-Key`` names the whole request: the key is claimed once, for input
-0's id and with a fingerprint of every input; input ``i``'s id is derived from input
-0's, so a retry names the same rows (and waits for those still running); the same key
-with other inputs is a 422.
+1. The key was checked by the gate (edge/auth.py), the headers by ``check_headers``,
+   before the body was read (a ``Call``).
+2. ``serve``: the instance's own saturation and slots (admission/policy.py), for the
+   doors that hold one while they answer.
+3. The door parses and validates (a 4xx whatever the load), resolving the model.
+4. ``run``: the tenant's rate and admission (a generation's KV cache first: its 400
+   comes before any charge), the deadline.
+5. The Idempotency-Key claimed (ports.IdempotencyKeys) for the first input's id; the
+   others' ids derive from it, so a retry names the same rows.
+6. The messages made (message.py) and every waiter registered, before producing, so a
+   fast result cannot slip past.
+7. A retry: rows already stored are its answer; the rest are sent again only when the
+   first attempt's caller gave up (it may never have reached Kafka) and, for a
+   generation, none is generating (same ids: at most one row each either way).
+8. Produced with acks=all, together (librdkafka's linger puts them in one produce
+   request per partition): now they are accepted. A claim of which nothing reached
+   Kafka is released, so the client's retry sends at once.
+9. Waited for, until the deadline (or less: ``Prefer: wait``), or handed to the door
+   as a stream.
+
+Each input is its own request message: the scheduler batches a many-input request's
+inputs with everyone else's, exactly as it would as many single requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response
 
 from core import tracing
-from core.errors import InvalidInput
+from core.config import Settings
+from core.errors import DeadlineExceeded, InvalidInput, ModelError, Unavailable
 from core.messages import RequestMessage, body_hash
 from core.models.spec import ModelSpec
 from core.topics import request_topic
-from core.vocab import TIER_TO_CLASS
+from core.vocab import RequestStatus
 from ingest import metrics
-from ingest.acceptance.idempotency import claim, release
+from ingest.acceptance.idempotency import check_key
+from ingest.acceptance.message import request_message
+from ingest.acceptance.ports import Claim
 from ingest.acceptance.state import AppState
-from ingest.admission.policy import check_admission, check_rate
+from ingest.admission.policy import check_admission, check_kv, check_rate, take_instance_slot
+from ingest.edge.auth import received_at
+from ingest.edge.refusal_counts import TIMEOUTS, Timeout
 from ingest.edge.tracing import annotate
-from ingest.native.routes import request_message
+from results.requests import AnswerRow
 from results.tenants import Tenant
+
+Headers = list[tuple[bytes, bytes]]  # an ASGI scope's headers: lower-case names
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request at a front door: its key checked (``tenant``), its headers too, its
+    body read (capped in size and time)."""
+
+    tenant: Tenant
+    idempotency_key: str | None
+    body: bytes
+    received: float  # epoch s: when the request arrived
+    headers: Headers = field(default_factory=list)
+    path: dict[str, Any] = field(default_factory=dict)  # the route's path parameters
+
+    def header_values(self, name: bytes) -> list[str]:
+        return [v.decode("latin-1") for k, v in self.headers if k == name]
+
+    def header(self, name: bytes) -> str | None:
+        values = self.header_values(name)
+        return values[0] if values else None
+
+
+def check_headers(settings: Settings, idempotency_key: str | None) -> None:
+    """What the request's own headers carry, checked before its body is read."""
+    check_key(settings, idempotency_key)
+
+
+async def call_of(
+    st: AppState, request: Request, tenant: Tenant, idempotency_key: str | None
+) -> Call:
+    """A FastAPI route's request as a ``Call``: its headers checked, then its body read
+    (BodyLimit caps it, edge/http.py)."""
+    check_headers(st.settings, idempotency_key)
+    return Call(
+        tenant,
+        idempotency_key,
+        await request.body(),
+        received_at(request),
+        request.scope["headers"],
+        dict(request.path_params),
+    )
+
+
+@dataclass(frozen=True)
+class Generation:
+    """A generation request's size, for admission against the KV cache."""
+
+    prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass
+class Order:
+    """What a door asks the pipeline to accept: validated inputs of one model version."""
+
+    spec: ModelSpec
+    inputs: list[Any]
+    params: dict[str, Any]
+    # A request of many inputs (an array) is fingerprinted as the list, and its
+    # messages carry no fingerprint; a request of one input as that input.
+    many: bool = False
+    timeout_ms: int | None = None  # the caller's deadline; None: its tier's SLO
+    tier: str | None = None  # the tier its messages are scheduled in (None: the key's)
+    # How long to wait for the answers at most, from when they are sent (s); None:
+    # until the deadline. A generation's deadline is its first token's, so it is waited
+    # for this long whatever its deadline.
+    wait_s: float | None = None
+    generation: Generation | None = None
+    stream: bool = False  # hand the accepted request to the door unwaited
+    wire: Any = None  # the door's own parsed request, for its answer
+
+
+@dataclass
+class Outcome:
+    """What became of an order: every row (in input order) when all finished in time,
+    else None; the ids to fetch them by later either way."""
+
+    request_ids: list[str]
+    messages: list[RequestMessage]
+    rows: list[AnswerRow] | None
+    limit_headers: dict[str, str]
+    timeout_ms: int
+    retry: bool = False  # the Idempotency-Key named an earlier request
+    replayed: bool = False  # every row was stored before this call: a retry's answer
+    unanswered: list[RequestMessage] = field(default_factory=list)
+
+    def gave_up(self, message: str) -> DeadlineExceeded:
+        """The 504 of a sync request whose deadline passed: remembered, so the request
+        log tells a result stored later from one answered in time."""
+        now = time.time()
+        for m in self.unanswered:
+            TIMEOUTS.record(Timeout(m.request_id, m.tenant_id, m.received_at, now))
+        return DeadlineExceeded(message)
+
+
+class Door(Protocol):
+    """A front door: its protocol's wire on both sides of the pipeline."""
+
+    holds_slot: bool  # holds one of the instance's in-flight slots while it answers
+
+    async def order(self, st: AppState, call: Call) -> Order:
+        """The body parsed, the model resolved, every input validated (4xx)."""
+        ...
+
+    def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:
+        """The door's answer; raises the error to answer with (edge/http.py maps it)."""
+        ...
 
 
 def validate_each(spec: ModelSpec, inputs: list[Any], field_of: Callable[[int], str]) -> None:
@@ -46,6 +179,16 @@ def validate_each(spec: ModelSpec, inputs: list[Any], field_of: Callable[[int], 
         except InvalidInput as exc:
             where = field_of(i)
             raise InvalidInput(exc.message.replace("input", where, 1), field=where) from None
+
+
+def raise_if_unsuccessful(row: AnswerRow, field: str = "input") -> None:
+    """The error a finished request's caller gets when it failed or expired."""
+    if row["status"] == RequestStatus.EXPIRED:
+        raise DeadlineExceeded(
+            "the deadline passed before a worker could run the request", reason="expired"
+        )
+    if row["status"] == RequestStatus.FAILED:
+        raise ModelError(f"the model failed on this input: {row['error']}", field=field)
 
 
 def item_request_id(first: str, index: int) -> str:
@@ -61,138 +204,195 @@ def default_timeout_ms(slo_ms: int, n: int, max_batch: int, max_timeout_ms: int)
     return min(max_timeout_ms, slo_ms * -(-n // max_batch))
 
 
-@dataclass
-class Submitted:
-    """What became of a many-input request: every row (in input order) when all are
-    finished within the wait, else None and the ids to fetch them by later."""
+async def serve(st: AppState, door: Door, call: Call) -> Response:
+    """A front door's request, from its body to its answer."""
+    if door.holds_slot:
+        take_instance_slot(st.overload, st.inflight, st.settings, call.tenant.tier)
+    try:
+        order = await door.order(st, call)
+        return door.answer(st, call, order, await run(st, call, order))
+    finally:
+        if door.holds_slot:
+            st.inflight.release()
 
-    request_ids: list[str]
-    messages: list[RequestMessage]
-    rows: list[dict[str, Any]] | None
-    limit_headers: dict[str, str]
+
+def _admit(
+    st: AppState, tenant: Tenant, order: Order, timeout_ms: int, deadline: float
+) -> dict[str, str]:
+    """The tenant's rate and admission (decision 24); the answer's RateLimit-* headers."""
+    s, n = st.settings, len(order.inputs)
+    if order.generation is not None:
+        g = order.generation
+        check_kv(st.load, tenant, order.spec.ref, g.prompt_tokens, g.max_tokens, deadline)
+        return check_rate(st.limiter, s, tenant, items=n)
+    headers = check_rate(st.limiter, s, tenant, items=n)
+    check_admission(st.load, s, tenant, order.spec.ref, timeout_ms)
+    return headers
 
 
-async def submit_many(
-    st: AppState,
-    tenant: Tenant,
-    spec: ModelSpec,
-    inputs: list[Any],
-    params: dict[str, Any],
-    *,
-    received: float,
-    timeout_ms: int | None,
-    idempotency_key: str | None,
-    wait_s: float | None = None,
-    tier: str | None = None,
-) -> Submitted:
-    """Admit, make durable and wait for ``inputs`` (validated by the caller).
-
-    ``timeout_ms``: the deadline (None: the tier's SLO); ``wait_s``: how long to wait
-    at most, which may be shorter (a ``Prefer: wait``); ``tier``: the tier the
-    messages are scheduled in, never above the key's own (a client may lower its
-    priority, not raise it). Raises 429/503 before anything is produced."""
-    s = st.settings
-    limit_headers = check_rate(st.limiter, s, tenant, items=len(inputs))
-    if timeout_ms is None:
-        slo = s.tier_slo_ms.get(tenant.tier, s.default_timeout_ms)
-        timeout_ms = default_timeout_ms(slo, len(inputs), spec.max_batch_size, s.max_timeout_ms)
-    check_admission(st.load, s, tenant, spec.ref, timeout_ms)
-    deadline = received + timeout_ms / 1000
-    c = None
-    first = str(uuid.uuid4())
-    if idempotency_key is not None:
-        c = await claim(
-            st.engine,
+async def run(st: AppState, call: Call, order: Order) -> Outcome:
+    """Admit, claim, make durable and wait for ``order`` (validated by its door).
+    Raises 429/503 before anything is produced."""
+    s, tenant, key, spec = st.settings, call.tenant, call.idempotency_key, order.spec
+    n = len(order.inputs)
+    slo_ms = s.tier_slo_ms.get(tenant.tier, s.default_timeout_ms)
+    timeout_ms = order.timeout_ms or default_timeout_ms(
+        slo_ms, n, spec.max_batch_size, s.max_timeout_ms
+    )
+    deadline = call.received + timeout_ms / 1000
+    limit_headers = _admit(st, tenant, order, timeout_ms, deadline)
+    first, claim, fingerprint = str(uuid.uuid4()), None, ""
+    if key is not None:
+        what = order.inputs if order.many else order.inputs[0]
+        fingerprint = body_hash(spec.ref, what, order.params)
+        claim = await st.keys.claim(
             tenant_id=tenant.id,
-            key=idempotency_key,
+            key=key,
             request_id=first,
-            body_hash=body_hash(spec.ref, inputs, params),
+            body_hash=fingerprint,
             deadline=deadline,
-            received=received,
-            ttl_h=s.idempotency_ttl_h,
+            received=call.received,
         )
-        first = c.request_id  # a retry: the first attempt's
-    ids = [item_request_id(first, i) for i in range(len(inputs))]
+        first = claim.request_id  # a retry: the first attempt's
+    ids = [item_request_id(first, i) for i in range(n)]
     msgs = [
         request_message(
             spec,
             value,
-            params,
+            order.params,
             tenant=tenant,
             request_id=rid,
-            received=received,
+            received=call.received,
             timeout_ms=timeout_ms,
-            idempotency_key=None,  # the claim above fingerprints the whole request
+            idempotency_key=None,  # fingerprinted above, once
+            tier=order.tier,
         )
-        for rid, value in zip(ids, inputs, strict=True)
+        for rid, value in zip(ids, order.inputs, strict=True)
     ]
-    if tier is not None:
+    if not order.many:
+        msgs[0].body_hash = fingerprint
+    retry = claim is not None and not claim.first
+    if retry and claim is not None and claim.first_received is not None:
+        # A retry's messages carry the first attempt's time (the request log's partition
+        # key; the deadline stays this attempt's), so a resend meets the rows it wrote.
         for m in msgs:
-            m.priority = TIER_TO_CLASS[tier]
-    if c is not None and not c.first and c.first_received is not None:
-        # A retry's messages carry the first attempt's time (the request log's
-        # partition key; the deadline stays this attempt's), so a resend meets the
-        # rows the first one wrote.
-        for m in msgs:
-            m.received_at = c.first_received.timestamp()
+            m.received_at = claim.first_received.timestamp()
     annotate(ids[0], spec.ref, tenant.tier)
     futs = [st.waiter.register(rid) for rid in ids]
     try:
-        pending = list(range(len(ids)))
         send = True
-        if c is not None and not c.first:
-            done = {str(r["request_id"]): r for r in await st.waiter.fetch(ids)}
-            for i, rid in enumerate(ids):
-                if rid in done and not futs[i].done():
-                    futs[i].set_result(done[rid])
-            pending = [i for i in pending if not futs[i].done()]
-            # Still running: wait for the first attempt, unless its caller gave up, in
-            # which case some may never have reached Kafka: send those again (same
-            # ids, so at most one result row each either way).
-            send = c.first_deadline is not None and c.first_deadline < datetime.now(UTC)
+        if retry and claim is not None:
+            send = await _replay(st, tenant, order, claim, ids, futs)
+        pending = [i for i, f in enumerate(futs) if not f.done()]
         if send and pending:
-            produced, error = await _produce_all(st, [msgs[i] for i in pending], tenant.tier)
-            if error is not None:
-                if c is not None and c.first and produced == 0 and idempotency_key is not None:
-                    # Nothing reached Kafka: the client's retry sends it all again at once.
-                    # (When some did, the claim stays: a retry after this deadline
-                    # resends the rest under the same ids.)
-                    await release(
-                        st.engine, tenant_id=tenant.id, key=idempotency_key, request_id=first
-                    )
-                raise error
-        wait = max(0.0, deadline - time.time())
-        if wait_s is not None:
-            wait = min(wait, wait_s)
-        if pending and wait > 0:
-            await asyncio.wait([futs[i] for i in pending], timeout=wait)
-        if not all(f.done() for f in futs):
-            return Submitted(ids, msgs, None, limit_headers)
-        rows = [f.result() for f in futs]
-        now = time.time()
-        for m, row in zip(msgs, rows, strict=True):
-            metrics.answered(m, row, now)
-        return Submitted(ids, msgs, rows, limit_headers)
+            await _send(st, tenant, [msgs[i] for i in pending], claim, key, first)
+        out = Outcome(ids, msgs, None, limit_headers, timeout_ms, retry, retry and not pending)
+        if order.stream:
+            return out
+        await _wait(order, [futs[i] for i in pending], deadline)
+        out.unanswered = [msgs[i] for i, f in enumerate(futs) if not f.done()]
+        if out.unanswered:
+            return out
+        out.rows = [f.result() for f in futs]
+        _answered(st, [(msgs[i], out.rows[i]) for i in pending])
+        return out
     finally:
         for rid in ids:
             st.waiter.discard(rid)
 
 
-async def _produce_all(
-    st: AppState, msgs: list[RequestMessage], tier: str
-) -> tuple[int, BaseException | None]:
-    """Hand every message to the producer at once and await them together: how many
-    are durable in Kafka, and the first failure (a 503) if any was not. Those that are
-    durable run and are stored under their own ids."""
+async def _replay(
+    st: AppState,
+    tenant: Tenant,
+    order: Order,
+    claim: Claim,
+    ids: list[str],
+    futs: list[asyncio.Future[AnswerRow]],
+) -> bool:
+    """A retry: its stored rows answer it; whether to send the rest again."""
+    done = {str(r["request_id"]): r for r in await st.waiter.fetch(ids)}
+    for rid, f in zip(ids, futs, strict=True):
+        if rid in done and not f.done():
+            f.set_result(done[rid])
+    if all(f.done() for f in futs):
+        return False
+    generation = order.generation is not None
+    if generation and (await st.waiter.progress(ids[0], tenant.id)).generating:
+        return False  # running: its stream goes on, whatever the first caller did
+    # Still running: wait for the first attempt, unless its caller gave up, in which
+    # case some may never have reached Kafka.
+    return claim.first_deadline is not None and claim.first_deadline < datetime.now(UTC)
+
+
+async def _send(
+    st: AppState,
+    tenant: Tenant,
+    msgs: list[RequestMessage],
+    claim: Claim | None,
+    key: str | None,
+    first: str,
+) -> None:
+    """Every message produced at once and awaited together. Those that are durable run
+    and are stored under their own ids; if any is not, the first failure (a 503)."""
     headers = tracing.headers()
-    outcomes = await asyncio.gather(
-        *(
-            st.producer.produce(request_topic(st.settings, m.priority), m.encode(), headers=headers)
-            for m in msgs
-        ),
-        return_exceptions=True,
-    )
+    s = st.settings
+    if len(msgs) == 1:  # the hot path: no task for a lone message
+        m = msgs[0]
+        try:
+            await st.producer.produce(request_topic(s, m.priority), m.encode(), headers=headers)
+            outcomes: list[Any] = [None]
+        except Unavailable as exc:
+            outcomes = [exc]
+    else:
+        outcomes = await asyncio.gather(
+            *(
+                st.producer.produce(request_topic(s, m.priority), m.encode(), headers=headers)
+                for m in msgs
+            ),
+            return_exceptions=True,
+        )
     failed = [o for o in outcomes if isinstance(o, BaseException)]
     for _ in range(len(outcomes) - len(failed)):
-        metrics.admitted(tier)
-    return len(outcomes) - len(failed), (failed[0] if failed else None)
+        metrics.admitted(tenant.tier)
+    if not failed:
+        return
+    if claim is not None and claim.first and len(failed) == len(outcomes) and key is not None:
+        # Nothing reached Kafka: the client's retry sends it all again at once. (When
+        # some did, the claim stays: a retry after this deadline resends the rest.)
+        await st.keys.release(tenant_id=tenant.id, key=key, request_id=first)
+    raise failed[0]
+
+
+async def _wait(order: Order, pending: list[asyncio.Future[AnswerRow]], deadline: float) -> None:
+    if not pending:
+        return
+    if order.generation is not None and order.wait_s is not None:
+        wait = order.wait_s
+    else:
+        wait = max(0.0, deadline - time.time())
+        if order.wait_s is not None:
+            wait = min(wait, order.wait_s)
+    if wait <= 0:
+        return
+    if len(pending) == 1:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(pending[0]), timeout=wait)
+        return
+    await asyncio.wait(pending, timeout=wait)
+
+
+def _answered(st: AppState, heard: list[tuple[RequestMessage, AnswerRow]]) -> None:
+    """Answers heard (not replayed) reach their callers now: the stage metrics, and the
+    delay since the last was stored (what the overload guard sheds on, decision 15)."""
+    if not heard:
+        return
+    now = time.time()
+    last: float | None = None
+    for m, row in heard:
+        metrics.answered(m, row, now)
+        persisted = row.get("persisted_at")
+        if persisted is not None:
+            t = persisted.timestamp()
+            last = t if last is None else max(last, t)
+    if last is not None:
+        st.overload.answer.observe((now - last) * 1000)

@@ -29,7 +29,7 @@ from core.errors import Unavailable
 from core.kafka import KafkaHeaders, producer_config
 from ingest import metrics
 
-log = logging.getLogger("gristmill.ingest.producer")
+log = logging.getLogger(__name__)
 
 
 class AsyncProducer:

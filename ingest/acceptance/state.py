@@ -1,4 +1,5 @@
-"""Per-process state of an API instance, built once at startup."""
+"""Per-process state of an API instance, built once at startup (ingest/app.py's
+``live_services``; unit tests build it around in-memory stand-ins)."""
 
 from __future__ import annotations
 
@@ -9,33 +10,31 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.config import Settings
 from ingest.acceptance.catalog import ModelCatalog
-from ingest.acceptance.producer import AsyncProducer
-from ingest.acceptance.streams import StreamHub
-from ingest.acceptance.waiters import ResultWaiter
+from ingest.acceptance.ports import IdempotencyKeys, JobQueue, RequestProducer, Waiter
 from ingest.admission.load_watch import LoadWatch
 from ingest.admission.overload import Overload
 from ingest.admission.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
 from ingest.edge.auth import Authenticator
-from ingest.jobs.submit import JobPublisher
+from ingest.edge.readiness import Readiness
 
 
 @dataclass
 class AppState:
     settings: Settings
-    engine: AsyncEngine
-    producer: AsyncProducer
+    engine: AsyncEngine  # the results/ reads and writes the routes make themselves
+    producer: RequestProducer
+    waiter: Waiter
+    keys: IdempotencyKeys
+    jobs: JobQueue
     auth: Authenticator
     catalog: ModelCatalog
-    waiter: ResultWaiter
-    jobs: JobPublisher
     limiter: TenantLimiter
     inflight: InflightLimiter
     load: LoadWatch
     overload: Overload
     uploads: SlotLimiter  # job uploads being staged and recorded
     follows: SlotLimiter  # follow=true result streams
-    # Made on the first token stream (ingest/openai/completions.py).
-    streams: StreamHub | None = None
+    readiness: Readiness
 
 
 def get_state(request: Request) -> AppState:

@@ -1,10 +1,15 @@
-"""Token streams: the progress rows of generating requests, handed to their callers.
+"""Token streams: what generating requests wrote, handed to their callers in order.
 
-One task per API process reads, for every open stream at once, the progress rows
-(results/generation.py) past what each stream has (one query per ``POLL_S``,
-however many streams are open), and puts each new token's text on its stream's
-queue. A stream's end comes from its request-log row, through the result waiter
-(ingest/acceptance/waiters.py), as a non-streaming answer does (decision 32).
+One task per API process reads, for every open stream at once, what is new
+(results/generation.py ``read_streams``: progress rows past what each stream has, then
+the final rows of those that ended) and puts it on each stream's queue: its tokens in
+index order, then its end. One reader writes every queue, so a caller never sees an
+end before a token, nor a token after its end (decision 32).
+
+It reads when a generation flush names one of its streams (``NOTIFY
+gristmill_streams``, heard by the result listener, ingest/acceptance/waiters.py), when
+a stream opens, and every ``poll_s`` anyway (a notification missed while the listener
+reconnects costs at most that long).
 """
 
 from __future__ import annotations
@@ -12,62 +17,86 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
-from sqlalchemy import bindparam, text
-from sqlalchemy.dialects.postgresql import ARRAY, INTEGER, UUID
-from sqlalchemy.ext.asyncio import AsyncEngine
+from ingest.acceptance.ports import End, Token
+from results.generation import StreamRead, StreamWant
 
-log = logging.getLogger("gristmill.ingest.streams")
+log = logging.getLogger(__name__)
 
-# How often the open streams' new tokens are read (s): one step of the model on this
-# CPU is 10-30 ms (docs/bench/generation.md), so a token waits at most about one
-# step more here, and the database sees 50 queries/s per API process while any
-# stream is open.
-POLL_S = 0.02
+# How often open streams are read without a notification (s): the bound on how late a
+# token is when its notification was missed.
+POLL_S = 0.5
+# After a failed read (PostgreSQL away), streams pause this long (s), then go on.
+RETRY_S = 0.5
 
-_NEW_TOKENS = text(
-    """
-    SELECT p.request_id, p.first_index, p.texts
-    FROM generation_progress p
-    JOIN unnest(:ids, :tenants, :nexts) AS w(id, tenant, nxt)
-      ON p.request_id = w.id AND p.tenant_id = w.tenant
-    WHERE p.first_index + jsonb_array_length(p.texts) > w.nxt
-    ORDER BY p.request_id, p.first_index
-    """
-).bindparams(
-    bindparam("ids", type_=ARRAY(UUID(as_uuid=False))),
-    bindparam("tenants", type_=ARRAY(UUID(as_uuid=False))),
-    bindparam("nexts", type_=ARRAY(INTEGER)),
-)
+Reader = Callable[[Sequence[StreamWant]], Awaitable[dict[str, StreamRead]]]
 
 
-@dataclass(eq=False)
 class Subscription:
-    request_id: str
-    tenant_id: str
-    next_index: int  # the first token index this stream has not received
-    tokens: asyncio.Queue[tuple[int, str]] = field(default_factory=asyncio.Queue)
+    """One caller's stream (a ``TokenStream``): filled by the hub, read by the caller."""
+
+    def __init__(self, hub: StreamHub, request_id: str, tenant_id: str, next_index: int):
+        self.hub = hub
+        self.request_id = request_id
+        self.tenant_id = tenant_id
+        self.next_index = next_index  # the first token index not put on the queue yet
+        self.items: asyncio.Queue[Token | End] = asyncio.Queue()
+        self.ended = False
+
+    async def next(self, timeout_s: float) -> Token | End | None:
+        try:
+            return await asyncio.wait_for(self.items.get(), timeout_s)
+        except TimeoutError:
+            return None
+
+    def close(self) -> None:
+        self.hub.unsubscribe(self)
+
+    def take(self, read: StreamRead) -> None:
+        """Put what a read found after this stream's place on its queue (the hub's task
+        only: one writer keeps the order)."""
+        for index, text in read.tokens:
+            if index == self.next_index:
+                self.items.put_nowait(Token(index, text))
+                self.next_index += 1
+        if read.end is not None:
+            self.items.put_nowait(End(read.end, self.next_index))
+            self.ended = True
 
 
 class StreamHub:
-    def __init__(self, engine: AsyncEngine, poll_s: float = POLL_S):
-        self.engine = engine
+    def __init__(self, read: Reader, poll_s: float = POLL_S):
+        self.read = read
         self.poll_s = poll_s
-        self._subs: set[Subscription] = set()
+        self._subs: dict[str, list[Subscription]] = {}
         self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        self._due = asyncio.Event()
 
     def subscribe(self, request_id: str, tenant_id: str, next_index: int) -> Subscription:
-        sub = Subscription(request_id, tenant_id, next_index)
-        self._subs.add(sub)
+        sub = Subscription(self, request_id, tenant_id, next_index)
+        self._subs.setdefault(request_id, []).append(sub)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run())
-        self._wake.set()
+        self._due.set()  # what it already has, at once
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
-        self._subs.discard(sub)
+        subs = self._subs.get(sub.request_id, [])
+        if sub in subs:
+            subs.remove(sub)
+            if not subs:
+                del self._subs[sub.request_id]
+
+    def heard(self, request_ids: Iterable[str]) -> None:
+        """A flush wrote these requests' tokens or ends: read now if one is open here."""
+        if any(rid in self._subs for rid in request_ids):
+            self._due.set()
+
+    def wake(self) -> None:
+        """Read now, whatever was written (the listener reconnected: notes were missed)."""
+        if self._subs:
+            self._due.set()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -78,30 +107,27 @@ class StreamHub:
     async def _run(self) -> None:
         while True:
             if not self._subs:
-                self._wake.clear()
-                await self._wake.wait()
-            subs = list(self._subs)
+                self._due.clear()
+                await self._due.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._due.wait(), self.poll_s)
+            self._due.clear()
             try:
-                await self._read(subs)
+                await self.read_once()
             except Exception as exc:  # PostgreSQL away: streams pause, then go on
                 log.warning("reading stream tokens failed: %s", type(exc).__name__)
-                await asyncio.sleep(0.5)
-            await asyncio.sleep(self.poll_s)
+                await asyncio.sleep(RETRY_S)
 
-    async def _read(self, subs: list[Subscription]) -> None:
-        params = {
-            "ids": [s.request_id for s in subs],
-            "tenants": [s.tenant_id for s in subs],
-            "nexts": [s.next_index for s in subs],
-        }
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(_NEW_TOKENS, params)).all()
-        by_id: dict[str, list[Subscription]] = {}
+    async def read_once(self) -> None:
+        subs = [s for group in self._subs.values() for s in group]
+        if not subs:
+            return
+        found = await self.read(
+            [StreamWant(s.request_id, s.tenant_id, s.next_index) for s in subs]
+        )
         for s in subs:
-            by_id.setdefault(s.request_id, []).append(s)
-        for rid, first, texts in rows:
-            for s in by_id.get(str(rid), ()):
-                for i, t in enumerate(texts):
-                    if first + i == s.next_index:
-                        s.tokens.put_nowait((s.next_index, t))
-                        s.next_index += 1
+            read = found.get(s.request_id)
+            if read is not None and not s.ended:
+                s.take(read)
+                if s.ended:  # nothing more will come for it
+                    self.unsubscribe(s)

@@ -1,4 +1,5 @@
-"""Waiting for results: LISTEN/NOTIFY first, polling as the fallback.
+"""The way back: results heard by LISTEN/NOTIFY first, polling as the fallback; finished
+rows fetched; token streams (ingest/acceptance/streams.py). Every read is results/'s.
 
 One LISTEN connection per API process hears every persisted batch. A
 notification carries the sync answers themselves (results/announce.py): a waiter
@@ -7,7 +8,9 @@ only (a large answer, a redelivery) are fetched: the listener collects those ids
 and a resolver task fetches whatever has gathered in one query (up to 1,000 ids),
 so under load one round trip serves many notifications instead of each waiting
 for the one before. A slow poll covers anything a notification missed (the
-listener reconnecting, a result persisted before the waiter registered).
+listener reconnecting, a result persisted before the waiter registered). The same
+connection hears generation flushes (``gristmill_streams``) and wakes the stream
+readers.
 
 While the listener is cut off from PostgreSQL no result can reach a caller, so
 new requests are refused with 503 + Retry-After instead of being accepted into
@@ -21,39 +24,32 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
 
 import psycopg
-from sqlalchemy import any_, bindparam, select
-from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import Unavailable
-from results import announce
-from results.db import RESULTS_CHANNEL, libpq_url
-from results.requests import RESULT_COLUMNS
-from results.schema import requests
+from ingest.acceptance.streams import StreamHub, Subscription
+from results import announce, generation
+from results.db import RESULTS_CHANNEL, STREAMS_CHANNEL, libpq_url
+from results.requests import AnswerRow, fetch_answers
 
-log = logging.getLogger("gristmill.ingest.waiters")
-
-
-# One statement for any number of ids (= ANY(array)), so it is compiled once and its
-# text cached by the driver, instead of an IN list that changes with every batch size.
-_FETCH = select(*RESULT_COLUMNS).where(
-    requests.c.request_id == any_(bindparam("ids", type_=ARRAY(UUID(as_uuid=False))))
-)
+log = logging.getLogger(__name__)
 
 
 class ResultWaiter:
+    """The ``Waiter`` of an API process, on PostgreSQL."""
+
     def __init__(self, engine: AsyncEngine, database_url: str, *, poll_interval_s: float):
         self.engine = engine
         self.dsn = libpq_url(database_url)
         self.poll_interval_s = poll_interval_s
-        self._waiting: dict[str, tuple[asyncio.Future[dict[str, Any]], float]] = {}
+        self._waiting: dict[str, tuple[asyncio.Future[AnswerRow], float]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()
         self._heard: list[str] = []  # announced ids with a waiter here, not yet fetched
         self._heard_event = asyncio.Event()
+        self.streams = StreamHub(lambda wants: generation.read_streams(self.engine, wants))
 
     async def start(self) -> None:
         self._tasks = [
@@ -63,13 +59,14 @@ class ResultWaiter:
         ]
 
     async def stop(self) -> None:
+        await self.streams.stop()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
 
-    def register(self, request_id: str) -> asyncio.Future[dict[str, Any]]:
+    def register(self, request_id: str) -> asyncio.Future[AnswerRow]:
         """Register before producing, so a fast result cannot slip past."""
         if not self.listening.is_set():
             raise Unavailable(
@@ -80,19 +77,23 @@ class ResultWaiter:
         entry = self._waiting.get(request_id)
         if entry is not None:
             return entry[0]
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[AnswerRow] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = (fut, time.monotonic())
         return fut
 
     def discard(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)
 
-    async def fetch(self, ids: list[str]) -> list[dict[str, Any]]:
-        async with self.engine.connect() as conn:
-            rows = await conn.execute(_FETCH, {"ids": ids})
-            return [dict(r._mapping) for r in rows]
+    async def fetch(self, ids: list[str]) -> list[AnswerRow]:
+        return await fetch_answers(self.engine, ids)
 
-    def _answer(self, rows: list[dict[str, Any]]) -> None:
+    async def progress(self, request_id: str, tenant_id: str) -> generation.Progress:
+        return await generation.progress(self.engine, request_id, tenant_id)
+
+    def follow(self, request_id: str, tenant_id: str, next_index: int) -> Subscription:
+        return self.streams.subscribe(request_id, tenant_id, next_index)
+
+    def _answer(self, rows: list[AnswerRow]) -> None:
         for row in rows:
             entry = self._waiting.pop(str(row["request_id"]), None)
             if entry is not None and not entry[0].done():
@@ -109,12 +110,17 @@ class ResultWaiter:
             try:
                 async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {RESULTS_CHANNEL}")
+                    await conn.execute(f"LISTEN {STREAMS_CHANNEL}")
                     self.listening.set()
                     backoff = 0.1
                     # Catch up on anything persisted while we were not listening.
+                    self.streams.wake()
                     await self._resolve(list(self._waiting))
                     async for note in conn.notifies():
-                        self._hear(note.payload)
+                        if note.channel == STREAMS_CHANNEL:
+                            self.streams.heard(note.payload.split(","))
+                        else:
+                            self._hear(note.payload)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

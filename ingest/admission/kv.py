@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from core.load_report import KVState
-from core.vocab import PRIORITY_CLASSES
+from core.vocab import PRIORITY_CLASSES, PriorityClass
 
 # Retry-After floor (s): HTTP's unit; a shorter wait is still "retry shortly".
 MIN_RETRY_S = 1.0
@@ -77,7 +77,7 @@ def decide_kv(
                 "reduce the prompt or max_tokens"
             ),
         )
-    rank = PRIORITY_CLASSES.index(priority)
+    rank = PriorityClass(priority).rank
     ahead = set(PRIORITY_CLASSES[: rank + 1])
     shortfall = 0.0
     blocks_s = 0.0

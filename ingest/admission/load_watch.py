@@ -13,8 +13,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.config import Settings
 from ingest import metrics
-from ingest.admission.capacity import Admission, LoadView
+from ingest.admission.capacity import Admission
 from ingest.admission.ratelimit import TenantLimiter
+from ingest.admission.view import LoadView
 from results.load import (
     heartbeat_stmt,
     leave_stmt,
@@ -25,7 +26,7 @@ from results.load import (
     report_of,
 )
 
-log = logging.getLogger("gristmill.ingest.load")
+log = logging.getLogger(__name__)
 
 
 class LoadWatch:

@@ -31,7 +31,7 @@ import math
 import random
 import time
 
-from core.vocab import PRIORITY_CLASSES, TIER_TO_CLASS
+from core.vocab import PRIORITY_CLASSES, TIER_TO_CLASS, PriorityClass
 
 
 def shed_share(lag_ms: float, lo_ms: float, hi_ms: float) -> float:
@@ -122,7 +122,7 @@ class Overload:
     ) -> float:
         cls_ = TIER_TO_CLASS.get(tier)
         if cls_ is not None:
-            for higher in PRIORITY_CLASSES[: PRIORITY_CLASSES.index(cls_)]:
+            for higher in PRIORITY_CLASSES[: PriorityClass(cls_).rank]:
                 if self._own_share(higher, lag_thresholds, answer_thresholds) > 0:
                     return 1.0
         return self._own_share(tier, lag_thresholds, answer_thresholds)

@@ -16,8 +16,15 @@ from core.vocab import TIER_TO_CLASS
 from ingest import metrics
 from ingest.admission.kv import decide_kv
 from ingest.admission.load_watch import LoadWatch
-from ingest.admission.ratelimit import TenantLimiter, Verdict
+from ingest.admission.overload import Overload
+from ingest.admission.ratelimit import InflightLimiter, TenantLimiter, Verdict
 from results.tenants import Tenant
+
+# What a tenant's rate buys: its requests, and apart from them its reads of the job API
+# (a tenant may poll as fast as it may submit, and polling never eats into its
+# inference rate: decision 26).
+REQUESTS = "requests"
+READS = "reads"
 
 
 def ratelimit_headers(v: Verdict) -> dict[str, str]:
@@ -29,9 +36,15 @@ def ratelimit_headers(v: Verdict) -> dict[str, str]:
 
 
 def check_rate(
-    limiter: TenantLimiter, settings: Settings, tenant: Tenant, items: int = 1
+    limiter: TenantLimiter,
+    settings: Settings,
+    tenant: Tenant,
+    items: int = 1,
+    *,
+    bucket: str = REQUESTS,
 ) -> dict[str, str]:
-    """One request against the tenant's requests/s; returns headers for the answer.
+    """One request against the tenant's requests/s (``bucket``: its requests or its
+    reads); returns headers for the answer.
 
     A request of many inputs (an embeddings array, a KServe batch) costs one token per
     input, as that many single requests would; it is taken while the bucket holds any
@@ -39,7 +52,7 @@ def check_rate(
     forever (the next request waits the debt off)."""
     v = limiter.check(
         tenant.id,
-        "requests",
+        bucket,
         rate=tenant.rate_rps or settings.tier_rate_rps[tenant.tier],
         burst=tenant.burst or settings.tier_burst[tenant.tier],
         n=items,
@@ -48,12 +61,35 @@ def check_rate(
     )
     headers = ratelimit_headers(v)
     if not v.allowed:
+        what = "read rate" if bucket == READS else "rate limit"
         raise RateLimited(
-            f"rate limit of {v.limit:g} requests/s exceeded for this key",
+            f"{what} of {v.limit:g} requests/s exceeded for this key",
             retry_after_s=v.retry_after_s,
             headers=headers,
         )
     return headers
+
+
+def take_instance_slot(
+    overload: Overload, inflight: InflightLimiter, settings: Settings, tier: str
+) -> None:
+    """Refuse (503) when this API instance is saturated, else hold one of its in-flight
+    slots: the caller releases it (``inflight.release()``) when it answers."""
+    metrics.request_tier.set(tier)
+    if overload.should_shed(tier, settings.loop_lag_shed_ms, settings.answer_delay_shed_ms):
+        raise Unavailable(
+            f"overloaded: this API instance's event loop is {overload.lag.lag_ms:.0f} ms "
+            f"behind and its answers leave {overload.answer.ms():.0f} ms after their "
+            "result is stored; retry shortly",
+            retry_after_s=1,
+            reason="instance_overload",
+        )
+    if not inflight.try_acquire(tier):
+        raise Unavailable(
+            "this API instance is at capacity; retry shortly",
+            retry_after_s=1,
+            reason="instance_capacity",
+        )
 
 
 def check_admission(

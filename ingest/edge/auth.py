@@ -6,7 +6,8 @@ step cheaper than the next: the header's shape, then the key's shape (only what
 found), then one database lookup per key at a time (single flight) through a
 small gate of concurrent lookups, so a flood of made-up keys queues here instead
 of taking the connection pool. ``AuthGate`` runs all of it from the headers,
-before any route reads a body.
+before any route reads a body, and leaves the tenant in the request's scope: routes
+read it (``Caller``), they never authenticate again.
 
 Revocation: ``results.tenants.revoke_key`` (and a plan change) sends a NOTIFY that
 every API instance hears within milliseconds and drops what it cached. While the
@@ -20,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Annotated, Generic, TypeVar
 
 import psycopg
+from fastapi import Depends, Request
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -38,7 +41,7 @@ from ingest.edge.refusal_counts import current_tenant
 from results.db import libpq_url
 from results.tenants import KEYS_CHANNEL, Tenant, hash_key, lookup_stmt, well_formed
 
-log = logging.getLogger("gristmill.ingest.auth")
+log = logging.getLogger(__name__)
 
 V = TypeVar("V")
 
@@ -218,8 +221,37 @@ class Authenticator:
                 backoff = min(backoff * 2, 1.0)
 
 
+# KServe's inference (its health and metadata are public, as the protocol's probes expect).
+_KSERVE_INFER = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")
+
+
+def needs_key(scope: Scope, public: frozenset[str]) -> bool:
+    """Whether a request must carry a key: every ``/v1/`` path but ``public`` ones, and
+    KServe's inference."""
+    path = scope["path"]
+    if path.startswith("/v1/"):
+        return path not in public
+    return scope["method"] == "POST" and _KSERVE_INFER.match(path) is not None
+
+
+async def authenticate_scope(auth: Authenticator, scope: Scope) -> Tenant:
+    """The request's tenant from its ``Authorization`` header (401/503 raised), kept in
+    its scope for the route (``caller``) and stamped with when it arrived."""
+    state = scope.setdefault("state", {})
+    if "received" not in state:
+        state["received"] = time.time()
+    authorization = None
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            authorization = value.decode("latin-1")
+            break
+    tenant = await auth.authenticate(authorization)
+    state["tenant"] = tenant
+    return tenant
+
+
 class AuthGate:
-    """Authenticates every ``/v1/`` request (but ``public`` ones) from its headers
+    """Authenticates every request that needs a key (``needs_key``) from its headers
     before the route, or anything else, reads its body: a bad key costs no body."""
 
     def __init__(self, app: ASGIApp, *, public: frozenset[str] = frozenset({"/v1/models"})):
@@ -227,23 +259,30 @@ class AuthGate:
         self.public = public
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] != "http"
-            or not scope["path"].startswith("/v1/")
-            or scope["path"] in self.public
-        ):
+        if scope["type"] != "http" or not needs_key(scope, self.public):
             await self.app(scope, receive, send)
             return
-        authorization = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-                break
         try:
-            auth: Authenticator = scope["app"].state.gristmill.auth
-            tenant = await auth.authenticate(authorization)
+            await authenticate_scope(scope["app"].state.gristmill.auth, scope)
         except GristmillError as exc:
             await error_response(exc, shape_for(scope["path"]))(scope, receive, send)
             return
-        scope.setdefault("state", {})["tenant"] = tenant
         await self.app(scope, receive, send)
+
+
+def caller(request: Request) -> Tenant:
+    """The tenant the gate authenticated for this request."""
+    tenant: Tenant | None = request.scope.get("state", {}).get("tenant")
+    if tenant is None:  # a route that reads a tenant on a path the gate does not check
+        raise RuntimeError(f"{request.url.path} is not behind AuthGate (edge/auth.py needs_key)")
+    return tenant
+
+
+def received_at(request: Request) -> float:
+    """When the request arrived (epoch s), as the gate stamped it."""
+    received: float = request.scope.get("state", {}).get("received") or time.time()
+    return received
+
+
+# A route's tenant, as a FastAPI dependency: ``tenant: Caller``.
+Caller = Annotated[Tenant, Depends(caller)]

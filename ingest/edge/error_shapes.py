@@ -150,3 +150,37 @@ def declared(shape: Shape, statuses: tuple[int, ...] = tuple(_WHEN)) -> dict[int
     """The error answers of a route in ``shape``, for FastAPI's ``responses``."""
     model = OpenAIError if shape is Shape.OPENAI else KServeError
     return {s: {"model": model, "description": _WHEN[s]} for s in statuses}
+
+
+# --- Gristmill's own shape ---------------------------------------------------------------
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    field: str | None = Field(default=None, description="the request field at fault")
+    reference: str | None = Field(default=None, description="a 500's id in the server's log")
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+def _err(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+# Every answer an API route can give besides its success (README "The API").
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _err("invalid input; error.field names it"),
+    401: _err("missing, malformed, unknown or revoked API key"),
+    403: _err("not yours"),
+    404: _err("unknown model, version, request or job"),
+    408: _err("the request body stopped arriving"),
+    413: _err("body larger than the cap"),
+    422: _err("schema violation, Idempotency-Key reused with another body, model failed"),
+    429: _err("over the tenant's rate (Retry-After)"),
+    500: _err("a bug; error.reference finds it in the server's log"),
+    503: _err("overloaded or a dependency down (Retry-After)"),
+    504: _err("the deadline passed; the request stays accepted"),
+}

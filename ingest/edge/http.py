@@ -48,7 +48,7 @@ from ingest.edge.error_shapes import Shape, error_body, shape_for
 from ingest.edge.error_shapes import body as shaped_body
 from ingest.edge.refusal_counts import note_refusal
 
-log = logging.getLogger("gristmill.ingest")
+log = logging.getLogger(__name__)
 
 # Set on an exception once it was logged as a bug, so it is logged once.
 _REFERENCE = "_gristmill_reference"

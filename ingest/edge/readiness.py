@@ -8,10 +8,11 @@ import logging
 import time
 from collections.abc import Callable
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-log = logging.getLogger("gristmill.ingest.readiness")
+from results.db import ping
+
+log = logging.getLogger(__name__)
 
 
 class Readiness:
@@ -33,8 +34,7 @@ class Readiness:
     async def check_once(self) -> None:
         try:
             async with asyncio.timeout(self.refresh_s * 2):
-                async with self.engine.connect() as conn:
-                    await conn.execute(text("select 1"))
+                await ping(self.engine)
             self.database = True
         except Exception as exc:  # any failure means "not ready"
             if self.database:

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from core.limits import shown
 
-log = logging.getLogger("gristmill.ingest.refused")
+log = logging.getLogger(__name__)
 
 # Refusals about the caller (who it is, how much it sends, how fast), not about a field of
 # its input: 401 no or bad key, 403 not allowed, 408 body too slow, 413 body too large,

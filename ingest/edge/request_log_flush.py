@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from ingest.edge.refusal_counts import REFUSALS, TIMEOUTS, RefusalCounts, TimeoutLog
 from results.request_log import write_refusals, write_timeouts
 
-log = logging.getLogger("gristmill.ingest.request_log")
+log = logging.getLogger(__name__)
 
 # How often the buffers are written: the request log's refusal counts are per second,
 # and a second's delay is nothing to an analyst.

@@ -10,12 +10,11 @@ so they are bounded by count, per tenant and per instance (ingest/admission/rate
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import AsyncIterator
 
 from core.config import Settings
 from core.errors import RateLimited, Unavailable
-from ingest.admission.policy import ratelimit_headers
+from ingest.admission.policy import READS, check_rate
 from ingest.admission.ratelimit import SlotLimiter, TenantLimiter
 from results.tenants import Tenant
 
@@ -26,22 +25,7 @@ SLOT_RETRY_AFTER_S = 5.0
 
 def check_reads(limiter: TenantLimiter, settings: Settings, tenant: Tenant) -> dict[str, str]:
     """One read against the tenant's read bucket; returns RateLimit-* headers."""
-    v = limiter.check(
-        tenant.id,
-        "reads",
-        rate=tenant.rate_rps or settings.tier_rate_rps[tenant.tier],
-        burst=tenant.burst or settings.tier_burst[tenant.tier],
-        n=1,
-        now=time.monotonic(),
-    )
-    headers = ratelimit_headers(v)
-    if not v.allowed:
-        raise RateLimited(
-            f"read rate of {v.limit:g} requests/s exceeded for this key",
-            retry_after_s=v.retry_after_s,
-            headers=headers,
-        )
-    return headers
+    return check_rate(limiter, settings, tenant, bucket=READS)
 
 
 def acquire(slots: SlotLimiter, tenant_id: str, what: str) -> None:

@@ -15,9 +15,11 @@ from starlette.types import Receive, Scope, Send
 from core.errors import InvalidInput, NotFound, PayloadTooLarge
 from core.limits import canonical_uuid, shown
 from core.messages import job_item_request_ids
+from core.vocab import ItemStatus
 from ingest import metrics
 from ingest.acceptance.idempotency import check_key
 from ingest.acceptance.state import AppState, get_state
+from ingest.edge.auth import Caller
 from ingest.jobs import quota as job_quota
 from ingest.jobs.limits import acquire, check_reads, slot
 from ingest.jobs.schemas import MAX_INDEX, JobOptions, parse_index, validate
@@ -59,12 +61,11 @@ async def own_job(st: AppState, tenant: Tenant, raw_id: str) -> Any:
     return j
 
 
-async def reader(request: Request, authorization: str | None) -> tuple[AppState, Tenant]:
-    """Authenticated, and within the tenant's read rate."""
+def reader(request: Request, tenant: Tenant) -> AppState:
+    """The state, once the read is within the tenant's read rate."""
     st = get_state(request)
-    tenant = await st.auth.authenticate(authorization)
     check_reads(st.limiter, st.settings, tenant)
-    return st, tenant
+    return st
 
 
 async def page(st: AppState, j: Any, start: int, limit: int) -> list[dict[str, Any]]:
@@ -90,7 +91,7 @@ def jsonl_options(
 @router.post("/v1/jobs", status_code=202)
 async def submit_job(
     request: Request,
-    authorization: str | None = Header(default=None),
+    tenant: Caller,
     idempotency_key: str | None = Header(default=None),
     model: str | None = Query(default=None, description="JSONL uploads: the model"),
     params: str | None = Query(default=None, description="JSONL uploads: params as JSON"),
@@ -98,7 +99,6 @@ async def submit_job(
     webhook_url: str | None = Query(default=None),
 ) -> ORJSONResponse:
     st = get_state(request)
-    tenant = await st.auth.authenticate(authorization)
     key = check_key(st.settings, idempotency_key)
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
     if ctype != "application/json" and ctype not in JSONL_TYPES:
@@ -140,11 +140,11 @@ async def submit_job(
 @router.get("/v1/jobs")
 async def list_jobs(
     request: Request,
-    authorization: str | None = Header(default=None),
+    tenant: Caller,
     limit: str | None = Query(default=None),
     before: str | None = Query(default=None, description="created_at cursor"),
 ) -> ORJSONResponse:
-    st, tenant = await reader(request, authorization)
+    st = reader(request, tenant)
     n = parse_index(limit, "limit", default=20, low=1, high=MAX_LIST)
     cutoff = None
     if before is not None:
@@ -161,9 +161,9 @@ async def list_jobs(
 
 @router.get("/v1/jobs/{job_id}")
 async def get_job(
-    request: Request, job_id: str, authorization: str | None = Header(default=None)
+    request: Request, job_id: str, tenant: Caller
 ) -> ORJSONResponse:
-    st, tenant = await reader(request, authorization)
+    st = reader(request, tenant)
     j = await own_job(st, tenant, job_id)
     items = await page(st, j, 0, FIRST_PAGE)
     return ORJSONResponse(
@@ -179,11 +179,11 @@ async def get_job(
 async def get_items(
     request: Request,
     job_id: str,
-    authorization: str | None = Header(default=None),
+    tenant: Caller,
     cursor: str | None = Query(default=None, description="index of the first item"),
     limit: str | None = Query(default=None, description=f"items per page, 1..{MAX_PAGE}"),
 ) -> ORJSONResponse:
-    st, tenant = await reader(request, authorization)
+    st = reader(request, tenant)
     start = parse_index(cursor, "cursor", default=0, low=0, high=MAX_INDEX)
     n = parse_index(limit, "limit", default=FIRST_PAGE, low=1, high=MAX_PAGE)
     j = await own_job(st, tenant, job_id)
@@ -211,12 +211,12 @@ class HeldStream(StreamingResponse):
 async def stream_results(
     request: Request,
     job_id: str,
-    authorization: str | None = Header(default=None),
+    tenant: Caller,
     follow: bool = Query(default=False),
 ) -> StreamingResponse:
     """NDJSON in input order. Stops at the first unfinished item, or waits for it
     with ``follow=true`` until the job is finished."""
-    st, tenant = await reader(request, authorization)
+    st = reader(request, tenant)
     j = await own_job(st, tenant, job_id)
 
     async def lines() -> AsyncIterator[bytes]:
@@ -224,7 +224,7 @@ async def stream_results(
         while pos < job.total_items:
             ready = []
             for it in await page(st, job, pos, MAX_PAGE):
-                if it["status"] == "queued":
+                if it["status"] == ItemStatus.QUEUED:
                     break
                 ready.append(it)
             if ready:
@@ -245,10 +245,10 @@ async def stream_results(
 
 @router.post("/v1/jobs/{job_id}/cancel")
 async def cancel_job(
-    request: Request, job_id: str, authorization: str | None = Header(default=None)
+    request: Request, job_id: str, tenant: Caller
 ) -> ORJSONResponse:
     """Items not yet started are cancelled at once; finished results stay readable."""
-    st, tenant = await reader(request, authorization)
+    st = reader(request, tenant)
     j = await own_job(st, tenant, job_id)
     if j.finished_at is None and j.cancelled_at is None:
         await jobs_db.cancel_job(st.engine, str(j.job_id), datetime.now(UTC))
@@ -258,12 +258,11 @@ async def cancel_job(
 
 @router.post("/v1/jobs/{job_id}/retry")
 async def retry_job(
-    request: Request, job_id: str, authorization: str | None = Header(default=None)
+    request: Request, job_id: str, tenant: Caller
 ) -> ORJSONResponse:
     """Run the failed, cancelled or expired items of a finished job again, as a new
     attempt, charged to the tenant's job-item budget like a new job."""
     st = get_state(request)
-    tenant = await st.auth.authenticate(authorization)
     jid = canonical_id(job_id)
     now = datetime.now(UTC)
     async with st.engine.begin() as conn:
@@ -273,7 +272,7 @@ async def retry_job(
         if j is None:
             raise NotFound(f"no job {jid}")
         status = jobs_db.job_status(j, now)
-        if status not in jobs_db.FINISHED_STATUSES:
+        if not status.finished:
             raise InvalidInput(
                 f"job is {status}; only a finished job can be retried", field="status"
             )

@@ -6,59 +6,40 @@ in Kafka (decisions 10 and 26).
 2. One transaction COPYs the staged items into ``job_items``, charges the tenant's
    job-item budget and inserts the ``jobs`` row last: a crash or a refusal leaves
    nothing; a committed job is complete.
-3. The job is ``submitting`` until its items are produced to Kafka; then it is
-   ``submitted`` and the client gets 202. A crash here leaves a ``submitting`` job
-   whose heartbeat goes stale; any API instance then finishes it (request ids are
-   deterministic, so items produced twice still yield one result row each).
+3. The job is ``submitting`` until its items are produced to Kafka
+   (ingest/jobs/publisher.py); then it is ``submitted`` and the client gets 202.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import secrets
-import threading
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
-from confluent_kafka import KafkaError, Message, Producer
 
 from core.config import Settings
 from core.errors import IdempotencyConflict, InvalidInput, PayloadTooLarge, Unavailable
-from core.kafka import producer_config
 from core.limits import check_object
-from core.messages import RequestMessage
 from core.models.spec import ModelSpec
-from core.topics import request_topic
+from ingest.acceptance.state import AppState
 from ingest.jobs import quota as job_quota
 from ingest.jobs.destinations import AllowList, check_addresses, parse_destination
 from ingest.jobs.schemas import JobBody, JobOptions, check_metadata, validate
 from ingest.jobs.upload import ItemStager, Staged, body_chunks
 from ingest.jobs.webhook_client import NotResolved, resolve
-from results.db import make_engine
-from results.job_items import copy_items, unsent_page
+from results.job_items import copy_items
 from results.job_submission import (
     NewJob,
-    claim_stale,
     forget_expired_key,
-    heartbeat,
     insert_job,
     job_for_key,
-    job_to_publish,
-    mark_submitted,
 )
 from results.tenants import Tenant
-
-if TYPE_CHECKING:
-    from ingest.acceptance.state import AppState
-
-log = logging.getLogger("gristmill.ingest.jobs")
 
 _FIRST_PAGE_ROWS = 100  # item rows read for Kafka in the first page of a publish
 _PAGE_BYTES = 4 << 20  # later pages are sized to about this many bytes of messages
@@ -137,7 +118,7 @@ async def check_webhook(settings: Settings, url: str) -> None:
     check_addresses(dest, addresses, AllowList.parse(settings.webhook_allow_networks))
 
 
-def _stager(st: AppState, spec: ModelSpec, job_id: str) -> ItemStager:
+def item_stager(st: AppState, spec: ModelSpec, job_id: str) -> ItemStager:
     s = st.settings
     return ItemStager(
         job_id,
@@ -181,7 +162,7 @@ async def stage_json(
     check_metadata(body.metadata)
     opts = await check_options(st, body)
     job_id = str(uuid.uuid4())
-    stager = _stager(st, opts.spec, job_id)
+    stager = item_stager(st, opts.spec, job_id)
     stager.hasher.update(raw)
 
     def stage_all() -> Staged:
@@ -219,7 +200,7 @@ async def stage_jsonl(
     s = st.settings
     opts = await check_options(st, opts_in)
     job_id = str(uuid.uuid4())
-    stager = _stager(st, opts.spec, job_id)
+    stager = item_stager(st, opts.spec, job_id)
     stager.hasher.update(
         orjson.dumps(
             [opts_in.model, opts_in.params, opts_in.completion_window_s, opts_in.webhook_url]
@@ -299,139 +280,3 @@ async def record_job(st: AppState, sub: Submission) -> Recorded:
             ) from None
         return _replay(prev, sub)
     return Recorded(sub.job_id, True, secret)
-
-
-class _Deliveries:
-    """Kafka acknowledgements of one publish. Callbacks may run in any thread that
-    polls the shared producer, so the counts are guarded."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.pending = 0
-        self.errors: list[str] = []
-
-    def sent(self, n: int) -> None:
-        """``n`` messages are about to be produced (counted first: another thread's poll
-        may serve their acknowledgements before the last of them is produced)."""
-        with self._lock:
-            self.pending += n
-
-    def on_delivery(self, err: KafkaError | None, _msg: Message) -> None:
-        with self._lock:
-            self.pending -= 1
-            if err is not None:
-                self.errors.append(err.str())
-
-
-class JobPublisher:
-    """Phase 2: produce a recorded job's items to Kafka, then mark it submitted.
-
-    Publishes run concurrently in a thread pool of their own, sharing one producer
-    (thread-safe) and a small PostgreSQL pool; each waits only for its own messages'
-    acknowledgements, so a million-item job never holds up a small one."""
-
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        workers = settings.max_uploads + 2  # uploads' publishes, a retry, the stale finisher
-        self.engine = make_engine(settings.database_url, pool_size=workers)
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="job-publish")
-        self._producer = Producer(
-            producer_config(
-                settings,
-                **{
-                    "linger.ms": 20,  # throughput over latency: these are bulk items
-                    "batch.size": 1_000_000,
-                    "compression.type": "lz4",
-                    "queue.buffering.max.messages": 500_000,
-                    # Messages waiting for the broker, all publishes together (KiB): the
-                    # publisher's memory is bounded whatever the jobs' size.
-                    "queue.buffering.max.kbytes": _QUEUE_KIB,
-                    "message.timeout.ms": 60_000,
-                },
-            )
-        )
-
-    async def publish(self, job_id: str) -> int:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.publish_sync, job_id)
-
-    async def claim_stale(self) -> str | None:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._executor, claim_stale, self.engine, self.settings.submit_stale_s
-        )
-
-    def publish_sync(self, job_id: str, *, progress: Callable[[int], None] | None = None) -> int:
-        """Produce every item whose current attempt has no result yet (all of them for a
-        new job; the unfinished ones after a crash or a retry). Blocking. Returns how
-        many items were produced."""
-        topic = request_topic(self.settings, "jobs")
-        acks = _Deliveries()
-        sent = 0
-        with self.engine.connect() as conn:
-            job = job_to_publish(conn, job_id)
-        if job is None:
-            return 0
-        beat = time.monotonic()
-        after, rows = -1, _FIRST_PAGE_ROWS
-        while page := unsent_page(self.engine, job_id, after, rows):
-            page_bytes = 0
-            acks.sent(len(page))
-            for index, value, request_id, job_attempt in page:
-                msg = RequestMessage(
-                    request_id=request_id,
-                    tenant_id=str(job.tenant_id),
-                    priority="jobs",
-                    model=job.model,
-                    version=job.model_version,
-                    input=orjson.Fragment(value),  # already JSON: written as it is
-                    params=job.params,
-                    deadline=job.expires_at.timestamp(),
-                    received_at=job.created_at.timestamp(),
-                    job_id=job_id,
-                    item_index=index,
-                    job_attempt=job_attempt,
-                    weight=job.weight,
-                )
-                page_bytes += self._produce(topic, msg, acks)
-                sent += 1
-            self._producer.poll(0)
-            if progress:
-                progress(sent)
-            if time.monotonic() - beat > _HEARTBEAT_S:
-                beat = time.monotonic()
-                heartbeat(self.engine, job_id)
-            after = page[-1][0]
-            # Pages of about _PAGE_BYTES whatever the items' size: memory stays bounded.
-            rows = max(100, min(10_000, _PAGE_BYTES * len(page) // max(1, page_bytes)))
-        self._await_acks(acks, sent)
-        mark_submitted(self.engine, job_id)
-        return sent
-
-    def _produce(self, topic: str, msg: RequestMessage, acks: _Deliveries) -> int:
-        """Produce one message (waiting while the producer's queue is full); its size."""
-        value = msg.encode()
-        while True:
-            try:
-                self._producer.produce(
-                    topic, value=value, key=msg.request_id, on_delivery=acks.on_delivery
-                )
-                return len(value)
-            except BufferError:  # the producer's queue is full: let it drain
-                self._producer.poll(0.05)
-
-    def _await_acks(self, acks: _Deliveries, sent: int) -> None:
-        deadline = time.monotonic() + _PUBLISH_ACK_S
-        while acks.pending > 0 and time.monotonic() < deadline:
-            self._producer.poll(0.05)
-        if acks.pending or acks.errors:
-            raise Unavailable(
-                f"could not make {acks.pending or len(acks.errors)} of {sent} job items "
-                f"durable in Kafka: {acks.errors[:1]}",
-                retry_after_s=5,
-            )
-
-    def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
-        self._producer.flush(10)
-        self.engine.dispose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from core.vocab import ItemStatus
 from results.jobs import counts, item_status, job_status
 from results.vectors import EncodingFormat, answer_output
 
@@ -57,7 +58,7 @@ def item_view(r: Any, j: Any, now: datetime) -> dict[str, Any]:
         "custom_id": r.custom_id,
         "status": status,
         "output": answer_output(r.output, r.output_vector, EncodingFormat.FLOAT)
-        if status == "succeeded"
+        if status == ItemStatus.SUCCEEDED
         else None,
         "error": r.error,
         "attempts": r.attempts or 0,

@@ -25,11 +25,12 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.config import Settings
+from core.vocab import JobStatus
 from ingest.jobs import webhook_client
 from ingest.jobs.destinations import AllowList
 from results import webhooks as store
 
-log = logging.getLogger("gristmill.ingest.webhooks")
+log = logging.getLogger(__name__)
 
 SIGNATURE_HEADER = "Gristmill-Signature"
 # A receiver's answer is never used; reading a little of it lets the connection end
@@ -69,9 +70,9 @@ def next_delay_s(attempt: int, rng: random.Random | None = None) -> float:
 
 def payload(row: Any) -> dict[str, Any]:
     status = (
-        "cancelled"
+        JobStatus.CANCELLED
         if row.cancelled_at
-        else ("failed" if row.failed and not row.succeeded else "completed")
+        else (JobStatus.FAILED if row.failed and not row.succeeded else JobStatus.COMPLETED)
     )
     return {
         "type": "job.finished",

@@ -1,9 +1,10 @@
 """The KServe Open Inference Protocol v2 (what Triton's clients speak), on the
-durable path of ``/v1/infer``: each text of an infer request is its own request
-message (ingest/acceptance/pipeline.py), accepted once Kafka has all of them, answered when all
-are in PostgreSQL. Health and metadata are public, as the protocol's probes expect;
-``infer`` takes the same API key as every other route (``Authorization: Bearer``).
-The wire format is ingest/kserve/wire.py; errors are ``{"error": "..."}``.
+acceptance pipeline of ``/v1/infer`` (ingest/acceptance/pipeline.py): each text of an
+infer request is its own request message, accepted once Kafka has all of them,
+answered when all are in PostgreSQL. Health and metadata are public, as the
+protocol's probes expect; ``infer`` takes the same API key as every other route
+(``Authorization: Bearer``, checked by the gate). The wire format is
+ingest/kserve/wire.py; errors are ``{"error": "..."}``.
 """
 
 from __future__ import annotations
@@ -14,11 +15,19 @@ from typing import Any
 from fastapi import APIRouter, Header, Request, Response
 
 from core import __version__
-from core.errors import DeadlineExceeded, Unavailable
-from ingest.acceptance.pipeline import submit_many, validate_each
-from ingest.acceptance.state import get_state
+from core.errors import Unavailable
+from ingest.acceptance.pipeline import (
+    Call,
+    Order,
+    Outcome,
+    call_of,
+    raise_if_unsuccessful,
+    serve,
+    validate_each,
+)
+from ingest.acceptance.state import AppState, get_state
+from ingest.edge.auth import Caller
 from ingest.edge.error_shapes import Shape, declared
-from ingest.edge.readiness import Readiness
 from ingest.kserve.wire import (
     HEADER_LENGTH,
     check_outputs,
@@ -28,8 +37,7 @@ from ingest.kserve.wire import (
     parse_infer,
     tier_for_priority,
 )
-from ingest.native.routes import check_headers, raise_if_unsuccessful, take_instance_slot
-from ingest.openai.wire import stored_vector
+from results.vectors import stored_vector
 
 router = APIRouter(
     prefix="/v2",
@@ -58,8 +66,7 @@ async def live() -> dict[str, bool]:
 
 @router.get("/health/ready", summary="Ready to take requests (KServe v2)")
 async def ready(request: Request) -> dict[str, bool]:
-    readiness: Readiness = request.app.state.readiness
-    ok, checks = readiness.report(time.monotonic())
+    ok, checks = get_state(request).readiness.report(time.monotonic())
     if not ok:
         failed = ", ".join(k for k, v in checks.items() if not v)
         raise Unavailable(f"not ready: {failed}", retry_after_s=1, reason="not_ready")
@@ -91,6 +98,58 @@ async def model_ready(
     return {"name": model, "version": spec.version, "ready": True}
 
 
+class KServeDoor:
+    """KServe's infer: each text of the request is its own request message."""
+
+    holds_slot = True
+
+    async def order(self, st: AppState, call: Call) -> Order:
+        req = parse_infer(call.body, call.header(HEADER_LENGTH.lower().encode()), st.settings)
+        # The canary applies as on /v1/infer: sticky per tenant or Idempotency-Key.
+        spec = await st.catalog.resolve(
+            _ref(call.path["model"], call.path.get("version")),
+            tenant_id=call.tenant.id,
+            idempotency_key=call.idempotency_key,
+        )
+        check_outputs(req, output_name(spec.embedding_dim()))
+        validate_each(spec, req.texts, lambda i: f"inputs[0].data[{i}]")
+        return Order(
+            spec,
+            req.texts,
+            spec.normalize_params(None),
+            many=True,
+            timeout_ms=req.timeout_ms,
+            tier=tier_for_priority(call.tenant.tier, req.priority),
+            wire=req,
+        )
+
+    def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:
+        if outcome.rows is None:
+            raise outcome.gave_up(
+                "no answer before the deadline; the inputs stay accepted and their results "
+                f"can be fetched at /v1/requests/{{id}} (first: {outcome.request_ids[0]})"
+            )
+        for i, row in enumerate(outcome.rows):
+            raise_if_unsuccessful(row, f"inputs[0].data[{i}]")
+        spec, rows = order.spec, outcome.rows
+        vector = spec.embedding_dim() is not None
+        content, header_length = infer_answer(
+            order.wire,
+            model=spec.name,
+            version=spec.version,
+            vectors=[stored_vector(r) for r in rows] if vector else None,
+            outputs=None if vector else [r["output"] for r in rows],
+        )
+        headers = dict(outcome.limit_headers)
+        if header_length is not None:
+            headers[HEADER_LENGTH] = str(header_length)
+            return Response(content, headers=headers, media_type="application/octet-stream")
+        return Response(content, headers=headers, media_type="application/json")
+
+
+INFER = KServeDoor()
+
+
 @router.post("/models/{model}/infer", summary="Inference (KServe v2)", responses=_INFER_RESPONSES)
 @router.post(
     "/models/{model}/versions/{version}/infer",
@@ -100,54 +159,9 @@ async def model_ready(
 async def infer(
     request: Request,
     model: str,
+    tenant: Caller,
     version: str | None = None,
-    authorization: str | None = Header(default=None),
     idempotency_key: str | None = Header(default=None),
 ) -> Response:
-    received = time.time()
     st = get_state(request)
-    tenant = await st.auth.authenticate(authorization)  # before the body
-    check_headers(st.settings, idempotency_key)
-    raw = await request.body()
-    take_instance_slot(st, tenant)
-    try:
-        req = parse_infer(raw, request.headers.get(HEADER_LENGTH), st.settings)
-        # The canary applies as on /v1/infer: sticky per tenant or Idempotency-Key.
-        spec = await st.catalog.resolve(
-            _ref(model, version), tenant_id=tenant.id, idempotency_key=idempotency_key
-        )
-        dim = spec.embedding_dim()
-        check_outputs(req, output_name(dim))
-        validate_each(spec, req.texts, lambda i: f"inputs[0].data[{i}]")
-        done = await submit_many(
-            st,
-            tenant,
-            spec,
-            req.texts,
-            spec.normalize_params(None),
-            received=received,
-            timeout_ms=req.timeout_ms,
-            idempotency_key=idempotency_key,
-            tier=tier_for_priority(tenant.tier, req.priority),
-        )
-    finally:
-        st.inflight.release()
-    if done.rows is None:
-        raise DeadlineExceeded(
-            "no answer before the deadline; the inputs stay accepted and their results "
-            f"can be fetched at /v1/requests/{{id}} (first: {done.request_ids[0]})"
-        )
-    for i, row in enumerate(done.rows):
-        raise_if_unsuccessful(row, f"inputs[0].data[{i}]")
-    content, header_length = infer_answer(
-        req,
-        model=spec.name,
-        version=spec.version,
-        vectors=[stored_vector(r) for r in done.rows] if dim is not None else None,
-        outputs=[r["output"] for r in done.rows] if dim is None else None,
-    )
-    headers = dict(done.limit_headers)
-    if header_length is not None:
-        headers[HEADER_LENGTH] = str(header_length)
-        return Response(content, headers=headers, media_type="application/octet-stream")
-    return Response(content, headers=headers, media_type="application/json")
+    return await serve(st, INFER, await call_of(st, request, tenant, idempotency_key))

@@ -1,127 +1,60 @@
-"""``POST /v1/infer``: one request, answered when its result is in PostgreSQL."""
+"""``POST /v1/infer``: one request, answered when its result is in PostgreSQL; and
+``GET /v1/requests/{id}``, a finished request's result for a caller whose wait timed out.
+
+In production ``POST /v1/infer`` is served in front of FastAPI (ingest/fast_path.py,
+decision 16) by the same door (``INFER``); the route here documents it in OpenAPI and
+serves it when the app runs without the fast path.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import time
-import uuid
-from datetime import UTC, datetime
-from typing import Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import ORJSONResponse
+from starlette.responses import Response
 
-from core import tracing
-from core.config import Settings
-from core.errors import DeadlineExceeded, ModelError, NotFound, Unavailable
+from core.errors import NotFound
 from core.limits import canonical_uuid, shown
-from core.messages import RequestMessage, body_hash
-from core.models.spec import ModelSpec
-from core.topics import request_topic
-from core.vocab import TIER_TO_CLASS, RequestStatus
-from ingest import metrics
-from ingest.acceptance.idempotency import check_key, claim, release
+from core.vocab import RequestStatus
+from ingest.acceptance.pipeline import Call, Order, Outcome, call_of, serve
 from ingest.acceptance.state import AppState, get_state
-from ingest.admission.policy import check_admission, check_rate
-from ingest.edge.refusal_counts import TIMEOUTS, Timeout
-from ingest.edge.tracing import annotate
-from ingest.native.wire import ERROR_RESPONSES, InferAnswer, InferBody, RequestRecord, parse_infer
+from ingest.edge.auth import Caller
+from ingest.edge.error_shapes import ERROR_RESPONSES
+from ingest.native.wire import InferAnswer, RequestRecord, accept, parse_infer, result_body
 from results.requests import fetch_request
-from results.tenants import Tenant
-from results.vectors import EncodingFormat, answer_output
 
 router = APIRouter()
 
 
-def _ms(a: datetime | None, b: datetime | None) -> float | None:
-    return None if a is None or b is None else round((b - a).total_seconds() * 1000, 3)
+class InferDoor:
+    """``POST /v1/infer`` on the acceptance pipeline: one input, its answer or 504."""
 
+    holds_slot = True
 
-def raise_if_unsuccessful(row: dict[str, Any], field: str = "input") -> None:
-    """The error a finished request's caller gets when it failed or expired."""
-    if row["status"] == RequestStatus.EXPIRED:
-        raise DeadlineExceeded(
-            "the deadline passed before a worker could run the request", reason="expired"
+    async def order(self, st: AppState, call: Call) -> Order:
+        body = parse_infer(call.body, st.settings)
+        spec = await st.catalog.resolve(
+            body.model, tenant_id=call.tenant.id, idempotency_key=call.idempotency_key
         )
-    if row["status"] == RequestStatus.FAILED:
-        raise ModelError(f"the model failed on this input: {row['error']}", field=field)
+        # Policy after validation: a malformed request is a 4xx whatever the load.
+        return Order(spec, [body.input], accept(spec, body), timeout_ms=body.timeout_ms)
 
-
-def result_body(row: dict[str, Any], total_ms: float | None = None) -> dict[str, Any]:
-    """The answer for a finished request; raises the error for a failed or expired one."""
-    raise_if_unsuccessful(row)
-    if total_ms is None:
-        total_ms = _ms(row["received_at"], row["persisted_at"])
-    return {
-        "request_id": str(row["request_id"]),
-        "output": answer_output(row["output"], row.get("output_vector"), EncodingFormat.FLOAT),
-        "model": row["model"],
-        "model_version": row["model_version"],
-        "batch_size": row["batch_size"],
-        "timings": {
-            "queue_ms": _ms(row["received_at"], row["consumed_at"]),
-            "batch_wait_ms": _ms(row["consumed_at"], row["batched_at"]),
-            "compute_ms": _ms(row["compute_start_at"], row["compute_end_at"]),
-            "persist_ms": _ms(row["compute_end_at"], row["persisted_at"]),
-            "total_ms": round(total_ms, 3) if total_ms is not None else None,
-        },
-    }
-
-
-def check_headers(settings: Settings, idempotency_key: str | None) -> None:
-    """What the request's own headers carry, checked before its body is read."""
-    check_key(settings, idempotency_key)
-
-
-def accept(spec: ModelSpec, body: InferBody) -> dict[str, Any]:
-    """The model's own checks on a parsed body; returns the normalized params."""
-    spec.validate_input(body.input)
-    return spec.normalize_params(body.params)
-
-
-def request_message(
-    spec: ModelSpec,
-    input_: Any,
-    params: dict[str, Any],
-    *,
-    tenant: Tenant,
-    request_id: str,
-    received: float,
-    timeout_ms: int,
-    idempotency_key: str | None,
-) -> RequestMessage:
-    """The Kafka message for an accepted request. Pure."""
-    return RequestMessage(
-        request_id=request_id,
-        tenant_id=tenant.id,
-        priority=TIER_TO_CLASS[tenant.tier],
-        model=spec.name,
-        version=spec.version,
-        input=spec.message_input(input_),  # token ids too, where the model takes them
-        params=params,
-        deadline=received + timeout_ms / 1000,
-        received_at=received,
-        # Only an Idempotency-Key needs the fingerprint; skip the hashing otherwise.
-        body_hash=body_hash(spec.ref, input_, params) if idempotency_key else "",
-        weight=tenant.weight,
-    )
-
-
-async def send_claimed(
-    st: AppState, tenant: Tenant, msg: RequestMessage, *, first_claim: bool, key: str | None
-) -> None:
-    """Produce an accepted request's message and count it admitted. If Kafka refuses it,
-    a key this attempt claimed is released, so the client's retry sends it at once."""
-    try:
-        await st.producer.produce(
-            request_topic(st.settings, msg.priority), msg.encode(), headers=tracing.headers()
+    def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:
+        if outcome.rows is None:
+            rid = outcome.request_ids[0]
+            raise outcome.gave_up(
+                f"no result within timeout_ms={outcome.timeout_ms}; the request stays "
+                f"accepted and its result can be fetched at /v1/requests/{rid}"
+            )
+        # A retry of a finished request reports the request's own time, not this call's.
+        total_ms = None if outcome.replayed else (time.time() - call.received) * 1000
+        return ORJSONResponse(
+            result_body(outcome.rows[0], total_ms), headers=outcome.limit_headers
         )
-    except Unavailable:
-        if first_claim and key is not None:
-            # Nothing reached Kafka: the client's retry sends it again at once.
-            await release(st.engine, tenant_id=tenant.id, key=key, request_id=msg.request_id)
-        raise
-    metrics.admitted(tenant.tier)
+
+
+INFER = InferDoor()
 
 
 @router.post(
@@ -131,132 +64,11 @@ async def send_claimed(
     summary="Run one input through a model and wait for its answer",
 )
 async def infer(
-    request: Request,
-    authorization: str | None = Header(default=None),
-    idempotency_key: str | None = Header(default=None),
-) -> ORJSONResponse:
-    # Documents the route in OpenAPI and serves it when the app runs without the fast path
-    # (ingest/fast_path.py, which calls answer_infer directly in production). The body is
-    # declared in create_app (ingest/app.py), with the caps in force.
-    received = time.time()
+    request: Request, tenant: Caller, idempotency_key: str | None = Header(default=None)
+) -> Response:
+    # The body is declared in create_app (ingest/app.py), with the caps in force.
     st = get_state(request)
-    tenant = await st.auth.authenticate(authorization)  # before the body
-    check_headers(st.settings, idempotency_key)
-    return await answer_infer(st, tenant, idempotency_key, await request.body(), received)
-
-
-async def answer_infer(
-    st: AppState,
-    tenant: Tenant,
-    idempotency_key: str | None,
-    raw_body: bytes,
-    received: float,
-) -> ORJSONResponse:
-    """``POST /v1/infer`` once the key and headers are checked and the body is in:
-    errors are raised (ingest/edge/http.py maps them)."""
-    take_instance_slot(st, tenant)
-    try:
-        return await _infer(st, raw_body, tenant, received, idempotency_key)
-    finally:
-        st.inflight.release()
-
-
-def take_instance_slot(st: AppState, tenant: Tenant) -> None:
-    """Refuse (503) when this API instance is saturated, else hold one of its in-flight
-    slots: the caller releases it (``st.inflight.release()``) when it answers."""
-    metrics.request_tier.set(tenant.tier)
-    s = st.settings
-    if st.overload.should_shed(tenant.tier, s.loop_lag_shed_ms, s.answer_delay_shed_ms):
-        raise Unavailable(
-            f"overloaded: this API instance's event loop is {st.overload.lag.lag_ms:.0f} ms "
-            f"behind and its answers leave {st.overload.answer.ms():.0f} ms after their "
-            "result is stored; retry shortly",
-            retry_after_s=1,
-            reason="instance_overload",
-        )
-    if not st.inflight.try_acquire(tenant.tier):
-        raise Unavailable(
-            "this API instance is at capacity; retry shortly",
-            retry_after_s=1,
-            reason="instance_capacity",
-        )
-
-
-async def _infer(
-    st: AppState, raw_body: bytes, tenant: Tenant, received: float, idempotency_key: str | None
-) -> ORJSONResponse:
-    body = parse_infer(raw_body, st.settings)
-    spec = await st.catalog.resolve(
-        body.model, tenant_id=tenant.id, idempotency_key=idempotency_key
-    )
-    params = accept(spec, body)
-    # Policy after validation: a malformed request is a 4xx whatever the load.
-    limit_headers = check_rate(st.limiter, st.settings, tenant)
-    timeout_ms = body.timeout_ms or st.settings.tier_slo_ms.get(
-        tenant.tier, st.settings.default_timeout_ms
-    )
-    check_admission(st.load, st.settings, tenant, spec.ref, timeout_ms)
-    rid = str(uuid.uuid4())  # with an Idempotency-Key, the claim may name an earlier one
-    msg = request_message(
-        spec,
-        body.input,
-        params,
-        tenant=tenant,
-        request_id=rid,
-        received=received,
-        timeout_ms=timeout_ms,
-        idempotency_key=idempotency_key,
-    )
-    deadline = msg.deadline
-    c = None
-    if idempotency_key is not None:
-        c = await claim(
-            st.engine,
-            tenant_id=tenant.id,
-            key=idempotency_key,
-            request_id=rid,
-            body_hash=msg.body_hash,
-            deadline=deadline,
-            received=received,
-            ttl_h=st.settings.idempotency_ttl_h,
-        )
-        rid = msg.request_id = c.request_id
-        if not c.first and c.first_received is not None:
-            # The first attempt's time: its row's key (the request log's partition).
-            msg.received_at = c.first_received.timestamp()
-    annotate(rid, spec.ref, tenant.tier)
-    fut = st.waiter.register(rid)
-    try:
-        send = True
-        if c is not None and not c.first:
-            done = await st.waiter.fetch([rid])
-            if done:
-                return ORJSONResponse(result_body(done[0]), headers=limit_headers)
-            # Still in flight: wait for the first attempt, unless its caller already
-            # gave up, in which case it may never have reached Kafka: send it again
-            # (same request id, so at most one result row either way).
-            send = c.first_deadline is not None and c.first_deadline < datetime.now(UTC)
-        if send:
-            await send_claimed(
-                st, tenant, msg, first_claim=c is None or c.first, key=idempotency_key
-            )
-        try:
-            row = await asyncio.wait_for(
-                asyncio.shield(fut), timeout=max(0.0, deadline - time.time())
-            )
-        except TimeoutError as exc:
-            TIMEOUTS.record(Timeout(rid, tenant.id, msg.received_at, time.time()))
-            raise DeadlineExceeded(
-                f"no result within timeout_ms={timeout_ms}; the request stays accepted "
-                f"and its result can be fetched at /v1/requests/{rid}"
-            ) from exc
-        now = time.time()
-        if row.get("persisted_at") is not None:  # the overload guard's answer delay
-            st.overload.answer.observe((now - row["persisted_at"].timestamp()) * 1000)
-        metrics.answered(msg, row, now)
-        return ORJSONResponse(result_body(row, (now - received) * 1000), headers=limit_headers)
-    finally:
-        st.waiter.discard(rid)
+    return await serve(st, INFER, await call_of(st, request, tenant, idempotency_key))
 
 
 @router.get(
@@ -265,12 +77,9 @@ async def _infer(
     responses=ERROR_RESPONSES,
     summary="A finished request's result, for a caller whose wait timed out",
 )
-async def get_request(
-    request: Request, request_id: str, authorization: str | None = Header(default=None)
-) -> ORJSONResponse:
+async def get_request(request: Request, request_id: str, tenant: Caller) -> ORJSONResponse:
     """A request's result by id. Tenant-scoped: another tenant's id is a 404."""
-    st: AppState = get_state(request)
-    tenant = await st.auth.authenticate(authorization)
+    st = get_state(request)
     # Only the canonical form: PostgreSQL would take some others ({...}, bare hex) and
     # refuse the rest (urn:uuid:...) with an error that is not the client's to see.
     canonical = canonical_uuid(request_id)

@@ -1,19 +1,22 @@
-"""Request and response bodies. Parsing is explicit so each failure gets the right
-status: malformed JSON is 400, a schema violation is 422, a value the service
-cannot carry or that breaks a documented cap is 400, each naming the field
-(caps: settings.EdgeSettings, checks: core/limits.py)."""
+"""``POST /v1/infer`` on the wire: its body, parsed so each failure gets the right status
+(malformed JSON 400, a schema violation 422, a value the service cannot carry or that
+breaks a documented cap 400, each naming the field; caps: settings.EdgeSettings,
+checks: core/limits.py), and the answers built from a finished request's row. Pure."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from datetime import datetime
+from typing import Any
 
-import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from core.config import Settings
-from core.errors import InvalidInput, SchemaViolation
 from core.limits import check_int, check_json, check_object, check_text
-from ingest.edge.http import field_path
+from core.models.spec import ModelSpec
+from ingest.acceptance.pipeline import raise_if_unsuccessful
+from ingest.edge.bodies import parse_body
+from results.requests import AnswerRow
+from results.vectors import EncodingFormat, answer_output
 
 
 class InferBody(BaseModel):
@@ -57,37 +60,6 @@ class RequestRecord(BaseModel):
     timings: Timings | None = None
 
 
-class ErrorDetail(BaseModel):
-    code: str
-    message: str
-    field: str | None = Field(default=None, description="the request field at fault")
-    reference: str | None = Field(default=None, description="a 500's id in the server's log")
-
-
-class ErrorBody(BaseModel):
-    error: ErrorDetail
-
-
-def _err(description: str) -> dict[str, Any]:
-    return {"model": ErrorBody, "description": description}
-
-
-# Every answer an API route can give besides its success (README "The API").
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: _err("invalid input; error.field names it"),
-    401: _err("missing, malformed, unknown or revoked API key"),
-    403: _err("not yours"),
-    404: _err("unknown model, version, request or job"),
-    408: _err("the request body stopped arriving"),
-    413: _err("body larger than the cap"),
-    422: _err("schema violation, Idempotency-Key reused with another body, model failed"),
-    429: _err("over the tenant's rate (Retry-After)"),
-    500: _err("a bug; error.reference finds it in the server's log"),
-    503: _err("overloaded or a dependency down (Retry-After)"),
-    504: _err("the deadline passed; the request stays accepted"),
-}
-
-
 def infer_request_schema(settings: Settings, models: list[str]) -> dict[str, Any]:
     """``POST /v1/infer``'s body as OpenAPI declares it, with the caps in force."""
     return {
@@ -121,34 +93,6 @@ def infer_request_schema(settings: Settings, models: list[str]) -> dict[str, Any
     }
 
 
-T = TypeVar("T", bound=BaseModel)
-
-
-def json_object(raw: bytes) -> dict[str, Any]:
-    """A request body that must be one JSON object, or a 400 saying what it is instead."""
-    if not raw.strip():
-        raise InvalidInput("request body is empty; expected a JSON object")
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise InvalidInput("request body must be a JSON object")
-    return data
-
-
-def parse_body(raw: bytes, schema: type[T]) -> T:
-    data = json_object(raw)
-    if "input" in schema.model_fields and "input" not in data:
-        raise SchemaViolation("field 'input' is required", field="input")
-    try:
-        return schema.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = field_path(err["loc"])
-        raise SchemaViolation(f"{loc}: {err['msg']}", field=loc) from exc
-
-
 def check_infer_body(body: InferBody, settings: Settings) -> None:
     """The caps and what Kafka and PostgreSQL can carry, before any model looks at it.
     A string input is the model spec's to check (its own length cap comes first)."""
@@ -172,3 +116,35 @@ def parse_infer(raw: bytes, settings: Settings) -> InferBody:
     body = parse_body(raw, InferBody)
     check_infer_body(body, settings)
     return body
+
+
+def accept(spec: ModelSpec, body: InferBody) -> dict[str, Any]:
+    """The model's own checks on a parsed body; returns the normalized params."""
+    spec.validate_input(body.input)
+    return spec.normalize_params(body.params)
+
+
+def _ms(a: datetime | None, b: datetime | None) -> float | None:
+    return None if a is None or b is None else round((b - a).total_seconds() * 1000, 3)
+
+
+def result_body(row: AnswerRow, total_ms: float | None = None) -> dict[str, Any]:
+    """The answer for a finished request; raises the error for a failed or expired one.
+    ``total_ms``: from when this call arrived (else from the request's own times)."""
+    raise_if_unsuccessful(row)
+    if total_ms is None:
+        total_ms = _ms(row["received_at"], row["persisted_at"])
+    return {
+        "request_id": str(row["request_id"]),
+        "output": answer_output(row["output"], row.get("output_vector"), EncodingFormat.FLOAT),
+        "model": row["model"],
+        "model_version": row["model_version"],
+        "batch_size": row["batch_size"],
+        "timings": {
+            "queue_ms": _ms(row["received_at"], row["consumed_at"]),
+            "batch_wait_ms": _ms(row["consumed_at"], row["batched_at"]),
+            "compute_ms": _ms(row["compute_start_at"], row["compute_end_at"]),
+            "persist_ms": _ms(row["compute_end_at"], row["persisted_at"]),
+            "total_ms": round(total_ms, 3) if total_ms is not None else None,
+        },
+    }

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.errors import InvalidInput, NotFound
+from core.vocab import ItemStatus, JobStatus
 from ingest.jobs.schemas import check_custom_id
 
 EMBEDDINGS = "/v1/embeddings"
@@ -268,17 +269,17 @@ BATCH_STATUSES = (
 )
 
 
-def batch_status(job_status: str, submit_state: str) -> str:
-    """OpenAI's status for a job's (results/jobs.py JOB_STATUSES). A batch is created
+def batch_status(job_status: JobStatus, submit_state: str) -> str:
+    """OpenAI's status for a job's (core/vocab.py ``JobStatus``). A batch is created
     only once its file is valid, so it is never "failed" here: a job whose items all
     failed is a "completed" batch with an error file, as at OpenAI. "validating" is the
     time its items are being made durable in Kafka. The output file is a view of the
     results, never copied, so "finalizing" is not passed through."""
-    if job_status in ("queued", "running"):
+    if job_status in (JobStatus.QUEUED, JobStatus.RUNNING):
         return "validating" if submit_state != "submitted" else "in_progress"
-    if job_status == "failed":
+    if job_status == JobStatus.FAILED:
         return "completed"
-    return job_status  # completed, cancelling, cancelled, expired
+    return str(job_status)  # completed, cancelling, cancelled, expired: OpenAI's words too
 
 
 def request_counts(counts: dict[str, int]) -> dict[str, int]:
@@ -292,13 +293,21 @@ def request_counts(counts: dict[str, int]) -> dict[str, int]:
 
 # --- output and error lines -------------------------------------------------------------
 
-_ERROR_STATUS = {"failed": 500, "expired": 408, "cancelled": 499}
+_ERROR_STATUS: dict[str, int] = {
+    ItemStatus.FAILED: 500,
+    ItemStatus.EXPIRED: 408,
+    ItemStatus.CANCELLED: 499,
+}
 
 
 def error_line(custom_id: str | None, request_id: str, status: str, error: Any) -> dict[str, Any]:
     """A line of the error file: the item did not succeed."""
     message = error if isinstance(error, str) and error else f"the request {status}"
-    code = {"failed": "model_error", "expired": "batch_expired", "cancelled": "batch_cancelled"}
+    code: dict[str, str] = {
+        ItemStatus.FAILED: "model_error",
+        ItemStatus.EXPIRED: "batch_expired",
+        ItemStatus.CANCELLED: "batch_cancelled",
+    }
     return {
         "id": "batch_req_" + uuid.UUID(request_id).hex,
         "custom_id": custom_id,

@@ -1,27 +1,36 @@
-"""``POST /v1/embeddings`` as OpenAI's, on the durable path of ``/v1/infer``.
+"""``POST /v1/embeddings`` as OpenAI's, on the acceptance pipeline of ``/v1/infer``.
 
 Accepted means durable (every input in Kafka), as everywhere; the key's tier sets
 limits, admission and the deadline; an ``Idempotency-Key`` makes a retry name the
-same results. Each input is its own request, batched by the scheduler with all
-other traffic (ingest/acceptance/pipeline.py). ``Prefer: respond-async, wait=N`` (RFC 7240)
-answers 202 with ``Location: /v1/requests/{id}`` when the answer is not ready within
-N seconds. Errors are in OpenAI's shape (ingest/edge/error_shapes.py). The wire format
-is ingest/openai/wire.py; what differs from OpenAI's service: decision 34.
+same results. Each input is its own request, batched by the scheduler with all other
+traffic (ingest/acceptance/pipeline.py). ``Prefer: respond-async, wait=N`` (RFC 7240)
+answers 202 with ``Location: /v1/requests/{id}`` when the answer is not ready within N
+seconds. Errors are in OpenAI's shape (ingest/edge/error_shapes.py). The wire format is
+ingest/openai/wire.py; what differs from OpenAI's service: decision 34. In production
+the fast path serves it (ingest/fast_path.py), through the same door (``EMBEDDINGS``).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import ORJSONResponse
+from starlette.responses import Response
 
-from core.errors import DeadlineExceeded, InvalidInput
-from ingest.acceptance.pipeline import Submitted, submit_many, validate_each
+from core.errors import InvalidInput
+from ingest.acceptance.pipeline import (
+    Call,
+    Order,
+    Outcome,
+    call_of,
+    raise_if_unsuccessful,
+    serve,
+    validate_each,
+)
 from ingest.acceptance.state import AppState, get_state
+from ingest.edge.auth import Caller
 from ingest.edge.error_shapes import Shape, declared
-from ingest.native.routes import check_headers, raise_if_unsuccessful, take_instance_slot
 from ingest.openai.wire import (
     EmbeddingsRequest,
     Prefer,
@@ -31,9 +40,62 @@ from ingest.openai.wire import (
     parse_prefer,
     prompt_tokens,
 )
-from results.tenants import Tenant
 
 router = APIRouter()
+
+
+class EmbeddingsDoor:
+    """One input or up to 2,048, answered in input order (or 202 when preferred)."""
+
+    holds_slot = True
+
+    async def order(self, st: AppState, call: Call) -> Order:
+        prefer = parse_prefer(call.header_values(b"prefer"))
+        body = parse_embeddings(call.body, st.settings)
+        spec = await st.catalog.resolve(
+            body.model, tenant_id=call.tenant.id, idempotency_key=call.idempotency_key
+        )
+        dim = spec.embedding_dim()
+        if dim is None:
+            raise InvalidInput(
+                f"model {spec.ref} does not answer with embeddings; see GET /v1/models",
+                field="model",
+            )
+        check_dimensions(body.dimensions, dim, spec.ref)
+        many = len(body.inputs) > 1
+        validate_each(spec, body.inputs, lambda i: f"input[{i}]" if many else "input")
+        return Order(
+            spec,
+            body.inputs,
+            spec.normalize_params(None),  # the model's defaults (embeddings: normalized)
+            many=True,
+            timeout_ms=body.timeout_ms,
+            # respond-async: the client takes a 202 once Kafka has it, or after ``wait`` s.
+            wait_s=(prefer.wait_s or 0) if prefer.respond_async else None,
+            wire=(body, prefer),
+        )
+
+    def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:
+        body, prefer = order.wire
+        if outcome.rows is None:
+            return _pending(outcome, body, prefer)
+        many = len(outcome.rows) > 1
+        for i, row in enumerate(outcome.rows):
+            raise_if_unsuccessful(row, f"input[{i}]" if many else "input")
+        tokens = sum(prompt_tokens(m.input) for m in outcome.messages)
+        return ORJSONResponse(
+            embeddings_answer(
+                outcome.rows,
+                model=order.spec.ref,
+                encoding=body.encoding,
+                dimensions=body.dimensions,
+                tokens=tokens,
+            ),
+            headers=outcome.limit_headers,
+        )
+
+
+EMBEDDINGS = EmbeddingsDoor()
 
 
 @router.post(
@@ -45,95 +107,18 @@ router = APIRouter()
     },
 )
 async def embeddings(
-    request: Request,
-    authorization: str | None = Header(default=None),
-    idempotency_key: str | None = Header(default=None),
-) -> ORJSONResponse:
-    # Documents the route in OpenAPI and serves it when the app runs without the fast
-    # path (ingest/fast_path.py serves it in production, as it does /v1/infer).
-    received = time.time()
+    request: Request, tenant: Caller, idempotency_key: str | None = Header(default=None)
+) -> Response:
     st = get_state(request)
-    tenant = await st.auth.authenticate(authorization)
-    check_headers(st.settings, idempotency_key)
-    prefer = parse_prefer(request.headers.getlist("prefer"))
-    raw = await request.body()
-    return await answer_embeddings(st, tenant, idempotency_key, prefer, raw, received)
+    return await serve(st, EMBEDDINGS, await call_of(st, request, tenant, idempotency_key))
 
 
-async def answer_embeddings(
-    st: AppState,
-    tenant: Tenant,
-    idempotency_key: str | None,
-    prefer: Prefer,
-    raw_body: bytes,
-    received: float,
-) -> ORJSONResponse:
-    """``POST /v1/embeddings`` once the key and headers are checked and the body is in:
-    errors are raised (ingest/edge/http.py maps them, in OpenAI's shape)."""
-    take_instance_slot(st, tenant)
-    try:
-        return await _embeddings(st, tenant, idempotency_key, prefer, raw_body, received)
-    finally:
-        st.inflight.release()
-
-
-async def _embeddings(
-    st: AppState,
-    tenant: Tenant,
-    idempotency_key: str | None,
-    prefer: Prefer,
-    raw_body: bytes,
-    received: float,
-) -> ORJSONResponse:
-    body = parse_embeddings(raw_body, st.settings)
-    spec = await st.catalog.resolve(
-        body.model, tenant_id=tenant.id, idempotency_key=idempotency_key
-    )
-    dim = spec.embedding_dim()
-    if dim is None:
-        raise InvalidInput(
-            f"model {spec.ref} does not answer with embeddings; see GET /v1/models",
-            field="model",
-        )
-    check_dimensions(body.dimensions, dim, spec.ref)
-    many = len(body.inputs) > 1
-    validate_each(spec, body.inputs, lambda i: f"input[{i}]" if many else "input")
-    params = spec.normalize_params(None)  # the model's defaults (embeddings: normalized)
-    done = await submit_many(
-        st,
-        tenant,
-        spec,
-        body.inputs,
-        params,
-        received=received,
-        timeout_ms=body.timeout_ms,
-        idempotency_key=idempotency_key,
-        # respond-async: the client takes a 202 once Kafka has it, or after ``wait`` s.
-        wait_s=(prefer.wait_s or 0) if prefer.respond_async else None,
-    )
-    if done.rows is None:
-        return _pending(done, body, prefer)
-    for i, row in enumerate(done.rows):
-        raise_if_unsuccessful(row, f"input[{i}]" if many else "input")
-    tokens = sum(prompt_tokens(m.input) for m in done.messages)
-    return ORJSONResponse(
-        embeddings_answer(
-            done.rows,
-            model=spec.ref,
-            encoding=body.encoding,
-            dimensions=body.dimensions,
-            tokens=tokens,
-        ),
-        headers=done.limit_headers,
-    )
-
-
-def _pending(done: Submitted, body: EmbeddingsRequest, prefer: Prefer) -> ORJSONResponse:
+def _pending(outcome: Outcome, body: EmbeddingsRequest, prefer: Prefer) -> ORJSONResponse:
     """Not all answered in time: 202 when the client prefers it, else the deadline's 504.
     Either way every input is accepted and its result is kept under its request id."""
-    where = f"/v1/requests/{done.request_ids[0]}"
+    where = f"/v1/requests/{outcome.request_ids[0]}"
     if not prefer.respond_async:
-        raise DeadlineExceeded(
+        raise outcome.gave_up(
             "no answer before the deadline; the inputs stay accepted and their results "
             f"can be fetched at /v1/requests/{{id}} (first: {where})"
         )
@@ -143,9 +128,9 @@ def _pending(done: Submitted, body: EmbeddingsRequest, prefer: Prefer) -> ORJSON
         "model": body.model,
         "data": [
             {"object": "request", "index": i, "request_id": rid, "url": f"/v1/requests/{rid}"}
-            for i, rid in enumerate(done.request_ids)
+            for i, rid in enumerate(outcome.request_ids)
         ],
     }
     applied = "respond-async" + (f", wait={prefer.wait_s}" if prefer.wait_s is not None else "")
-    headers = {**done.limit_headers, "Location": where, "Preference-Applied": applied}
+    headers = {**outcome.limit_headers, "Location": where, "Preference-Applied": applied}
     return ORJSONResponse(content, status_code=202, headers=headers)

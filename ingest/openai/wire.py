@@ -8,11 +8,10 @@ protocols.md.
 
 from __future__ import annotations
 
-import base64
 import math
 import re
-import sys
 from array import array
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +19,15 @@ from core.config import Settings
 from core.errors import InvalidInput, SchemaViolation
 from core.limits import check_int, check_text, shown
 from core.models.token_ids import is_tokenized
-from ingest.native.wire import json_object
-from results.vectors import ITEMSIZE, EncodingFormat, answer_output
+from ingest.edge.bodies import json_object
+from results.vectors import (
+    ITEMSIZE,
+    EncodingFormat,
+    answer_output,
+    from_floats,
+    stored_vector,
+    to_base64,
+)
 
 # OpenAI's own cap on inputs in one embeddings request.
 MAX_INPUTS = 2048
@@ -137,34 +143,6 @@ def check_dimensions(dimensions: int | None, model_dim: int, model: str) -> None
 # --- answers ----------------------------------------------------------------------------
 
 
-def _le_bytes(values: array[float]) -> bytes:
-    if sys.byteorder == "big":
-        values = array("f", values)
-        values.byteswap()
-    return values.tobytes()
-
-
-def _from_le_bytes(raw: bytes) -> array[float]:
-    values = array("f")
-    values.frombytes(raw)
-    if sys.byteorder == "big":
-        values.byteswap()
-    return values
-
-
-def stored_vector(row: dict[str, Any]) -> array[float]:
-    """The float32 vector of a finished request's row: stored as little-endian float32
-    bytes (``output_vector``) where the result store keeps them so, else as the JSON
-    list of numbers the worker's float32 row was written as (exact in float64)."""
-    raw = row.get("output_vector")
-    if isinstance(raw, bytes | bytearray | memoryview):
-        return _from_le_bytes(bytes(raw))
-    out = row.get("output")
-    if isinstance(out, list) and all(isinstance(x, int | float) for x in out):
-        return array("f", out)
-    raise ValueError(f"the model's answer is not a vector (got {type(out).__name__})")
-
-
 def shortened(values: array[float], dimensions: int | None) -> array[float]:
     """The first ``dimensions`` values, scaled back to unit length (as OpenAI's
     ``dimensions`` does); unchanged when not asked or when it is the full length."""
@@ -179,7 +157,7 @@ def shortened(values: array[float], dimensions: int | None) -> array[float]:
 
 def encoded(values: array[float], encoding: EncodingFormat) -> list[float] | str:
     if encoding is EncodingFormat.BASE64:
-        return base64.b64encode(_le_bytes(values)).decode("ascii")
+        return to_base64(from_floats(values))
     return values.tolist()
 
 
@@ -192,7 +170,7 @@ def prompt_tokens(message_input: Any) -> int:
     return len(str(message_input).split())
 
 
-def embedding(row: dict[str, Any], encoding: EncodingFormat, dimensions: int | None) -> Any:
+def embedding(row: Mapping[str, Any], encoding: EncodingFormat, dimensions: int | None) -> Any:
     """One input's ``embedding``. The stored float32 bytes are the answer as they are
     (base64 of them, or their values) unless ``dimensions`` shortens the vector."""
     raw = row.get("output_vector")
@@ -202,7 +180,7 @@ def embedding(row: dict[str, Any], encoding: EncodingFormat, dimensions: int | N
 
 
 def embeddings_answer(
-    rows: list[dict[str, Any]],
+    rows: Sequence[Mapping[str, Any]],
     *,
     model: str,
     encoding: EncodingFormat,

@@ -14,13 +14,13 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import ORJSONResponse
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Connection
 
 from core.models import lifecycle
 from core.models.registry import VersionRecord, new_record
 from ingest.acceptance.state import get_state
 from ingest.operations.admin_auth import require_admin
 from results import modelregistry
+from results.db import in_transaction
 
 router = APIRouter(prefix="/v1/admin")
 T = TypeVar("T")
@@ -56,9 +56,9 @@ class Rollback(BaseModel):
     version: str | None = Field(None, description="the canary to withdraw; default: the live one")
 
 
-async def _write(request: Request, fn: Callable[[Connection], T]) -> T:
-    async with get_state(request).engine.begin() as conn:
-        return await conn.run_sync(fn)
+async def _write(request: Request, fn: Callable[[Any], T]) -> T:
+    """``fn`` (a results/modelregistry.py function of a connection) in one transaction."""
+    return await in_transaction(get_state(request).engine, fn)
 
 
 def _record(r: VersionRecord) -> dict[str, Any]:

@@ -15,16 +15,14 @@ from fastapi import Header, Request
 from core.errors import Forbidden, Unauthorized
 from ingest.acceptance.state import get_state
 from ingest.edge.auth import bearer_key
-from results.tenants import admin_lookup_stmt
+from results.tenants import admin_lookup
 
 
 async def require_admin(
     request: Request, authorization: Annotated[str | None, Header()] = None
 ) -> str:
     """A FastAPI dependency: the actor an admin key names (for audit trails), or 401/403."""
-    key = bearer_key(authorization)
-    async with get_state(request).engine.connect() as conn:
-        row = (await conn.execute(admin_lookup_stmt(key))).first()
+    row = await admin_lookup(get_state(request).engine, bearer_key(authorization))
     if row is None:
         raise Unauthorized("unknown or revoked API key")
     if not row.admin:

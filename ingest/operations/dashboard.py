@@ -21,10 +21,10 @@ from fastapi.responses import ORJSONResponse, Response
 
 from core.errors import Unavailable
 from ingest.acceptance.state import get_state
-from ingest.metrics import read_job_gauges
 from ingest.operations.admin_auth import require_admin
 from ingest.operations.dashboard_summary import Published, summarize
-from results.load import live_metrics_stmt
+from ingest.operations.metrics import read_job_gauges
+from results.load import live_metrics
 
 STATIC = resources.files("ingest.operations") / "static"
 # The page runs only its own script and talks only to this origin: an admin key typed
@@ -69,10 +69,9 @@ async def data(request: Request, _actor: Annotated[str, Depends(require_admin)])
     """The deployment's numbers now (ingest/operations/dashboard_summary.py ``summarize``)."""
     state = get_state(request)
     s = state.settings
-    stmt = live_metrics_stmt(s.load_report_stale_s, s.topic_prefix)
     try:
-        async with asyncio.timeout(DATA_TIMEOUT_S), state.engine.connect() as conn:
-            rows = (await conn.execute(stmt)).all()
+        async with asyncio.timeout(DATA_TIMEOUT_S):
+            rows = await live_metrics(state.engine, s.load_report_stale_s, s.topic_prefix)
     except TimeoutError as exc:
         raise Unavailable("the metrics are not readable now", retry_after_s=1) from exc
     jobs = await read_job_gauges(state, DATA_TIMEOUT_S)

@@ -29,10 +29,11 @@ from core.models.token_ids import input_text
 from gristmill.devservices.stack import Services
 from gristmill.migrate import migrate_database
 from ingest.acceptance.idempotency import claim
-from ingest.acceptance.waiters import RESULT_COLUMNS
-from ingest.native.routes import accept, check_headers, request_message, result_body
-from ingest.native.wire import parse_infer
+from ingest.acceptance.message import request_message
+from ingest.acceptance.pipeline import check_headers
+from ingest.native.wire import accept, parse_infer, result_body
 from results.db import make_engine, sqlalchemy_url
+from results.requests import RESULT_COLUMNS
 from results.schema import idempotency_keys, requests
 from results.store import write_results
 from results.tenants import Tenant, create_tenant

@@ -16,11 +16,10 @@ from ingest.admission.capacity import (
     ORDER_WINDOW_S,
     Admission,
     Decision,
-    LoadView,
-    ModelLoad,
     wait_budget_s,
     wait_s,
 )
+from ingest.admission.view import LoadView, ModelLoad
 
 REF = "sim@1"
 MARGIN = 0.02

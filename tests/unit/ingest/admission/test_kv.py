@@ -9,8 +9,8 @@ import math
 import pytest
 
 from core.load_report import KVState, LoadReport
-from ingest.admission.capacity import LoadView
 from ingest.admission.kv import MIN_RETRY_S, decide_kv
+from ingest.admission.view import LoadView
 
 
 def state(blocks: int, size: int, used: int, rate: float, **wanted: int) -> KVState:

@@ -119,7 +119,7 @@ def call(app: Any, path: str) -> httpx.Response:
 def test_a_bug_is_a_json_500_with_a_reference_logged_once_with_its_stack(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.ERROR, logger="gristmill.ingest"):
+    with caplog.at_level(logging.ERROR, logger="ingest.edge.http"):
         r = call(ErrorGuard(app_with_routes()), "/bug")
     assert r.status_code == 500 and r.headers["content-type"] == "application/json"
     err = r.json()["error"]
@@ -170,7 +170,7 @@ def run_asgi(app: Any, path: str) -> list[Message]:
 def test_a_stream_that_fails_is_logged_once_and_cut_short(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.ERROR, logger="gristmill.ingest"):
+    with caplog.at_level(logging.ERROR, logger="ingest.edge.http"):
         sent = run_asgi(ErrorGuard(app_with_routes()), "/stream")
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
     bodies = [m for m in sent if m["type"] == "http.response.body"]
@@ -188,7 +188,7 @@ def test_the_guard_answers_for_bare_asgi_apps_too(caplog: pytest.LogCaptureFixtu
     async def refuses(scope: Scope, receive: Receive, send: Send) -> None:
         raise InvalidInput("bad value", field="x")
 
-    with caplog.at_level(logging.ERROR, logger="gristmill.ingest"):
+    with caplog.at_level(logging.ERROR, logger="ingest.edge.http"):
         r = call(ErrorGuard(broken), "/")
     assert r.status_code == 500 and "inside a middleware" not in r.text
     r = call(ErrorGuard(refuses), "/")

@@ -68,7 +68,7 @@ def run(status: int, caplog: pytest.LogCaptureFixture) -> list[str]:
         return {"type": "http.request", "body": b""}
 
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="gristmill.ingest.refused"):
+    with caplog.at_level(logging.WARNING, logger="ingest.edge.refusal_log"):
         asyncio.run(RefusalLog(app, clock=lambda: 0.0)(scope(), receive, send))
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     return [r.getMessage() for r in caplog.records]

@@ -12,8 +12,10 @@ from core.config import Settings
 from core.errors import GristmillError, InvalidInput, SchemaViolation
 from core.messages import RequestMessage
 from core.models.catalog import build_specs
-from ingest.native.routes import accept, check_headers, request_message
-from ingest.native.wire import InferBody, infer_request_schema, parse_body, parse_infer
+from ingest.acceptance.message import request_message
+from ingest.acceptance.pipeline import check_headers
+from ingest.edge.bodies import parse_body
+from ingest.native.wire import InferBody, accept, infer_request_schema, parse_infer
 from results.tenants import Tenant
 
 SETTINGS = Settings()

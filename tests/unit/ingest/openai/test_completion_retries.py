@@ -1,4 +1,4 @@
-"""ingest/openai/completions.py: what a retried completion (same Idempotency-Key) draws
+"""ingest/openai/completion_wire.py: what a retried completion (same Idempotency-Key) draws
 and resumes."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from core.errors import InvalidInput
 from core.models.causal_lm import SEED_MAX
-from ingest.openai.completions import _resume_from, keyed_seed
+from ingest.openai.completion_wire import keyed_seed, resume_from
 
 
 def test_a_keyed_seed_repeats_for_the_same_tenant_and_key_only() -> None:
@@ -23,14 +23,14 @@ def test_a_keyed_seed_repeats_for_the_same_tenant_and_key_only() -> None:
 
 
 def test_a_retried_stream_starts_after_the_last_event_it_got() -> None:
-    assert _resume_from(None) == 0
-    assert _resume_from("-1") == 0
-    assert _resume_from("0") == 1
-    assert _resume_from("41") == 42
+    assert resume_from(None) == 0
+    assert resume_from("-1") == 0
+    assert resume_from("0") == 1
+    assert resume_from("41") == 42
 
 
 @pytest.mark.parametrize("bad", ["x", "1.5", "-2", str(1 << 20), ""])
 def test_a_bad_last_event_id_is_refused_naming_the_header(bad: str) -> None:
     with pytest.raises(InvalidInput) as e:
-        _resume_from(bad)
+        resume_from(bad)
     assert e.value.field == "Last-Event-ID"

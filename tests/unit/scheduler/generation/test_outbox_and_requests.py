@@ -10,7 +10,7 @@ import pytest
 
 from core.messages import RequestMessage
 from core.models.token_ids import tokenized_input
-from ingest.openai.completions import _ending
+from ingest.openai.completion_wire import ending as _ending
 from scheduler.generation.events import Finished, Preempted, Token
 from scheduler.generation.outbox import Outbox
 from scheduler.generation.requests import Progress, Refused, prepare, sampling_seed

@@ -1,0 +1,133 @@
+"""What the acceptance pipeline asks of Kafka and PostgreSQL, as protocols.
+
+The API runs on the real ones (``AsyncProducer``, ``ResultWaiter``, ``KeyClaims``,
+``JobPublisher``); unit tests drive every front door through the whole pipeline on
+in-memory stand-ins (tests/unit/ingest/stubs.py, as Dramatiq's StubBroker serves its
+tests), and the e2e suite on a real broker and database. Nothing on a user's path runs
+on a stand-in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from core.kafka import KafkaHeaders
+from results.generation import Progress
+from results.requests import AnswerRow
+
+
+class RequestProducer(Protocol):
+    """Puts an accepted request's message in Kafka."""
+
+    async def produce(
+        self, topic: str, value: bytes, headers: KafkaHeaders | None = None
+    ) -> tuple[int, int]:
+        """(partition, offset) once the broker has it with acks=all; raises
+        ``Unavailable`` (503) when it cannot."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A streamed token's text, by its output index."""
+
+    index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """A stream's end: the request's final row (its text holds every token's), and the
+    first index the stream had not sent (the row's to give from there)."""
+
+    row: AnswerRow
+    next_index: int
+
+
+class TokenStream(Protocol):
+    """One caller's view of a generating request: its tokens from the index it asked
+    for, in order, then its end; one source, so never an end before a token."""
+
+    async def next(self, timeout_s: float) -> Token | End | None:
+        """The next token or the end; None when nothing came within ``timeout_s``."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Waiter(Protocol):
+    """The way back: answers heard as they are stored, finished rows fetched, streams."""
+
+    listening: asyncio.Event  # set while results can reach this instance
+
+    def register(self, request_id: str) -> asyncio.Future[AnswerRow]:
+        """Before producing, so a fast result cannot slip past; raises ``Unavailable``
+        (503) while no result could reach this instance."""
+        ...
+
+    def discard(self, request_id: str) -> None: ...
+
+    async def fetch(self, ids: list[str]) -> list[AnswerRow]:
+        """The finished rows among ``ids`` (a retry of requests that may be done)."""
+        ...
+
+    async def progress(self, request_id: str, tenant_id: str) -> Progress:
+        """Whether the tenant's generation request is generating, or its final row."""
+        ...
+
+    def follow(self, request_id: str, tenant_id: str, next_index: int) -> TokenStream:
+        """The tenant's generation request's tokens from ``next_index`` on, then its end."""
+        ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Claim:
+    first: bool  # this call is the first with the key (or the key had expired)
+    request_id: str  # the request the key names: the one to send, fetch or wait for
+    first_deadline: datetime | None = None  # when the first attempt's caller gave up
+    # When the first attempt was received: a resend carries it, so the request keeps
+    # one row (the request log's key includes received_at). None: an old claim.
+    first_received: datetime | None = None
+
+
+class IdempotencyKeys(Protocol):
+    """Idempotency-Key claims (after the IETF httpapi Idempotency-Key draft)."""
+
+    async def claim(
+        self,
+        *,
+        tenant_id: str,
+        key: str,
+        request_id: str,
+        body_hash: str,
+        deadline: float,
+        received: float,
+    ) -> Claim:
+        """Claim ``key`` for ``request_id``; a retry gets the first request's. Raises
+        ``IdempotencyConflict`` (422) when the key was used with another body."""
+        ...
+
+    async def release(self, *, tenant_id: str, key: str, request_id: str) -> None:
+        """The claimed request never reached Kafka: free the key for the retry."""
+        ...
+
+
+class JobQueue(Protocol):
+    """Puts a recorded job's items in Kafka (phase 2 of a submission, decision 10)."""
+
+    async def publish(self, job_id: str) -> int: ...
+
+    async def claim_stale(self) -> str | None:
+        """A submission another instance left half done, now this one's to finish."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,132 @@
+"""The API process's state on the real Kafka and PostgreSQL, and its background tasks:
+made when it starts, ended in order when it stops (``live_services``, what
+ingest/app.py runs by default)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+
+from core.config import Settings
+from core.topics import ensure_topics
+from ingest.acceptance.catalog import ModelCatalog
+from ingest.acceptance.idempotency import KeyClaims
+from ingest.acceptance.producer import AsyncProducer
+from ingest.acceptance.state import AppState
+from ingest.acceptance.waiters import ResultWaiter
+from ingest.admission.load_watch import LoadWatch
+from ingest.admission.overload import Overload
+from ingest.admission.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
+from ingest.edge.auth import Authenticator
+from ingest.edge.readiness import Readiness
+from ingest.edge.request_log_flush import flush_loop, flush_once
+from ingest.jobs.publisher import JobPublisher
+from ingest.jobs.webhooks import webhook_loop
+from ingest.operations.metrics import publish_loop
+from results.db import make_async_engine
+from results.durability import refusal
+
+log = logging.getLogger(__name__)
+
+# Makes an API process's state for its lifetime (the app's lifespan enters it).
+Services = Callable[[Settings], AbstractAsyncContextManager[AppState]]
+
+
+async def finish_stale_submissions(state: AppState, interval_s: float = 5.0) -> None:
+    """Finish phase 2 of job submissions whose API instance died mid-way."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            job_id = await state.jobs.claim_stale()
+            if job_id is not None:
+                log.warning("finishing the submission of job %s left by another instance", job_id)
+                await state.jobs.publish(job_id)
+        except Exception as exc:  # Kafka or PostgreSQL away: the next pass retries
+            log.warning("stale submission pass failed: %s", exc)
+
+
+async def check_durability_at_start(settings: Settings) -> None:
+    """Outside development, refuse to start on Kafka or PostgreSQL settings that could
+    lose what this API acknowledges (decision 20), naming each setting; services that
+    cannot be reached to check are a refusal too (the process manager starts it again)."""
+    if settings.allow_weak_durability:
+        log.warning("allow_weak_durability is set: Kafka and PostgreSQL durability unchecked")
+        return
+    try:
+        why = await asyncio.to_thread(refusal, settings)
+    except Exception as exc:
+        why = f"refusing to start: cannot check Kafka and PostgreSQL durability ({exc})"
+    if why is not None:
+        log.error("%s", why)
+        raise RuntimeError(why)
+
+
+@contextlib.asynccontextmanager
+async def live_services(settings: Settings) -> AsyncIterator[AppState]:
+    try:
+        ensure_topics(settings, timeout_s=10)
+    except Exception as exc:  # the API still starts; produce answers 503 until Kafka is back
+        log.warning("could not check Kafka topics: %s", exc)
+    await check_durability_at_start(settings)
+    engine = make_async_engine(settings.database_url)
+    limiter = TenantLimiter()
+    waiter = ResultWaiter(
+        engine, settings.database_url, poll_interval_s=settings.result_poll_interval_ms / 1000
+    )
+    auth = Authenticator(engine, settings)
+    state = AppState(
+        settings=settings,
+        engine=engine,
+        producer=AsyncProducer(settings, timeout_ms=settings.produce_timeout_ms),
+        waiter=waiter,
+        keys=KeyClaims(engine, ttl_h=settings.idempotency_ttl_h),
+        jobs=JobPublisher(settings),
+        auth=auth,
+        catalog=ModelCatalog(
+            settings,
+            engine,
+            database_url=settings.database_url,
+            deployment=settings.topic_prefix,
+        ),
+        limiter=limiter,
+        inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
+        load=LoadWatch(engine, settings, limiter),
+        overload=Overload(),
+        uploads=SlotLimiter(settings.max_uploads, settings.max_uploads_per_tenant),
+        follows=SlotLimiter(settings.max_follow_streams, settings.max_follow_streams_per_tenant),
+        readiness=Readiness(
+            engine,
+            refresh_s=settings.readyz_refresh_s,
+            listening=waiter.listening.is_set,
+            revocations=lambda: auth.listening,
+        ),
+    )
+    await waiter.start()
+    await auth.start()
+    background = [
+        asyncio.create_task(state.readiness.run()),
+        asyncio.create_task(webhook_loop(engine, settings)),
+        asyncio.create_task(finish_stale_submissions(state)),
+        asyncio.create_task(state.load.run()),
+        asyncio.create_task(state.overload.lag.run()),
+        asyncio.create_task(publish_loop(state)),
+        asyncio.create_task(flush_loop(engine)),  # refusal counts, answer timeouts
+        asyncio.create_task(state.catalog.run()),
+    ]
+    try:
+        yield state
+    finally:
+        for task in background:
+            task.cancel()
+        with contextlib.suppress(Exception):  # the database may be the thing that is gone
+            await state.load.leave()
+        with contextlib.suppress(Exception):
+            await flush_once(engine, everything=True)
+        await waiter.stop()
+        await auth.stop()
+        state.producer.close()
+        state.jobs.close()
+        await engine.dispose()
