@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextvars import ContextVar
+from functools import partial
 from typing import Any
 
 from prometheus_client import (
@@ -36,73 +37,63 @@ from core.vocab import RequestStatus
 from ingest.edge.http import DATABASE_ERRORS  # the one list of what means "database down"
 
 REGISTRY = CollectorRegistry()
+# Every metric of the API in its registry; latencies in the stages' buckets.
+_counter = partial(Counter, registry=REGISTRY)
+_latency = partial(Histogram, buckets=LATENCY_BUCKETS, registry=REGISTRY)
+_gauge = partial(Gauge, registry=REGISTRY)
 
-ADMISSION = Counter(
+ADMISSION = _counter(
     "gristmill_admission_total",
     "Sync requests by what admission made of them: admitted (durable in Kafka), or "
     "refused with 429 / 503, or answered 504; by tier and reason",
     ["tier", "outcome", "reason"],
-    registry=REGISTRY,
 )
-RESPONSES = Counter(
+RESPONSES = _counter(
     "gristmill_api_responses_total",
     "Answers to POST /v1/infer by tier (none: before authentication) and status code",
     ["tier", "code"],
-    registry=REGISTRY,
 )
-REQUEST_SECONDS = Histogram(
+REQUEST_SECONDS = _latency(
     "gristmill_request_duration_seconds",
     "Sync requests answered 200: API received -> answer sent",
     ["model", "version", "class"],
-    buckets=LATENCY_BUCKETS,
-    registry=REGISTRY,
 )
 STAGE_SECONDS = stage_histogram(REGISTRY)  # the API observes stage="respond"
-PRODUCE_SECONDS = Histogram(
+PRODUCE_SECONDS = _latency(
     "gristmill_kafka_produce_duration_seconds",
     "Time for Kafka to acknowledge a produced request (acks=all)",
     ["client"],
-    buckets=LATENCY_BUCKETS,
-    registry=REGISTRY,
 )
-PRODUCE_ERRORS = Counter(
+PRODUCE_ERRORS = _counter(
     "gristmill_kafka_produce_errors_total",
     "Messages Kafka did not take (the request was answered 503), by client and error",
     ["client", "reason"],
-    registry=REGISTRY,
 )
-JOBS_SUBMITTED = Counter(
-    "gristmill_jobs_submitted_total", "Jobs accepted (202) by tier", ["tier"], registry=REGISTRY
-)
-JOB_ITEMS_SUBMITTED = Counter(
+JOBS_SUBMITTED = _counter("gristmill_jobs_submitted_total", "Jobs accepted (202) by tier", ["tier"])
+JOB_ITEMS_SUBMITTED = _counter(
     "gristmill_job_items_submitted_total",
     "Items of accepted jobs by tier",
     ["tier"],
-    registry=REGISTRY,
 )
 # Written once a second by each process; "livemax"/"livesum" across the live processes.
-LOOP_LAG = Gauge(
+LOOP_LAG = _gauge(
     "gristmill_api_event_loop_lag_seconds",
     "How late the event loop runs a timer, smoothed (the worst process of the instance)",
-    registry=REGISTRY,
     multiprocess_mode="livemax",
 )
-ANSWER_DELAY = Gauge(
+ANSWER_DELAY = _gauge(
     "gristmill_api_answer_delay_seconds",
     "Result committed -> answer sent, smoothed (the worst process of the instance)",
-    registry=REGISTRY,
     multiprocess_mode="livemax",
 )
-INFLIGHT = Gauge(
+INFLIGHT = _gauge(
     "gristmill_api_inflight_requests",
     "Sync requests the instance holds now",
-    registry=REGISTRY,
     multiprocess_mode="livesum",
 )
-LISTENER_UP = Gauge(
+LISTENER_UP = _gauge(
     "gristmill_api_result_listener_up",
     "1 while every process listens for results (LISTEN/NOTIFY); 0: answers wait for polls",
-    registry=REGISTRY,
     multiprocess_mode="livemin",
 )
 

@@ -4,6 +4,7 @@ that name a job (decision 35). Every query is scoped to the tenant."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import IO, Any
 
@@ -11,43 +12,35 @@ from sqlalchemy import and_, delete, insert, or_, select, tuple_
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from results.job_items import page_with_results
-from results.schema import job_items, openai_batches, requests, stored_file_chunks, stored_files
+from results.schema import openai_batches, stored_file_chunks, stored_files
 
 # Bytes per stored chunk: an upload or a download holds one at a time (1 MiB: large
 # enough that a 1 GB file is ~1,000 rows, small enough to be nothing in memory).
 CHUNK_BYTES = 1 << 20
 
 
-async def store_file(
-    engine: AsyncEngine,
-    *,
-    file_id: str,
-    tenant_id: str,
-    purpose: str,
-    filename: str,
-    staged: IO[bytes],
-    size: int,
-    expires_at: datetime | None,
-) -> None:
-    """The staged bytes, chunk by chunk, and the file row last, in one transaction: a
-    file is listed only once all of it is stored."""
+@dataclass(frozen=True)
+class NewFile:
+    """A ``stored_files`` row to write (its fields are the row's columns)."""
+
+    file_id: str
+    tenant_id: str
+    purpose: str
+    filename: str
+    bytes: int
+    expires_at: datetime | None
+
+
+async def store_file(engine: AsyncEngine, f: NewFile, staged: IO[bytes]) -> None:
+    """The file row and its staged bytes, chunk by chunk, in one transaction: a file is
+    listed only once all of it is stored."""
     staged.seek(0)
     async with engine.begin() as conn:
-        await conn.execute(
-            insert(stored_files).values(
-                file_id=file_id,
-                tenant_id=tenant_id,
-                purpose=purpose,
-                filename=filename,
-                bytes=size,
-                expires_at=expires_at,
-            )
-        )
+        await conn.execute(insert(stored_files).values(**asdict(f)))
         seq = 0
         while block := staged.read(CHUNK_BYTES):
             await conn.execute(
-                insert(stored_file_chunks).values(file_id=file_id, seq=seq, data=block)
+                insert(stored_file_chunks).values(file_id=f.file_id, seq=seq, data=block)
             )
             seq += 1
 
@@ -147,22 +140,3 @@ async def list_batches(
         return (
             await conn.execute(q.order_by(b.created_at.desc(), b.batch_id.desc()).limit(limit))
         ).all()
-
-
-async def result_page(engine: AsyncEngine, job_id: str, start: int, limit: int) -> Sequence[Any]:
-    """Items from index ``start`` in input order, with their request id, input and the
-    current attempt's result (an unfinished item has no status)."""
-    return await page_with_results(
-        engine,
-        job_id,
-        start,
-        limit,
-        job_items.c.item_index,
-        job_items.c.custom_id,
-        job_items.c.request_id,
-        job_items.c.input,
-        requests.c.status,
-        requests.c.output,
-        requests.c.output_vector,  # an embedding's float32 bytes, where stored so
-        requests.c.error,
-    )

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, Select, and_, delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import Conflict, NotFound
 from core.models.lifecycle import Change, ModelVersions
@@ -75,17 +76,16 @@ def live_stmt() -> Select[Any]:
 
 # ---- versions -----------------------------------------------------------------------
 def record_from_row(row: Any) -> VersionRecord:
+    """A ``model_versions`` row as the record every stage reads."""
+    m = row._mapping
+    plain = {k: m[k] for k in ("name", "version", "backend", "max_batch_size", "artifact")}
     return VersionRecord(
-        name=row.name,
-        version=row.version,
-        backend=row.backend,
-        max_batch_size=row.max_batch_size,
-        config=dict(row.config or {}),
-        artifact=row.artifact,
-        sha256=row.sha256,
-        state=VersionState(row.state),
-        canary_share=float(row.canary_share),
-        memory_bytes=int(row.memory_bytes),
+        **plain,
+        config=dict(m["config"] or {}),
+        sha256=m["sha256"],
+        state=VersionState(m["state"]),
+        canary_share=float(m["canary_share"]),
+        memory_bytes=int(m["memory_bytes"]),
     )
 
 
@@ -248,10 +248,11 @@ def audit_log(conn: Connection, name: str | None = None, limit: int = 50) -> lis
 # ---- readiness (schedulers) ---------------------------------------------------------
 @dataclass(frozen=True)
 class Readiness:
-    """One scheduler's workers for one version."""
+    """One scheduler's workers for one version (or, read back, every scheduler's summed;
+    routing, ingest/acceptance/routing.py, needs only the counts)."""
 
-    name: str
-    version: str
+    name: str = ""
+    version: str = ""
     ready: int = 0
     loading: int = 0
     unavailable: int = 0
@@ -310,6 +311,17 @@ def readiness_stmt(deployment: str | None = None) -> Select[Any]:
         .where(fresh)
         .group_by(model_readiness.c.name, model_readiness.c.version)
     )
+
+
+async def read_registry(
+    engine: AsyncEngine, deployment: str | None
+) -> tuple[list[Any], dict[tuple[str, str], Readiness]]:
+    """Every version's row (``versions_stmt``) and the fresh readiness of each, summed
+    over the deployment's schedulers, read together."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(versions_stmt())).all()
+        ready = (await conn.execute(readiness_stmt(deployment))).all()
+    return list(rows), readiness_from_rows(ready)
 
 
 def readiness_from_rows(rows: Iterable[Any]) -> dict[tuple[str, str], Readiness]:

@@ -31,13 +31,23 @@ from core.vocab import TIERS, RequestStatus
 
 metadata = MetaData()
 
+
+def written_at(name: str) -> Column[Any]:
+    """A time the database sets when the row is written (``now()``)."""
+    return Column(name, DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+def version_key() -> tuple[Column[Any], Column[Any]]:
+    """(name, version): one version of one model, in the key of the registry's tables."""
+    return Column("name", Text, primary_key=True), Column("version", Text, primary_key=True)
+
 tenants = Table(
     "tenants",
     metadata,
     Column("id", UUID(as_uuid=False), primary_key=True, server_default=func.gen_random_uuid()),
     Column("name", Text, nullable=False, unique=True),
     Column("tier", Text, nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("created_at"),
     # The tenant's plan: its share inside its tier, and overrides of the tier's limits.
     Column("weight", Float, nullable=False, server_default="1"),
     Column("rate_rps", Float),
@@ -60,7 +70,7 @@ api_keys = Table(
     # lets every request be authenticated with one indexed lookup.
     Column("key_hash", Text, nullable=False, unique=True),
     Column("prefix", Text, nullable=False),  # first characters, to recognise a key in listings
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("created_at"),
     Column("revoked_at", DateTime(timezone=True)),
     # Admin scope: operator routes (ingest/operations/admin_auth.py); tenant keys cannot reach them.
     Column("admin", Boolean, nullable=False, server_default="false"),
@@ -69,11 +79,10 @@ api_keys = Table(
 models = Table(
     "models",
     metadata,
-    Column("name", Text, primary_key=True),
-    Column("version", Text, primary_key=True),
+    *version_key(),
     Column("max_batch_size", Integer, nullable=False),
     Column("profile_ms", JSONB, nullable=False, server_default="{}"),
-    Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("last_seen_at"),
 )
 
 # The request log and result store: exactly one row per request id. Partitioned by
@@ -107,7 +116,7 @@ requests = Table(
     Column("batched_at", DateTime(timezone=True)),
     Column("compute_start_at", DateTime(timezone=True)),
     Column("compute_end_at", DateTime(timezone=True)),
-    Column("persisted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("persisted_at"),
     Column("deadline_at", DateTime(timezone=True)),
     Column("kafka_topic", Text),
     Column("kafka_partition", Integer),
@@ -135,7 +144,7 @@ generation_progress = Table(
     Column("tenant_id", UUID(as_uuid=False), nullable=False),
     Column("token_ids", JSONB, nullable=False),  # [int, ...]
     Column("texts", JSONB, nullable=False),  # [str, ...]: the text each token released
-    Column("written_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("written_at"),
 )
 
 
@@ -192,7 +201,7 @@ batches = Table(
     Column("compute_start_at", DateTime(timezone=True)),
     Column("compute_end_at", DateTime(timezone=True)),
     Column("compute_ms", Float),
-    Column("persisted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("persisted_at"),
     Index("batches_formed", "formed_at"),
 )
 
@@ -206,7 +215,7 @@ idempotency_keys = Table(
     # When the first attempt's caller gave up: a retry after it re-sends the request,
     # in case the first attempt died between claiming the key and reaching Kafka.
     Column("deadline_at", DateTime(timezone=True), nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("created_at"),
     # The first attempt's received_at: a resent request keeps it, so its row lands where
     # the first attempt's would (the request log's partition key). NULL: claimed before
     # the column existed.
@@ -233,7 +242,7 @@ jobs = Table(
     Column("expired", Integer, nullable=False, server_default="0"),
     Column("cancelled", Integer, nullable=False, server_default="0"),
     Column("attempt", Integer, nullable=False, server_default="0"),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("created_at"),
     Column("started_at", DateTime(timezone=True)),
     Column("finished_at", DateTime(timezone=True)),
     Column("cancelled_at", DateTime(timezone=True)),
@@ -269,7 +278,7 @@ job_item_budgets = Table(
     metadata,
     Column("tenant_id", UUID(as_uuid=False), primary_key=True),
     Column("tokens", Float),  # NULL: never charged; negative: a large job's debt
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("updated_at"),
 )
 
 job_items = Table(
@@ -287,7 +296,7 @@ api_instances = Table(
     "api_instances",
     metadata,
     Column("instance_id", Text, primary_key=True),
-    Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("last_seen_at"),
     # this process's metrics window (core/metrics_window.py), for the dashboard
     Column("metrics", JSONB, nullable=False, server_default="{}"),
 )
@@ -305,7 +314,7 @@ scheduler_load = Table(
     Column("metrics", JSONB, nullable=False, server_default="{}"),
     # generation model ref -> its KV cache (core.load_report.KVState), for KV admission
     Column("kv", JSONB, nullable=False, server_default="{}"),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("updated_at"),
 )
 
 # Refused requests (401, 429, 503, 504), counted per second, tenant, tier, status and
@@ -349,7 +358,7 @@ stored_files = Table(
     Column("purpose", Text, nullable=False),
     Column("filename", Text, nullable=False),
     Column("bytes", BigInteger, nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("created_at"),
     Column("expires_at", DateTime(timezone=True)),
     Index("stored_files_tenant_created", "tenant_id", "created_at"),
 )
@@ -381,7 +390,7 @@ openai_batches = Table(
     Column("completion_window", Text, nullable=False),
     Column("metadata", JSONB),
     Column("item_params", JSONB),  # per-endpoint options for the answer (encoding_format)
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("created_at"),
     Column("output_expires_at", DateTime(timezone=True)),
     Index("openai_batches_tenant_created", "tenant_id", "created_at"),
 )

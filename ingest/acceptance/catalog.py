@@ -12,7 +12,6 @@ second. The routing decision itself is ingest/acceptance/routing.py's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from typing import Any
@@ -42,13 +41,9 @@ from ingest.acceptance.routing import (
     lookup,
     open_versions,
 )
+from ingest.edge.listener import listen, stop
 from results.db import libpq_url
-from results.modelregistry import (
-    MODELS_CHANNEL,
-    readiness_stmt,
-    record_from_row,
-    versions_stmt,
-)
+from results.modelregistry import MODELS_CHANNEL, read_registry, record_from_row
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +98,7 @@ class ModelCatalog:
 
     async def _read(self) -> None:
         try:
-            async with self.engine.connect() as conn:
-                rows = (await conn.execute(versions_stmt())).all()
-                ready = (await conn.execute(readiness_stmt(self.deployment))).all()
+            rows, served = await read_registry(self.engine, self.deployment)
         except Exception as exc:  # keep the last known state while PostgreSQL is away
             log.warning("model registry refresh failed: %s", type(exc).__name__)
             self._fetched_at = time.monotonic()  # and do not ask again at once
@@ -113,17 +106,6 @@ class ModelCatalog:
         records = [record_from_row(r) for r in rows]
         sticky = {r.name: r.sticky for r in rows}
         models = _table(records, sticky)
-        served = {
-            (r.name, r.version): Served(
-                int(r.ready or 0),
-                int(r.loading or 0),
-                int(r.unavailable or 0),
-                int(r.failed or 0),
-                r.error,
-                r.retry_after_s,
-            )
-            for r in ready
-        }
         if models != self.table.models:
             self.changes += 1
         self.table = RouteTable(models, served)
@@ -137,11 +119,7 @@ class ModelCatalog:
         try:
             await asyncio.gather(*tasks)
         finally:
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+            await stop(tasks)
 
     async def _poll(self) -> None:
         while True:
@@ -150,21 +128,15 @@ class ModelCatalog:
 
     async def _listen(self) -> None:
         assert self.dsn is not None
-        backoff = 0.1
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {MODELS_CHANNEL}")
-                    backoff = 0.1
-                    async for _ in conn.notifies():
-                        async with self._lock:
-                            await self._read()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("model registry listener lost its connection (%s); retrying", exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
+        await listen(self.dsn, (MODELS_CHANNEL,), self._changed, lost=self._lost)
+
+    async def _changed(self, _note: psycopg.Notify) -> None:
+        async with self._lock:
+            await self._read()
+
+    def _lost(self, exc: BaseException) -> None:
+        if not isinstance(exc, asyncio.CancelledError):
+            log.warning("model registry listener lost its connection (%s); retrying", exc)
 
     # ---- answering ---------------------------------------------------------------------
     def spec(self, record: VersionRecord) -> ModelSpec:

@@ -52,7 +52,7 @@ from core.vocab import RequestStatus
 from ingest import metrics
 from ingest.acceptance.idempotency import check_key
 from ingest.acceptance.message import request_message
-from ingest.acceptance.ports import Claim
+from ingest.acceptance.ports import Claim, KeyUse
 from ingest.acceptance.state import AppState
 from ingest.admission.policy import check_admission, check_kv, check_rate, take_instance_slot
 from ingest.edge.auth import received_at
@@ -241,18 +241,12 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
     )
     deadline = call.received + timeout_ms / 1000
     limit_headers = _admit(st, tenant, order, timeout_ms, deadline)
-    first, claim, fingerprint = str(uuid.uuid4()), None, ""
+    first, claim, use = str(uuid.uuid4()), None, None
     if key is not None:
         what = order.inputs if order.many else order.inputs[0]
         fingerprint = body_hash(spec.ref, what, order.params)
-        claim = await st.keys.claim(
-            tenant_id=tenant.id,
-            key=key,
-            request_id=first,
-            body_hash=fingerprint,
-            deadline=deadline,
-            received=call.received,
-        )
+        use = KeyUse(tenant.id, key, first, fingerprint, deadline, call.received)
+        claim = await st.keys.claim(use)
         first = claim.request_id  # a retry: the first attempt's
     ids = [item_request_id(first, i) for i in range(n)]
     msgs = [
@@ -269,8 +263,8 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
         )
         for rid, value in zip(ids, order.inputs, strict=True)
     ]
-    if not order.many:
-        msgs[0].body_hash = fingerprint
+    if use is not None and not order.many:
+        msgs[0].body_hash = use.body_hash
     retry = claim is not None and not claim.first
     if retry and claim is not None and claim.first_received is not None:
         # A retry's messages carry the first attempt's time (the request log's partition
@@ -285,7 +279,7 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
             send = await _replay(st, tenant, order, claim, ids, futs)
         pending = [i for i, f in enumerate(futs) if not f.done()]
         if send and pending:
-            await _send(st, tenant, [msgs[i] for i in pending], claim, key, first)
+            await _send(st, tenant, [msgs[i] for i in pending], claim, use)
         out = Outcome(ids, msgs, None, limit_headers, timeout_ms, retry, retry and not pending)
         if order.stream:
             return out
@@ -329,8 +323,7 @@ async def _send(
     tenant: Tenant,
     msgs: list[RequestMessage],
     claim: Claim | None,
-    key: str | None,
-    first: str,
+    use: KeyUse | None,
 ) -> None:
     """Every message produced at once and awaited together. Those that are durable run
     and are stored under their own ids; if any is not, the first failure (a 503)."""
@@ -356,10 +349,10 @@ async def _send(
         metrics.admitted(tenant.tier)
     if not failed:
         return
-    if claim is not None and claim.first and len(failed) == len(outcomes) and key is not None:
+    if claim is not None and claim.first and len(failed) == len(outcomes) and use is not None:
         # Nothing reached Kafka: the client's retry sends it all again at once. (When
         # some did, the claim stays: a retry after this deadline resends the rest.)
-        await st.keys.release(tenant_id=tenant.id, key=key, request_id=first)
+        await st.keys.release(use)
     raise failed[0]
 
 

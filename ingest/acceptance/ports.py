@@ -99,24 +99,28 @@ class Claim:
     first_received: datetime | None = None
 
 
+@dataclass(frozen=True)
+class KeyUse:
+    """One request's use of an Idempotency-Key: the request id it would name, the body's
+    fingerprint, and its deadline and arrival (epoch s)."""
+
+    tenant_id: str
+    key: str
+    request_id: str
+    body_hash: str
+    deadline: float
+    received: float
+
+
 class IdempotencyKeys(Protocol):
     """Idempotency-Key claims (after the IETF httpapi Idempotency-Key draft)."""
 
-    async def claim(
-        self,
-        *,
-        tenant_id: str,
-        key: str,
-        request_id: str,
-        body_hash: str,
-        deadline: float,
-        received: float,
-    ) -> Claim:
-        """Claim ``key`` for ``request_id``; a retry gets the first request's. Raises
-        ``IdempotencyConflict`` (422) when the key was used with another body."""
+    async def claim(self, use: KeyUse) -> Claim:
+        """Claim the key for ``use.request_id``; a retry gets the first request's.
+        Raises ``IdempotencyConflict`` (422) when the key was used with another body."""
         ...
 
-    async def release(self, *, tenant_id: str, key: str, request_id: str) -> None:
+    async def release(self, use: KeyUse) -> None:
         """The claimed request never reached Kafka: free the key for the retry."""
         ...
 

@@ -25,6 +25,10 @@ from core.errors import NotFound, Unavailable
 from core.limits import shown
 from core.models.registry import VersionRecord, VersionState, version_order
 
+# What the schedulers' workers report for one version, summed over schedulers (read by
+# the catalog; routing reads only its counts, error and Retry-After).
+from results.modelregistry import Readiness as Served
+
 # Retry-After for a version some worker is loading (s): an embedding model loads and
 # warms up in about 5-15 s on a CPU here; the client's retry then usually lands on it.
 LOADING_RETRY_S = 5.0
@@ -34,18 +38,6 @@ UNSERVED_RETRY_S = 5.0
 
 STICKY_TENANT = "tenant"
 STICKY_IDEMPOTENCY_KEY = "idempotency_key"
-
-
-@dataclass(frozen=True)
-class Served:
-    """What the schedulers' workers report for one version (summed)."""
-
-    ready: int = 0
-    loading: int = 0
-    unavailable: int = 0
-    failed: int = 0
-    error: str | None = None
-    retry_after_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from ingest.acceptance.ports import End, Token
+from ingest.edge.listener import stop
 from results.generation import StreamRead, StreamWant
 
 log = logging.getLogger(__name__)
@@ -99,10 +100,7 @@ class StreamHub:
             self._due.set()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await stop([self._task])
 
     async def _run(self) -> None:
         while True:

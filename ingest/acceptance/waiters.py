@@ -21,7 +21,6 @@ second of the database coming back) and requests are taken again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -30,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import Unavailable
 from ingest.acceptance.streams import StreamHub, Subscription
+from ingest.edge.listener import listen, stop
 from results import announce, generation
 from results.db import RESULTS_CHANNEL, STREAMS_CHANNEL, libpq_url
 from results.requests import AnswerRow, fetch_answers
@@ -60,11 +60,7 @@ class ResultWaiter:
 
     async def stop(self) -> None:
         await self.streams.stop()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await stop(self._tasks)
 
     def register(self, request_id: str) -> asyncio.Future[AnswerRow]:
         """Register before producing, so a fast result cannot slip past."""
@@ -105,29 +101,31 @@ class ResultWaiter:
             self._answer(await self.fetch(ids))
 
     async def _listen(self) -> None:
-        backoff = 0.1
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {RESULTS_CHANNEL}")
-                    await conn.execute(f"LISTEN {STREAMS_CHANNEL}")
-                    self.listening.set()
-                    backoff = 0.1
-                    # Catch up on anything persisted while we were not listening.
-                    self.streams.wake()
-                    await self._resolve(list(self._waiting))
-                    async for note in conn.notifies():
-                        if note.channel == STREAMS_CHANNEL:
-                            self.streams.heard(note.payload.split(","))
-                        else:
-                            self._hear(note.payload)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.listening.clear()
-                log.warning("result listener lost its connection (%s); retrying", exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)  # a restarted database is found fast
+        await listen(
+            self.dsn,
+            (RESULTS_CHANNEL, STREAMS_CHANNEL),
+            self._note,
+            connected=self._connected,
+            lost=self._lost,
+        )
+
+    async def _connected(self) -> None:
+        self.listening.set()
+        # Catch up on anything persisted while we were not listening.
+        self.streams.wake()
+        await self._resolve(list(self._waiting))
+
+    def _lost(self, exc: BaseException) -> None:
+        if isinstance(exc, asyncio.CancelledError):
+            return
+        self.listening.clear()
+        log.warning("result listener lost its connection (%s); retrying", exc)
+
+    async def _note(self, note: psycopg.Notify) -> None:
+        if note.channel == STREAMS_CHANNEL:
+            self.streams.heard(note.payload.split(","))
+        else:
+            self._hear(note.payload)
 
     def _hear(self, payload: str) -> None:
         try:

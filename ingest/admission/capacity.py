@@ -170,6 +170,11 @@ def least_latency_s(load: ModelLoad, margin_s: float) -> float:
     return load.single_ms / 1000 + margin_s
 
 
+# What ``decide`` was asked: (model ref, class, tenant, its weight, seconds to its
+# deadline, now, API instances).
+_Ask = tuple[str, str, str, float, float, float, int]
+
+
 @dataclass
 class _Rates:
     """One class's rates as this instance measured them (per second, its own count),
@@ -215,7 +220,9 @@ class Admission:
             self.offered.add((ref, priority), now)
             d = ADMIT  # no reports yet: admit (the catalog already 503s dead models)
         else:
-            d = self._decide(view, load, ref, priority, tenant, weight, deadline_s, now, instances)
+            d = self._decide(
+                view, load, (ref, priority, tenant, weight, deadline_s, now, instances)
+            )
         if d.admit:
             self.admitted.add((ref, priority, tenant), now)
             self.admitted.add((ref, priority), now)
@@ -245,18 +252,8 @@ class Admission:
             )
         return got
 
-    def _decide(
-        self,
-        view: LoadView,
-        load: ModelLoad,
-        ref: str,
-        priority: str,
-        tenant: str,
-        weight: float,
-        deadline_s: float,
-        now: float,
-        n: int,
-    ) -> Decision:
+    def _decide(self, view: LoadView, load: ModelLoad, ask: _Ask) -> Decision:
+        ref, priority, tenant, weight, deadline_s, now, n = ask
         least = least_latency_s(load, self.margin_s)
         if deadline_s < least:
             return Decision(

@@ -31,7 +31,10 @@ import math
 import random
 import time
 
-from core.vocab import PRIORITY_CLASSES, TIER_TO_CLASS, PriorityClass
+from core.vocab import PRIORITY_CLASSES, TIER_TO_CLASS
+
+# Per tier: (where shedding starts, where it refuses everything), in ms of a signal.
+Ramps = dict[str, tuple[float, float]]
 
 
 def shed_share(lag_ms: float, lo_ms: float, hi_ms: float) -> float:
@@ -103,36 +106,21 @@ class Overload:
         self.lag = LoopLag()
         self.answer = AnswerDelay()
 
-    def _own_share(
-        self,
-        tier: str,
-        lag_thresholds: dict[str, tuple[float, float]],
-        answer_thresholds: dict[str, tuple[float, float]],
-    ) -> float:
-        return max(
-            _share(self.lag.lag_ms, tier, lag_thresholds),
-            _share(self.answer.ms(), tier, answer_thresholds),
-        )
+    def _own_share(self, tier: str, lag_ms: Ramps, answer_ms: Ramps) -> float:
+        return max(_share(self.lag.lag_ms, tier, lag_ms), _share(self.answer.ms(), tier, answer_ms))
 
-    def share(
-        self,
-        tier: str,
-        lag_thresholds: dict[str, tuple[float, float]],
-        answer_thresholds: dict[str, tuple[float, float]],
-    ) -> float:
+    def share(self, tier: str, lag_ms: Ramps, answer_ms: Ramps) -> float:
+        """The share of ``tier``'s requests to refuse; ``lag_ms``, ``answer_ms``: each
+        tier's ramp of either signal (settings.loop_lag_shed_ms, answer_delay_shed_ms)."""
         cls_ = TIER_TO_CLASS.get(tier)
         if cls_ is not None:
-            for higher in PRIORITY_CLASSES[: PriorityClass(cls_).rank]:
-                if self._own_share(higher, lag_thresholds, answer_thresholds) > 0:
+            for higher in PRIORITY_CLASSES[: cls_.rank]:
+                if self._own_share(higher, lag_ms, answer_ms) > 0:
                     return 1.0
-        return self._own_share(tier, lag_thresholds, answer_thresholds)
+        return self._own_share(tier, lag_ms, answer_ms)
 
     def should_shed(
-        self,
-        tier: str,
-        lag_thresholds: dict[str, tuple[float, float]],
-        answer_thresholds: dict[str, tuple[float, float]],
-        draw: float | None = None,
+        self, tier: str, lag_ms: Ramps, answer_ms: Ramps, draw: float | None = None
     ) -> bool:
-        share = self.share(tier, lag_thresholds, answer_thresholds)
+        share = self.share(tier, lag_ms, answer_ms)
         return share > 0 and (random.random() if draw is None else draw) < share

@@ -19,7 +19,6 @@ revoked key stops working on every instance within 2 s either way.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import time
@@ -37,6 +36,7 @@ from core.config import Settings
 from core.errors import GristmillError, Unauthorized, Unavailable
 from ingest.edge.error_shapes import shape_for
 from ingest.edge.http import error_response
+from ingest.edge.listener import listen, stop
 from ingest.edge.refusal_counts import current_tenant
 from results.db import libpq_url
 from results.tenants import KEYS_CHANNEL, Tenant, hash_key, lookup_stmt, well_formed
@@ -193,32 +193,25 @@ class Authenticator:
         self._task = asyncio.create_task(self._listen())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await stop([self._task])
 
     async def _listen(self) -> None:
-        backoff = 0.1
-        while True:
-            try:
-                async with await psycopg.AsyncConnection.connect(self.dsn, autocommit=True) as conn:
-                    await conn.execute(f"LISTEN {KEYS_CHANNEL}")
-                    self.found.clear()  # whatever was revoked while we were away
-                    self._generation += 1
-                    self.listening = True
-                    backoff = 0.1
-                    async for note in conn.notifies():
-                        self.hear(note.payload)
-            except asyncio.CancelledError:
-                self._lost()
-                raise
-            except Exception as exc:
-                if self.listening:
-                    log.warning("key revocation listener lost its connection (%s)", exc)
-                self._lost()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
+        await listen(
+            self.dsn, (KEYS_CHANNEL,), self._note, connected=self._connected, lost=self._gone
+        )
+
+    async def _connected(self) -> None:
+        self.found.clear()  # whatever was revoked while we were away
+        self._generation += 1
+        self.listening = True
+
+    async def _note(self, note: psycopg.Notify) -> None:
+        self.hear(note.payload)
+
+    def _gone(self, exc: BaseException) -> None:
+        if self.listening and not isinstance(exc, asyncio.CancelledError):
+            log.warning("key revocation listener lost its connection (%s)", exc)
+        self._lost()
 
 
 # KServe's inference (its health and metadata are public, as the protocol's probes expect).

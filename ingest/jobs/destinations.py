@@ -15,7 +15,7 @@ import ipaddress
 import socket
 import string
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_network
 from urllib.parse import urlsplit
 
 from core.errors import InvalidInput
@@ -28,8 +28,8 @@ IPAddress = IPv4Address | IPv6Address
 MAX_URL_CHARS = 2048
 
 # (network, why it is internal): IANA IPv4 and IPv6 special-purpose address registries.
-_V4: tuple[tuple[IPv4Network, str], ...] = tuple(
-    (IPv4Network(n), why)
+_SPECIAL = tuple(
+    (ip_network(n), why)
     for n, why in (
         ("0.0.0.0/8", "unspecified"),
         ("10.0.0.0/8", "private"),
@@ -46,11 +46,6 @@ _V4: tuple[tuple[IPv4Network, str], ...] = tuple(
         ("203.0.113.0/24", "documentation"),
         ("224.0.0.0/4", "multicast"),
         ("240.0.0.0/4", "reserved"),  # includes 255.255.255.255, broadcast
-    )
-)
-_V6: tuple[tuple[IPv6Network, str], ...] = tuple(
-    (IPv6Network(n), why)
-    for n, why in (
         ("::/128", "unspecified"),
         ("::1/128", "loopback"),
         ("64:ff9b:1::/48", "private"),  # local-use NAT64
@@ -78,16 +73,17 @@ def internal_reason(ip: IPAddress) -> str | None:
             return internal_reason(IPv4Address(int(ip) & 0xFFFF_FFFF))
         if ip.sixtofour is not None:
             return internal_reason(ip.sixtofour)
-        for net6, why in _V6:
-            if ip in net6:
-                return why
+        why = _special(ip)
+        if why is not None:
+            return why
         # Outside 2000::/3 nothing is allocated for the public internet (IPv4-compatible
         # ::a.b.c.d among it).
         return None if ip in _GLOBAL_UNICAST_V6 else "reserved"
-    for net4, why in _V4:
-        if ip in net4:
-            return why
-    return None
+    return _special(ip)
+
+
+def _special(ip: IPAddress) -> str | None:
+    return next((why for net, why in _SPECIAL if ip.version == net.version and ip in net), None)
 
 
 _INET_ATON_CHARS = frozenset(string.hexdigits + "xX.")
@@ -179,11 +175,8 @@ def check_addresses(
     answer with either)."""
     if not addresses:
         raise InvalidInput(f"{field}: host {dest.host} does not resolve", field=field)
-    for ip in addresses:
-        why = allow.refusal(ip)
-        if why is not None:
-            raise InvalidInput(
-                f"{field}: host {dest.host} resolves to {ip}, a {why} address; webhooks "
-                "may only reach public addresses",
-                field=field,
-            )
+    refused = [(ip, why) for ip in addresses if (why := allow.refusal(ip)) is not None]
+    if refused:
+        ip, why = refused[0]
+        where = f"{field}: host {dest.host} resolves to {ip}, a {why} address"
+        raise InvalidInput(f"{where}; webhooks may only reach public addresses", field=field)

@@ -160,9 +160,7 @@ async def list_jobs(
 
 
 @router.get("/v1/jobs/{job_id}")
-async def get_job(
-    request: Request, job_id: str, tenant: Caller
-) -> ORJSONResponse:
+async def get_job(request: Request, job_id: str, tenant: Caller) -> ORJSONResponse:
     st = reader(request, tenant)
     j = await own_job(st, tenant, job_id)
     items = await page(st, j, 0, FIRST_PAGE)
@@ -244,9 +242,7 @@ async def stream_results(
 
 
 @router.post("/v1/jobs/{job_id}/cancel")
-async def cancel_job(
-    request: Request, job_id: str, tenant: Caller
-) -> ORJSONResponse:
+async def cancel_job(request: Request, job_id: str, tenant: Caller) -> ORJSONResponse:
     """Items not yet started are cancelled at once; finished results stay readable."""
     st = reader(request, tenant)
     j = await own_job(st, tenant, job_id)
@@ -257,9 +253,7 @@ async def cancel_job(
 
 
 @router.post("/v1/jobs/{job_id}/retry")
-async def retry_job(
-    request: Request, job_id: str, tenant: Caller
-) -> ORJSONResponse:
+async def retry_job(request: Request, job_id: str, tenant: Caller) -> ORJSONResponse:
     """Run the failed, cancelled or expired items of a finished job again, as a new
     attempt, charged to the tenant's job-item budget like a new job."""
     st = get_state(request)

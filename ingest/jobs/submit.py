@@ -30,7 +30,7 @@ from ingest.acceptance.state import AppState
 from ingest.jobs import quota as job_quota
 from ingest.jobs.destinations import AllowList, check_addresses, parse_destination
 from ingest.jobs.schemas import JobBody, JobOptions, check_metadata, validate
-from ingest.jobs.upload import ItemStager, Staged, body_chunks
+from ingest.jobs.upload import ItemStager, Staged, upload_chunks
 from ingest.jobs.webhook_client import NotResolved, resolve
 from results.job_items import copy_items
 from results.job_submission import (
@@ -138,12 +138,11 @@ async def stage_json(
     raw = b"".join(
         [
             c
-            async for c in body_chunks(
+            async for c in upload_chunks(
                 stream,
-                idle_timeout_s=s.upload_idle_timeout_s,
+                s,
                 max_bytes=s.max_job_json_bytes,
                 what="a JSON job body (upload large jobs as JSONL, application/x-ndjson)",
-                min_rate_bps=s.upload_min_bytes_per_s,
             )
         ]
     )
@@ -207,13 +206,7 @@ async def stage_jsonl(
         )
     )
     try:
-        async for chunk in body_chunks(
-            stream,
-            idle_timeout_s=s.upload_idle_timeout_s,
-            max_bytes=s.max_job_bytes,
-            what="a job upload",
-            min_rate_bps=s.upload_min_bytes_per_s,
-        ):
+        async for chunk in upload_chunks(stream, s, max_bytes=s.max_job_bytes, what="a job upload"):
             await asyncio.to_thread(stager.feed, chunk)
         staged = await asyncio.to_thread(stager.finish)
     except BaseException:

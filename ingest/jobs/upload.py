@@ -21,6 +21,7 @@ from typing import IO, Any
 import orjson
 from starlette.requests import ClientDisconnect
 
+from core.config import JobSettings
 from core.errors import InvalidInput, PayloadTooLarge, RequestTimeout
 from core.limits import check_json
 from core.messages import job_item_request_ids
@@ -224,3 +225,16 @@ async def body_chunks(
             )
         if chunk:
             yield chunk
+
+
+def upload_chunks(
+    stream: AsyncIterator[bytes], settings: JobSettings, *, max_bytes: int, what: str
+) -> AsyncIterator[bytes]:
+    """``body_chunks`` with the uploads' settings: the idle timeout and the least rate."""
+    return body_chunks(
+        stream,
+        idle_timeout_s=settings.upload_idle_timeout_s,
+        max_bytes=max_bytes,
+        what=what,
+        min_rate_bps=settings.upload_min_bytes_per_s,
+    )

@@ -16,15 +16,8 @@ from fastapi import APIRouter, Header, Request, Response
 
 from core import __version__
 from core.errors import Unavailable
-from ingest.acceptance.pipeline import (
-    Call,
-    Order,
-    Outcome,
-    call_of,
-    raise_if_unsuccessful,
-    serve,
-    validate_each,
-)
+from ingest.acceptance import pipeline
+from ingest.acceptance.pipeline import Call, Order, Outcome
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.error_shapes import Shape, declared
@@ -112,7 +105,7 @@ class KServeDoor:
             idempotency_key=call.idempotency_key,
         )
         check_outputs(req, output_name(spec.embedding_dim()))
-        validate_each(spec, req.texts, lambda i: f"inputs[0].data[{i}]")
+        pipeline.validate_each(spec, req.texts, lambda i: f"inputs[0].data[{i}]")
         return Order(
             spec,
             req.texts,
@@ -130,7 +123,7 @@ class KServeDoor:
                 f"can be fetched at /v1/requests/{{id}} (first: {outcome.request_ids[0]})"
             )
         for i, row in enumerate(outcome.rows):
-            raise_if_unsuccessful(row, f"inputs[0].data[{i}]")
+            pipeline.raise_if_unsuccessful(row, f"inputs[0].data[{i}]")
         spec, rows = order.spec, outcome.rows
         vector = spec.embedding_dim() is not None
         content, header_length = infer_answer(
@@ -164,4 +157,5 @@ async def infer(
     idempotency_key: str | None = Header(default=None),
 ) -> Response:
     st = get_state(request)
-    return await serve(st, INFER, await call_of(st, request, tenant, idempotency_key))
+    call = await pipeline.call_of(st, request, tenant, idempotency_key)
+    return await pipeline.serve(st, INFER, call)

@@ -49,9 +49,7 @@ class InferDoor:
             )
         # A retry of a finished request reports the request's own time, not this call's.
         total_ms = None if outcome.replayed else (time.time() - call.received) * 1000
-        return ORJSONResponse(
-            result_body(outcome.rows[0], total_ms), headers=outcome.limit_headers
-        )
+        return ORJSONResponse(result_body(outcome.rows[0], total_ms), headers=outcome.limit_headers)
 
 
 INFER = InferDoor()

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Request
 from fastapi.responses import ORJSONResponse
 from pydantic import BaseModel, ConfigDict
 
@@ -34,6 +34,7 @@ from ingest.jobs.schemas import JobItem, check_metadata, parse_index, validate
 from ingest.jobs.submit import Submission, item_stager, record_job
 from ingest.jobs.upload import ItemStager, LineSplitter
 from ingest.openai import batch_wire as bw
+from ingest.openai.wire import list_page
 from results import files as files_db
 from results import jobs as jobs_db
 from results.jobs import counts, job_status
@@ -248,17 +249,13 @@ def _object(b: Any, j: Any) -> dict[str, Any]:
 
 
 @router.get("/v1/batches/{batch_id}", responses=ERRORS)
-async def get_batch(
-    request: Request, batch_id: str, tenant: Caller
-) -> ORJSONResponse:
+async def get_batch(request: Request, batch_id: str, tenant: Caller) -> ORJSONResponse:
     st = reader(request, tenant)
     return ORJSONResponse(await _batch_view(st, tenant, batch_id))
 
 
 @router.post("/v1/batches/{batch_id}/cancel", responses=ERRORS)
-async def cancel_batch(
-    request: Request, batch_id: str, tenant: Caller
-) -> ORJSONResponse:
+async def cancel_batch(request: Request, batch_id: str, tenant: Caller) -> ORJSONResponse:
     """Items not yet started are cancelled; finished ones stay in the output file."""
     st = reader(request, tenant)
     view = await _batch_view(st, tenant, batch_id)
@@ -270,11 +267,9 @@ async def cancel_batch(
 
 @router.get("/v1/batches", responses=ERRORS)
 async def list_batches(
-    request: Request,
-    tenant: Caller,
-    after: str | None = Query(default=None),
-    limit: str | None = Query(default=None),
+    request: Request, tenant: Caller, after: str | None = None, limit: str | None = None
 ) -> ORJSONResponse:
+    """The tenant's batches, newest first (query parameters: ``after``, ``limit``)."""
     st = reader(request, tenant)
     n = parse_index(limit, "limit", default=20, low=1, high=MAX_BATCHES_PAGE)
     mark = None
@@ -288,12 +283,4 @@ async def list_batches(
         j = await jobs_db.get_job(st.engine, tenant.id, str(b.job_id))
         if j is not None:
             data.append(_object(b, j))
-    return ORJSONResponse(
-        {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": len(rows) > n,
-        }
-    )
+    return ORJSONResponse(list_page(data, more=len(rows) > n))

@@ -19,15 +19,8 @@ from fastapi.responses import ORJSONResponse
 from starlette.responses import Response
 
 from core.errors import InvalidInput
-from ingest.acceptance.pipeline import (
-    Call,
-    Order,
-    Outcome,
-    call_of,
-    raise_if_unsuccessful,
-    serve,
-    validate_each,
-)
+from ingest.acceptance import pipeline
+from ingest.acceptance.pipeline import Call, Order, Outcome
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.error_shapes import Shape, declared
@@ -63,7 +56,7 @@ class EmbeddingsDoor:
             )
         check_dimensions(body.dimensions, dim, spec.ref)
         many = len(body.inputs) > 1
-        validate_each(spec, body.inputs, lambda i: f"input[{i}]" if many else "input")
+        pipeline.validate_each(spec, body.inputs, lambda i: f"input[{i}]" if many else "input")
         return Order(
             spec,
             body.inputs,
@@ -81,7 +74,7 @@ class EmbeddingsDoor:
             return _pending(outcome, body, prefer)
         many = len(outcome.rows) > 1
         for i, row in enumerate(outcome.rows):
-            raise_if_unsuccessful(row, f"input[{i}]" if many else "input")
+            pipeline.raise_if_unsuccessful(row, f"input[{i}]" if many else "input")
         tokens = sum(prompt_tokens(m.input) for m in outcome.messages)
         return ORJSONResponse(
             embeddings_answer(
@@ -110,7 +103,8 @@ async def embeddings(
     request: Request, tenant: Caller, idempotency_key: str | None = Header(default=None)
 ) -> Response:
     st = get_state(request)
-    return await serve(st, EMBEDDINGS, await call_of(st, request, tenant, idempotency_key))
+    call = await pipeline.call_of(st, request, tenant, idempotency_key)
+    return await pipeline.serve(st, EMBEDDINGS, call)
 
 
 def _pending(outcome: Outcome, body: EmbeddingsRequest, prefer: Prefer) -> ORJSONResponse:

@@ -11,6 +11,7 @@ OpenAI's shape (ingest/edge/error_shapes.py).
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,12 +29,13 @@ from ingest.edge.error_shapes import Shape, declared
 from ingest.jobs.limits import slot
 from ingest.jobs.routes import reader
 from ingest.jobs.schemas import parse_index
-from ingest.jobs.upload import body_chunks
+from ingest.jobs.upload import upload_chunks
 from ingest.openai import batch_wire as bw
 from ingest.openai.completion_wire import completion_body
-from ingest.openai.wire import EncodingFormat, embeddings_answer, prompt_tokens
+from ingest.openai.wire import EncodingFormat, embeddings_answer, list_page, prompt_tokens
 from results import files as files_db
 from results import jobs as jobs_db
+from results.job_items import items_page
 from results.jobs import item_status
 from results.tenants import Tenant
 
@@ -68,21 +70,15 @@ def file_object(f: Any) -> dict[str, Any]:
 
 
 async def _capped(request: Request, st: AppState) -> AsyncGenerator[bytes, None]:
+    """The upload as the multipart parser reads it (an async generator)."""
     s = st.settings
-    async for chunk in body_chunks(
-        request.stream(),
-        idle_timeout_s=s.upload_idle_timeout_s,
-        max_bytes=s.max_job_bytes,
-        what="a file upload",
-        min_rate_bps=s.upload_min_bytes_per_s,
-    ):
+    chunks = upload_chunks(request.stream(), s, max_bytes=s.max_job_bytes, what="a file upload")
+    async for chunk in chunks:
         yield chunk
 
 
 @router.post("/v1/files", responses=ERRORS, summary="Upload a JSONL file (purpose=batch)")
-async def create_file(
-    request: Request, tenant: Caller
-) -> ORJSONResponse:
+async def create_file(request: Request, tenant: Caller) -> ORJSONResponse:
     st = get_state(request)
     ctype = request.headers.get("content-type", "")
     if not ctype.startswith("multipart/form-data"):
@@ -114,16 +110,8 @@ async def create_file(
             if size == 0:
                 raise InvalidInput("the file is empty", field="file")
             fid = bw.new_file_id()
-            await files_db.store_file(
-                st.engine,
-                file_id=fid,
-                tenant_id=tenant.id,
-                purpose=purpose,
-                filename=name,
-                staged=upload.file,
-                size=size,
-                expires_at=None,
-            )
+            new = files_db.NewFile(fid, tenant.id, purpose, name, size, expires_at=None)
+            await files_db.store_file(st.engine, new, upload.file)
         finally:
             await form.close()
     f = await files_db.get_file(st.engine, tenant.id, fid)
@@ -152,72 +140,62 @@ async def list_files(
         st.engine, tenant.id, purpose=purpose, after=mark, limit=n + 1, newest_first=order == "desc"
     )
     data = [file_object(f) for f in rows[:n]]
+    return ORJSONResponse(list_page(data, more=len(rows) > n))
+
+
+@dataclass(frozen=True)
+class ResultFile:
+    """One of a batch's result files: a view of its job's results."""
+
+    batch: Any
+    job: Any
+    errors: bool  # the error file (else the output file)
+
+
+async def _file(st: AppState, tenant: Tenant, file_id: str) -> ResultFile | Any:
+    """The tenant's file ``file_id``: one of its batches' result files, or a file it
+    uploaded; 404 naming it otherwise."""
+    missing = NotFound(f"no file {file_id[:80]!r}")
+    named = bw.result_file(file_id)
+    if named is None:
+        f = await files_db.get_file(st.engine, tenant.id, file_id)
+        if f is None:
+            raise missing
+        return f
+    batch_id, errors = named
+    b = await files_db.get_batch(st.engine, tenant.id, batch_id)
+    j = None if b is None else await jobs_db.get_job(st.engine, tenant.id, str(b.job_id))
+    if b is None or j is None:
+        raise missing
+    if b.output_expires_at is not None and datetime.now(UTC) >= b.output_expires_at:
+        raise NotFound(f"file {file_id[:80]!r} expired (output_expires_after)")
+    return ResultFile(b, j, errors)
+
+
+@router.get("/v1/files/{file_id}", responses=ERRORS)
+async def get_file(request: Request, file_id: str, tenant: Caller) -> ORJSONResponse:
+    f = await _file(reader(request, tenant), tenant, file_id)
+    if not isinstance(f, ResultFile):
+        return ORJSONResponse(file_object(f))
+    b = f.batch
     return ORJSONResponse(
         {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": len(rows) > n,
+            "id": file_id,
+            "object": "file",
+            # A growing view of the results: its size is known once it is read.
+            "bytes": None,
+            "created_at": _ts(b.created_at),
+            "expires_at": _ts(b.output_expires_at),
+            "filename": f"{b.batch_id}_{'error' if f.errors else 'output'}.jsonl",
+            "purpose": "batch_output",
+            "status": "processed",
+            "status_details": None,
         }
     )
 
 
-async def _result_file(st: AppState, tenant: Tenant, file_id: str) -> tuple[Any, Any, bool] | None:
-    """(batch, job, errors?) when ``file_id`` is one of the tenant's batches' result files."""
-    named = bw.result_file(file_id)
-    if named is None:
-        return None
-    batch_id, errors = named
-    b = await files_db.get_batch(st.engine, tenant.id, batch_id)
-    if b is None:
-        raise NotFound(f"no file {file_id[:80]!r}")
-    j = await jobs_db.get_job(st.engine, tenant.id, str(b.job_id))
-    if j is None:
-        raise NotFound(f"no file {file_id[:80]!r}")
-    now = datetime.now(UTC)
-    if b.output_expires_at is not None and now >= b.output_expires_at:
-        raise NotFound(f"file {file_id[:80]!r} expired (output_expires_after)")
-    return b, j, errors
-
-
-async def _uploaded_file(st: AppState, tenant: Tenant, file_id: str) -> Any:
-    """The tenant's uploaded file ``file_id``; 404 when it has none of that id."""
-    f = await files_db.get_file(st.engine, tenant.id, file_id)
-    if f is None:
-        raise NotFound(f"no file {file_id[:80]!r}")
-    return f
-
-
-@router.get("/v1/files/{file_id}", responses=ERRORS)
-async def get_file(
-    request: Request, file_id: str, tenant: Caller
-) -> ORJSONResponse:
-    st = reader(request, tenant)
-    result = await _result_file(st, tenant, file_id)
-    if result is not None:
-        b, _j, errors = result
-        return ORJSONResponse(
-            {
-                "id": file_id,
-                "object": "file",
-                # A growing view of the results: its size is known once it is read.
-                "bytes": None,
-                "created_at": _ts(b.created_at),
-                "expires_at": _ts(b.output_expires_at),
-                "filename": f"{b.batch_id}_{'error' if errors else 'output'}.jsonl",
-                "purpose": "batch_output",
-                "status": "processed",
-                "status_details": None,
-            }
-        )
-    return ORJSONResponse(file_object(await _uploaded_file(st, tenant, file_id)))
-
-
 @router.delete("/v1/files/{file_id}", responses=ERRORS)
-async def delete_file(
-    request: Request, file_id: str, tenant: Caller
-) -> ORJSONResponse:
+async def delete_file(request: Request, file_id: str, tenant: Caller) -> ORJSONResponse:
     st = reader(request, tenant)
     if bw.result_file(file_id) is not None:
         raise InvalidInput(
@@ -230,18 +208,14 @@ async def delete_file(
 
 
 @router.get("/v1/files/{file_id}/content", responses=ERRORS)
-async def file_content(
-    request: Request, file_id: str, tenant: Caller
-) -> StreamingResponse:
+async def file_content(request: Request, file_id: str, tenant: Caller) -> StreamingResponse:
     st = reader(request, tenant)
-    result = await _result_file(st, tenant, file_id)
-    if result is not None:
-        b, j, errors = result
-        return StreamingResponse(result_lines(st, b, j, errors), media_type="application/jsonl")
-    f = await _uploaded_file(st, tenant, file_id)
-    return StreamingResponse(
-        files_db.file_chunks(st.engine, f.file_id), media_type="application/jsonl"
-    )
+    f = await _file(st, tenant, file_id)
+    if isinstance(f, ResultFile):
+        content = result_lines(st, f)
+    else:
+        content = files_db.file_chunks(st.engine, f.file_id)
+    return StreamingResponse(content, media_type="application/jsonl")
 
 
 def _answer(b: Any, j: Any, r: Any) -> dict[str, Any]:
@@ -261,12 +235,13 @@ def _answer(b: Any, j: Any, r: Any) -> dict[str, Any]:
     return {"request_id": rid, "status": ItemStatus.SUCCEEDED, "model": j.model, "output": r.output}
 
 
-async def result_lines(st: AppState, b: Any, j: Any, errors: bool) -> AsyncIterator[bytes]:
+async def result_lines(st: AppState, f: ResultFile) -> AsyncIterator[bytes]:
     """The output (or error) lines in input order, a page of rows at a time; stops at
     the first item still running, so a file read mid-batch is a prefix of the final one."""
+    b, j, errors = f.batch, f.job, f.errors
     pos, now = 0, datetime.now(UTC)
     while pos < j.total_items:
-        rows = await files_db.result_page(st.engine, str(j.job_id), pos, RESULT_PAGE)
+        rows = await items_page(st.engine, str(j.job_id), pos, RESULT_PAGE, inputs=True)
         out: list[bytes] = []
         for r in rows:
             status = item_status(r.status, j, now)

@@ -221,6 +221,17 @@ def models_answer(listing: list[dict[str, Any]], owner: str = "gristmill") -> di
     return {"object": "list", "data": data, "models": listing}
 
 
+def list_page(data: list[dict[str, Any]], *, more: bool) -> dict[str, Any]:
+    """A page of OpenAI's list objects (files, batches): its ``data`` and its cursors."""
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": more,
+    }
+
+
 # --- Prefer (RFC 7240) ------------------------------------------------------------------
 
 _WAIT = re.compile(r"^\s*wait\s*=\s*\"?(\d{1,9})\"?\s*$", re.IGNORECASE)

@@ -123,16 +123,8 @@ async def list_models(request: Request, actor: Admin) -> ORJSONResponse:
 
 @router.post("/models", status_code=201)
 async def register(request: Request, actor: Admin, body: Register) -> ORJSONResponse:
-    record = new_record(
-        body.model,
-        backend=body.backend,
-        max_batch_size=body.max_batch_size,
-        config=body.config,
-        artifact=body.artifact,
-        sha256=body.sha256,
-        memory_bytes=body.memory_bytes,
-        settings=get_state(request).settings,
-    )
+    fields = body.model_dump(exclude={"model"})  # new_record's keywords, checked there
+    record = new_record(body.model, **fields, settings=get_state(request).settings)
     await _write(request, lambda c: modelregistry.register(c, record, actor))
     return ORJSONResponse(_record(record), status_code=201)
 

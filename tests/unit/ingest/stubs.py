@@ -30,7 +30,7 @@ from core.models.sim import sim_output
 from core.models.token_ids import input_text
 from core.vocab import RequestStatus
 from ingest.acceptance.catalog import ModelCatalog
-from ingest.acceptance.ports import Claim, End, Token
+from ingest.acceptance.ports import Claim, End, KeyUse, Token
 from ingest.acceptance.routing import RouteTable, Served
 from ingest.acceptance.state import AppState
 from ingest.admission.load_watch import LoadWatch
@@ -169,41 +169,26 @@ class StubWaiter:
 class StubKeys:
     """Idempotency-Key claims in memory, as results/idempotency.py keeps them."""
 
-    claims: dict[tuple[str, str], tuple[str, str, float, float]] = field(default_factory=dict)
+    claims: dict[tuple[str, str], KeyUse] = field(default_factory=dict)
     released: list[str] = field(default_factory=list)
 
-    async def claim(
-        self,
-        *,
-        tenant_id: str,
-        key: str,
-        request_id: str,
-        body_hash: str,
-        deadline: float,
-        received: float,
-    ) -> Claim:
-        have = self.claims.get((tenant_id, key))
-        if have is None:
-            self.claims[(tenant_id, key)] = (request_id, body_hash, deadline, received)
-            return Claim(True, request_id)
-        rid, fingerprint, first_deadline, first_received = have
-        if fingerprint != body_hash:
+    async def claim(self, use: KeyUse) -> Claim:
+        first = self.claims.setdefault((use.tenant_id, use.key), use)
+        if first is use:
+            return Claim(True, use.request_id)
+        if first.body_hash != use.body_hash:
             raise IdempotencyConflict(
                 "Idempotency-Key was already used with a different request body",
                 field="Idempotency-Key",
             )
-        return Claim(
-            False,
-            rid,
-            datetime.fromtimestamp(first_deadline, UTC),
-            datetime.fromtimestamp(first_received, UTC),
-        )
+        at = datetime.fromtimestamp
+        return Claim(False, first.request_id, at(first.deadline, UTC), at(first.received, UTC))
 
-    async def release(self, *, tenant_id: str, key: str, request_id: str) -> None:
-        have = self.claims.get((tenant_id, key))
-        if have is not None and have[0] == request_id:
-            del self.claims[(tenant_id, key)]
-            self.released.append(request_id)
+    async def release(self, use: KeyUse) -> None:
+        first = self.claims.get((use.tenant_id, use.key))
+        if first is not None and first.request_id == use.request_id:
+            del self.claims[(use.tenant_id, use.key)]
+            self.released.append(use.request_id)
 
 
 class StubJobs:
