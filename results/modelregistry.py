@@ -139,7 +139,7 @@ def _audit(
 
 
 def _notify(conn: Connection, name: str) -> None:
-    # Delivered at commit, to every API instance listening (ingest/registry_view.py).
+    # Delivered at commit, to every API instance listening (ingest/acceptance/catalog.py).
     conn.execute(text("select pg_notify(:ch, :name)"), {"ch": MODELS_CHANNEL, "name": name})
 
 
