@@ -250,3 +250,13 @@ def test_a_completion_is_resumed_by_id(api: tuple[TestClient, Stubs]) -> None:
     assert ids == [3, 4]
     unknown = client.get(f"/v1/completions/cmpl-{uuid.uuid4()}")
     assert unknown.status_code == 404
+
+
+def test_kserve_health_and_metadata_stay_public(api: tuple[TestClient, Stubs]) -> None:
+    client, _ = api
+    no_key = {"Authorization": ""}
+    assert client.get("/v2/health/live", headers=no_key).json() == {"live": True}
+    assert client.get("/v2/models/sim", headers=no_key).status_code == 200
+    assert client.get("/v2/models/sim/ready", headers=no_key).json()["ready"] is True
+    # The gate checks inference only: another method is the route's 405, not a 401.
+    assert client.get("/v2/models/sim/infer", headers=no_key).status_code == 405
