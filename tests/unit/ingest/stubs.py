@@ -247,12 +247,19 @@ class Worker:
         self.dim = dim
         self.hold = False
         self.fail: set[str] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.generated = ("Hel", "lo", ",", " world")
 
     def __call__(self, msg: RequestMessage) -> None:
+        self.loop = asyncio.get_running_loop()
         if self.hold:
             return
-        asyncio.get_running_loop().call_soon(self.answer, msg)
+        self.loop.call_soon(self.answer, msg)
+
+    def answer_in_loop(self, msg: RequestMessage) -> None:
+        """Answer ``msg`` now, from a test's thread (the app runs in its own loop)."""
+        assert self.loop is not None
+        self.loop.call_soon_threadsafe(self.answer, msg)
 
     def answer(self, msg: RequestMessage) -> None:
         text = input_text(msg.input)

@@ -5,8 +5,10 @@ The same paths run on real Kafka and PostgreSQL in tests/e2e."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -117,7 +119,28 @@ def test_no_answer_by_the_deadline_is_504_and_the_request_stays_accepted(
     assert gave_up == sorted(m.request_id for _, m in stubs.producer.sent)
 
 
-def test_a_retry_of_a_request_still_running_waits_for_the_first_attempt(
+def test_a_retry_while_the_first_attempt_runs_waits_for_it_without_a_resend(
+    api: tuple[TestClient, Stubs],
+) -> None:
+    client, stubs = api
+    stubs.worker.hold = True
+    key = {"Idempotency-Key": "running"}
+    body = {"model": "sim", "input": "slow", "timeout_ms": 5000}
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(client.post, "/v1/infer", json=body, headers=key)
+        while not stubs.producer.sent:  # the first attempt is in Kafka
+            time.sleep(0.005)
+        retry = pool.submit(client.post, "/v1/infer", json=body, headers=key)
+        time.sleep(0.05)  # the retry is waiting on the first attempt's row
+        stubs.worker.hold = False
+        stubs.worker.answer_in_loop(stubs.producer.sent[0][1])
+        a, b = first.result(5), retry.result(5)
+    assert a.status_code == b.status_code == 200
+    assert a.json()["request_id"] == b.json()["request_id"]
+    assert len(stubs.producer.sent) == 1
+
+
+def test_a_retry_after_the_first_caller_gave_up_is_sent_again_under_its_id(
     api: tuple[TestClient, Stubs],
 ) -> None:
     client, stubs = api
