@@ -34,8 +34,8 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -61,10 +61,14 @@ from ingest.edge.tracing import annotate
 from results.requests import AnswerRow
 from results.tenants import Tenant
 
-Headers = list[tuple[bytes, bytes]]  # an ASGI scope's headers: lower-case names
+Headers = Sequence[tuple[bytes, bytes]]  # an ASGI scope's headers: lower-case names
+
+# The request path allocates little (slots, no lists for a lone input): each object is
+# work for the collector, whose passes over the process's long-lived objects were most
+# of what the first version of this pipeline added to a request's CPU.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Call:
     """One request at a front door: its key checked (``tenant``), its headers too, its
     body read (capped in size and time)."""
@@ -73,8 +77,8 @@ class Call:
     idempotency_key: str | None
     body: bytes
     received: float  # epoch s: when the request arrived
-    headers: Headers = field(default_factory=list)
-    path: dict[str, Any] = field(default_factory=dict)  # the route's path parameters
+    headers: Headers = ()
+    path: Mapping[str, Any] | None = None  # the route's path parameters
 
     def header_values(self, name: bytes) -> list[str]:
         return [v.decode("latin-1") for k, v in self.headers if k == name]
@@ -105,7 +109,7 @@ async def call_of(
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Generation:
     """A generation request's size, for admission against the KV cache."""
 
@@ -113,7 +117,7 @@ class Generation:
     max_tokens: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Order:
     """What a door asks the pipeline to accept: validated inputs of one model version."""
 
@@ -134,7 +138,7 @@ class Order:
     wire: Any = None  # the door's own parsed request, for its answer
 
 
-@dataclass
+@dataclass(slots=True)
 class Outcome:
     """What became of an order: every row (in input order) when all finished in time,
     else None; the ids to fetch them by later either way."""
@@ -146,7 +150,7 @@ class Outcome:
     timeout_ms: int
     retry: bool = False  # the Idempotency-Key named an earlier request
     replayed: bool = False  # every row was stored before this call: a retry's answer
-    unanswered: list[RequestMessage] = field(default_factory=list)
+    unanswered: Sequence[RequestMessage] = ()
 
     def gave_up(self, message: str) -> DeadlineExceeded:
         """The 504 of a sync request whose deadline passed: remembered, so the request
@@ -248,21 +252,24 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
         use = KeyUse(tenant.id, key, first, fingerprint, deadline, call.received)
         claim = await st.keys.claim(use)
         first = claim.request_id  # a retry: the first attempt's
-    ids = [item_request_id(first, i) for i in range(n)]
-    msgs = [
-        request_message(
-            spec,
-            value,
-            order.params,
-            tenant=tenant,
-            request_id=rid,
-            received=call.received,
-            timeout_ms=timeout_ms,
-            idempotency_key=None,  # fingerprinted above, once
-            tier=order.tier,
+    ids: list[str] = []
+    msgs: list[RequestMessage] = []
+    for i, value in enumerate(order.inputs):
+        rid = item_request_id(first, i)
+        ids.append(rid)
+        msgs.append(
+            request_message(
+                spec,
+                value,
+                order.params,
+                tenant=tenant,
+                request_id=rid,
+                received=call.received,
+                timeout_ms=timeout_ms,
+                idempotency_key=None,  # fingerprinted above, once
+                tier=order.tier,
+            )
         )
-        for rid, value in zip(ids, order.inputs, strict=True)
-    ]
     if use is not None and not order.many:
         msgs[0].body_hash = use.body_hash
     retry = claim is not None and not claim.first
@@ -272,27 +279,35 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
         for m in msgs:
             m.received_at = claim.first_received.timestamp()
     annotate(ids[0], spec.ref, tenant.tier)
-    futs = [st.waiter.register(rid) for rid in ids]
+    futs: list[asyncio.Future[AnswerRow]] = []
     try:
+        for rid in ids:
+            futs.append(st.waiter.register(rid))
         send = True
+        pending: Sequence[int] = range(n)
         if retry and claim is not None:
             send = await _replay(st, tenant, order, claim, ids, futs)
-        pending = [i for i, f in enumerate(futs) if not f.done()]
+            pending = [i for i, f in enumerate(futs) if not f.done()]
         if send and pending:
-            await _send(st, tenant, [msgs[i] for i in pending], claim, use)
+            await _send(st, tenant, _picked(msgs, pending), claim, use)
         out = Outcome(ids, msgs, None, limit_headers, timeout_ms, retry, retry and not pending)
         if order.stream:
             return out
-        await _wait(order, [futs[i] for i in pending], deadline)
-        out.unanswered = [msgs[i] for i, f in enumerate(futs) if not f.done()]
-        if out.unanswered:
+        if pending:
+            await _wait(order, futs, pending, deadline)
+        if not all(f.done() for f in futs):
+            out.unanswered = [m for m, f in zip(msgs, futs, strict=True) if not f.done()]
             return out
         out.rows = [f.result() for f in futs]
-        _answered(st, [(msgs[i], out.rows[i]) for i in pending])
+        _answered(st, msgs, out.rows, pending)
         return out
     finally:
         for rid in ids:
             st.waiter.discard(rid)
+
+
+def _picked(msgs: list[RequestMessage], pending: Sequence[int]) -> list[RequestMessage]:
+    return msgs if len(pending) == len(msgs) else [msgs[i] for i in pending]
 
 
 async def _replay(
@@ -329,21 +344,23 @@ async def _send(
     and are stored under their own ids; if any is not, the first failure (a 503)."""
     headers = tracing.headers()
     s = st.settings
-    if len(msgs) == 1:  # the hot path: no task for a lone message
+    if len(msgs) == 1:  # the hot path: no task and no lists for a lone message
         m = msgs[0]
         try:
             await st.producer.produce(request_topic(s, m.priority), m.encode(), headers=headers)
-            outcomes: list[Any] = [None]
-        except Unavailable as exc:
-            outcomes = [exc]
-    else:
-        outcomes = await asyncio.gather(
-            *(
-                st.producer.produce(request_topic(s, m.priority), m.encode(), headers=headers)
-                for m in msgs
-            ),
-            return_exceptions=True,
-        )
+        except Unavailable:
+            if claim is not None and claim.first and use is not None:
+                await st.keys.release(use)  # nothing reached Kafka: the retry sends at once
+            raise
+        metrics.admitted(tenant.tier)
+        return
+    outcomes = await asyncio.gather(
+        *(
+            st.producer.produce(request_topic(s, m.priority), m.encode(), headers=headers)
+            for m in msgs
+        ),
+        return_exceptions=True,
+    )
     failed = [o for o in outcomes if isinstance(o, BaseException)]
     for _ in range(len(outcomes) - len(failed)):
         metrics.admitted(tenant.tier)
@@ -356,9 +373,10 @@ async def _send(
     raise failed[0]
 
 
-async def _wait(order: Order, pending: list[asyncio.Future[AnswerRow]], deadline: float) -> None:
-    if not pending:
-        return
+async def _wait(
+    order: Order, futs: list[asyncio.Future[AnswerRow]], pending: Sequence[int], deadline: float
+) -> None:
+    """Until the pending answers are in, the deadline passed or the order's wait ran out."""
     if order.generation is not None and order.wait_s is not None:
         wait = order.wait_s
     else:
@@ -369,20 +387,23 @@ async def _wait(order: Order, pending: list[asyncio.Future[AnswerRow]], deadline
         return
     if len(pending) == 1:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(pending[0]), timeout=wait)
+            await asyncio.wait_for(asyncio.shield(futs[pending[0]]), timeout=wait)
         return
-    await asyncio.wait(pending, timeout=wait)
+    await asyncio.wait([futs[i] for i in pending], timeout=wait)
 
 
-def _answered(st: AppState, heard: list[tuple[RequestMessage, AnswerRow]]) -> None:
+def _answered(
+    st: AppState, msgs: list[RequestMessage], rows: list[AnswerRow], heard: Sequence[int]
+) -> None:
     """Answers heard (not replayed) reach their callers now: the stage metrics, and the
     delay since the last was stored (what the overload guard sheds on, decision 15)."""
     if not heard:
         return
     now = time.time()
     last: float | None = None
-    for m, row in heard:
-        metrics.answered(m, row, now)
+    for i in heard:
+        row = rows[i]
+        metrics.answered(msgs[i], row, now)
         persisted = row.get("persisted_at")
         if persisted is not None:
             t = persisted.timestamp()

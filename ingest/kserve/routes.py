@@ -99,8 +99,9 @@ class KServeDoor:
     async def order(self, st: AppState, call: Call) -> Order:
         req = parse_infer(call.body, call.header(HEADER_LENGTH.lower().encode()), st.settings)
         # The canary applies as on /v1/infer: sticky per tenant or Idempotency-Key.
+        path = call.path or {}
         spec = await st.catalog.resolve(
-            _ref(call.path["model"], call.path.get("version")),
+            _ref(path["model"], path.get("version")),
             tenant_id=call.tenant.id,
             idempotency_key=call.idempotency_key,
         )
