@@ -99,6 +99,9 @@ app.kubernetes.io/component: {{ index . 1 }}
       name: {{ include "gristmill.databaseSecret" . }}
       key: {{ .Values.postgres.urlKey }}
 {{- /* libpq reads these for every connection: TLS without touching the URL. */}}
+{{- if and (hasPrefix "verify-" .Values.postgres.sslmode) (not (include "gristmill.databaseCASecret" .)) }}
+{{- fail (printf "postgres.sslmode %s needs the server's CA: set postgres.caSecret (or enable cnpg); to opt out of TLS set postgres.sslmode disable" .Values.postgres.sslmode) }}
+{{- end }}
 - name: PGSSLMODE
   value: {{ .Values.postgres.sslmode | quote }}
 {{- if include "gristmill.databaseCASecret" . }}
@@ -142,26 +145,38 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- end -}}
 
-{{/* Certificate volumes and their mounts, and the writable scratch folders. */}}
+{{/* The API's scratch space (bytes): every upload its processes may stage at once, at
+its largest (values.yaml, api.uploads), plus 256 MiB for the rest. */}}
+{{- define "gristmill.apiScratch" -}}
+{{- $u := .Values.api.uploads -}}
+{{- $perUpload := add (mul 2 (int64 $u.maxBytes)) (mul 100 (int64 $u.maxItems)) -}}
+{{- add (mul (int64 .Values.api.processes) (int64 $u.maxConcurrent) $perUpload) 268435456 -}}
+{{- end -}}
+
+{{/* Certificate volumes and their mounts, and the writable scratch folders with /tmp
+bounded: include with (list $ sizeLimit). */}}
 {{- define "gristmill.volumes" -}}
+{{- $ := index . 0 -}}
 - name: tmp
-  emptyDir: {}
+  emptyDir:
+    sizeLimit: {{ index . 1 }}
 - name: home
-  emptyDir: {}
-{{- if include "gristmill.databaseCASecret" . }}
+  emptyDir:
+    sizeLimit: {{ $.Values.scratch.sizeLimit }}
+{{- if include "gristmill.databaseCASecret" $ }}
 - name: postgres-ca
   secret:
-    secretName: {{ include "gristmill.databaseCASecret" . }}
+    secretName: {{ include "gristmill.databaseCASecret" $ }}
 {{- end }}
-{{- if and (include "gristmill.kafkaUsesTls" .) (include "gristmill.kafkaCASecret" .) }}
+{{- if and (include "gristmill.kafkaUsesTls" $) (include "gristmill.kafkaCASecret" $) }}
 - name: kafka-ca
   secret:
-    secretName: {{ include "gristmill.kafkaCASecret" . }}
+    secretName: {{ include "gristmill.kafkaCASecret" $ }}
 {{- end }}
-{{- if .Values.kafka.tls.clientSecret }}
+{{- if $.Values.kafka.tls.clientSecret }}
 - name: kafka-client
   secret:
-    secretName: {{ .Values.kafka.tls.clientSecret }}
+    secretName: {{ $.Values.kafka.tls.clientSecret }}
 {{- end }}
 {{- end -}}
 
