@@ -163,9 +163,11 @@ class System:
         port: int | None = None,
         processes: int = 1,
         cli: bool = False,
+        cwd: Path | None = None,
     ) -> str:
         """Start an API process (``processes`` uvicorn processes on one port); ``port``
-        restarts one where clients expect it; ``cli``: by ``gristmill api``."""
+        restarts one where clients expect it; ``cli``: by ``gristmill api``; ``cwd``: run
+        the code of another checkout (a benchmark's baseline)."""
         port = port or free_port()
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
@@ -173,7 +175,7 @@ class System:
             env={**self.env, **multiprocess_env(self.workdir / f"{name}.metrics"), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=REPO,
+            cwd=cwd or REPO,
             start_new_session=True,
         )
         self._hold(name, f"API {name} (port {port})")
