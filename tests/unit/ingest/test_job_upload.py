@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core.errors import InvalidInput, PayloadTooLarge, RequestTimeout, SchemaViolation
-from core.models.sim import SimSpec
 from core.messages import job_item_request_ids
+from core.models.sim import SimSpec
 from ingest.job_upload import ItemStager, LineSplitter, body_chunks, copy_text, copy_unescape
 
 SPEC = SimSpec(name="sim", version="1", max_batch_size=100)
