@@ -162,6 +162,13 @@ class LoadSpec:
     model: str = "sim"
     timeout_s: float = 15.0
     max_inflight: int = 6000  # per process; beyond it a request counts as client_overflow
+    # A corpus (bench/corpus.py: texts and the model's own vectors for them): request j
+    # sends text j mod n and its answer is checked against that text's vector. Empty:
+    # sim inputs named by ``tag``, checked against sim's output.
+    corpus: str = ""
+    # "infer": the native route's body; "embeddings": OpenAI's, vectors in base64 as
+    # the openai SDK asks for them.
+    wire: str = "infer"
 
 
 @dataclass
@@ -283,8 +290,6 @@ def _child(args: tuple[LoadSpec, int, int, float]) -> dict[str, Any]:
 async def _drive(spec: LoadSpec, index: int, n: int, start: float) -> dict[str, Any]:
     import resource
 
-    from core.models.sim import sim_output
-
     lat, lat_all, lag = new_hist(), new_hist(), new_hist()
     stages = {name: new_hist() for name in STAGES + DERIVED}
     statuses: Counter[str] = Counter()
@@ -297,13 +302,15 @@ async def _drive(spec: LoadSpec, index: int, n: int, start: float) -> dict[str, 
     def rec(h: Any, ms: float) -> None:
         h.record_value(min(HDR_MAX_US, max(1, round(ms * 1000))))
 
+    check = answer_check(spec)
+
     async def one(j: int, due: float) -> None:
         nonlocal last_done
-        text = f"{spec.tag}-{j}"
+        text = check.text(j)
         rec(lag, (time.monotonic() - due) * 1000)
         body: dict[str, Any] | None = None
         try:
-            payload = orjson.dumps({"model": spec.model, "input": text})
+            payload = orjson.dumps(check.body(text))
             async with client.post(spec.url, data=payload) as r:
                 key = str(r.status)
                 raw = await r.read()
@@ -323,7 +330,7 @@ async def _drive(spec: LoadSpec, index: int, n: int, start: float) -> dict[str, 
         if body is None:
             return
         rec(lat, ms)
-        if body.get("output") != sim_output(text):
+        if not check.right(j, body):
             acc["wrong"] += 1
         if body.get("batch_size"):
             acc["batch_sum"] += body["batch_size"]
@@ -366,3 +373,30 @@ async def _drive(spec: LoadSpec, index: int, n: int, start: float) -> dict[str, 
         "cpu_s": (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime),
         **acc,
     }
+
+
+class SimCheck:
+    """Inputs ``<tag>-<j>``; the answer is sim's digest of the input."""
+
+    def __init__(self, spec: LoadSpec) -> None:
+        from core.models.sim import sim_output
+
+        self.spec = spec
+        self._out = sim_output
+
+    def text(self, j: int) -> str:
+        return f"{self.spec.tag}-{j}"
+
+    def body(self, text: str) -> dict[str, Any]:
+        return {"model": self.spec.model, "input": text}
+
+    def right(self, j: int, body: dict[str, Any]) -> bool:
+        return bool(body.get("output") == self._out(self.text(j)))
+
+
+def answer_check(spec: LoadSpec) -> Any:
+    if not spec.corpus:
+        return SimCheck(spec)
+    from bench.corpus import VectorCheck
+
+    return VectorCheck(spec.corpus, spec.model, spec.wire)
