@@ -46,9 +46,9 @@ from gristmill.devservices.leftovers import (
 )
 from gristmill.devservices.lifeline import Group, lifeline, stop
 from gristmill.devservices.ports import port_free, port_holder
-from gristmill.devservices.restarts import RestartPolicy
 from gristmill.devservices.stack import LOOPBACK_WEBHOOKS, api_command, scheduler_command
 from gristmill.devservices.stopsignals import StopSignals
+from gristmill.restarts import RestartPolicy
 from scheduler.service import SHUTDOWN_DRAIN_S
 
 # SIGTERM to SIGKILL for the API and the scheduler: the scheduler drains what it has
@@ -133,7 +133,7 @@ class _Apps:
 
     def supervise(self, now: float) -> None:
         """Restart what died: at once, or after a growing pause while it keeps dying
-        within a minute of its start (gristmill/devservices/restarts.py)."""
+        within a minute of its start (gristmill/restarts.py)."""
         for name, p in self.procs.items():
             if name in self.due or p.poll() is None:
                 continue

@@ -1,9 +1,9 @@
-"""``gristmill dev``'s restart policy (gristmill/devservices/restarts.py): at once after a
+"""``gristmill dev``'s restart policy (gristmill/restarts.py): at once after a
 healthy run, a doubling pause while a process keeps dying young, capped."""
 
 from __future__ import annotations
 
-from gristmill.devservices.restarts import MAX_DELAY_S, STABLE_S, RestartPolicy
+from gristmill.restarts import MAX_DELAY_S, STABLE_S, RestartPolicy
 
 
 def test_a_process_that_ran_is_restarted_at_once() -> None:

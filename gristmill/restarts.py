@@ -1,9 +1,11 @@
-"""When ``gristmill dev`` restarts a process of its own that died (decision 46): pure
-policy, the clock passed in, as an orchestrator's restart policy does it.
+"""When a process that ``gristmill dev`` or ``gristmill host`` started and that died is
+started again (decision 46): pure policy, the clock passed in, as an orchestrator's
+restart policy does it; the thresholds come at construction.
 
-A process that dies is started again at once the first time; one that keeps dying soon
-after its start waits twice as long each time (Kubernetes' CrashLoopBackOff, scaled to a
-developer's machine: 1 s doubling up to 30 s, against the kubelet's 10 s up to 5 min),
+A process that dies after a healthy run is started again at once; one that keeps dying
+soon after its start waits twice as long each time (Kubernetes' CrashLoopBackOff, scaled
+to one machine: 1 s doubling up to 30 s by default, against the kubelet's 10 s up to
+5 min; ``gristmill host`` caps it at 10 s),
 so a process that cannot start (a port taken, a broken setting) does not spin a core.
 One that ran ``STABLE_S`` before dying counts as healthy again: its next restart is
 immediate.
