@@ -8,7 +8,8 @@ its default models, and
   API's processes answered (the multiprocess directory, as under ``gristmill api``);
 * a scheduler killed while a completion streams is restarted, and says so, and the
   stream finishes with the same tokens; an API killed is restarted on its port while the
-  scheduler keeps running.
+  scheduler keeps running; a worker killed is restarted by its scheduler, which says so
+  in its log.
 """
 
 from __future__ import annotations
@@ -336,4 +337,27 @@ def test_a_killed_api_is_restarted_on_its_port(dev: Dev) -> None:
     assert "the api exited with -9; restarting it" in dev.text()
     assert dev.pid_of("scheduler") == scheduler, "the scheduler kept running"
     r = infer(url, env["GRISTMILL_API_KEY"], "after the API's restart")
+    assert r.status_code == 200, r.text
+
+
+def test_a_killed_worker_is_restarted_by_its_scheduler(dev: Dev) -> None:
+    env = dev.env()
+    scheduler = psutil.Process(dev.pid_of("scheduler"))
+    workers = [p for p in scheduler.children() if "workers" in p.cmdline()]
+    assert len(workers) >= 3, "two batch workers and the generation worker"
+    log = dev.state / "logs" / "scheduler.log"
+    before = log.read_text(errors="replace").count("exited with -9; restarting")
+    victim = workers[0]
+    victim.kill()
+    deadline = time.monotonic() + 60
+    while log.read_text(errors="replace").count("exited with -9; restarting") == before:
+        assert time.monotonic() < deadline, log.read_text(errors="replace")[-2000:]
+        time.sleep(0.5)
+    # Replaced, and the system answers throughout: the scheduler itself never left.
+    eventually(
+        lambda: [p.pid for p in scheduler.children() if "workers" in p.cmdline()],
+        lambda pids: len(pids) == len(workers) and victim.pid not in pids,
+    )
+    assert dev.pid_of("scheduler") == scheduler.pid
+    r = infer(env["GRISTMILL_URL"], env["GRISTMILL_API_KEY"], "after a worker's restart")
     assert r.status_code == 200, r.text
