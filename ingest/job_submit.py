@@ -387,7 +387,11 @@ class JobPublisher:
         deadline, received_at = job.expires_at.timestamp(), job.created_at.timestamp()
         beat = time.monotonic()
         sizes: list[int] = []  # bytes of messages in the page just sent: sizes the next
-        pages = staged.pages(_PAGE_BYTES) if staged else self._unsent_pages(job_id, sizes)
+        pages = (
+            staged.pages(_PAGE_BYTES)
+            if staged
+            else self._unsent_pages(job_id, int(job.total_items), sizes)
+        )
         for page in pages:
             page_bytes = 0
             acks.sent(len(page))
@@ -420,15 +424,17 @@ class JobPublisher:
         mark_submitted(self.engine, job_id)
         return sent
 
-    def _unsent_pages(self, job_id: str, sizes: list[int]) -> Iterator[Sequence[Item]]:
-        """The job's unsent items from PostgreSQL, page by page (each page its own short
-        read), sized to about _PAGE_BYTES of messages from the last page's ``sizes``:
-        memory stays bounded whatever the items' size."""
-        after, rows = -1, _FIRST_PAGE_ROWS
-        while page := unsent_page(self.engine, job_id, after, rows):
-            yield page
-            after = page[-1][0]
-            rows = max(100, min(10_000, _PAGE_BYTES * len(page) // max(1, sizes[-1])))
+    def _unsent_pages(self, job_id: str, total: int, sizes: list[int]) -> Iterator[Sequence[Item]]:
+        """The job's unsent items from PostgreSQL, a window of indexes at a time (each
+        its own short read), the window sized to about _PAGE_BYTES of messages from the
+        last page's ``sizes``: memory stays bounded whatever the items' size."""
+        after, width = -1, _FIRST_PAGE_ROWS
+        while after < total - 1:
+            page = unsent_page(self.engine, job_id, after, width)
+            after += width
+            if page:
+                yield page
+                width = max(100, min(10_000, _PAGE_BYTES * len(page) // max(1, sizes[-1])))
 
     def _produce(self, topic: str, msg: RequestMessage, acks: _Deliveries) -> int:
         """Produce one message (waiting while the producer's queue is full); its size."""
