@@ -14,12 +14,7 @@ for part in .gpuhost/c*/*.tar*; do
   tar -xf "$part" -C "$root" && touch "$root/.unpacked-$name"
   echo "unpacked $name"
 done
-if [ -d "$root/wheels" ] && [ ! -e "$root/.site" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
-    --target "$root/site" "$root"/wheels/*.whl && touch "$root/.site"
-  echo "installed $(ls "$root"/wheels/*.whl | wc -l) wheels"
-fi
-export PATH="$root/jre/bin:$root/pg/usr/lib/postgresql/15/bin:$PATH"
+export PATH="$root/jre/bin:$root/pg/usr/lib/postgresql/15/bin:$root/site/bin:$PATH"
 export PYTHONPATH="$root/site:$PWD:$PWD/client/src"
 export GRISTMILL_EMBED_MODEL_DIR="$root/model/all-minilm-l6-v2"
 export GMHOST_ROOT="$root" PYTHONUNBUFFERED=1
