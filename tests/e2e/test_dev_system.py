@@ -326,7 +326,9 @@ def test_a_killed_api_is_restarted_on_its_port(dev: Dev) -> None:
     deadline = time.monotonic() + 60
     while True:
         try:
-            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200 and (
+            # Ready, as an orchestrator would wait for it: PostgreSQL reachable and the
+            # result listener up (alive alone is not yet answering in time).
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200 and (
                 dev.pid_of("api") != old
             ):
                 break
