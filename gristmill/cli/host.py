@@ -190,6 +190,8 @@ def host_children(
             argv += ["--socket", s]
         wenv = {**env, "CUDA_VISIBLE_DEVICES": device} if device else dict(env)
         workers.append(Child(f"worker-{device or i}", argv, wenv, logs / f"worker-{i}.log"))
+    if not shape.api_processes:  # a GPU node behind an API tier of its own
+        return [schedulers, workers, []]
     api_argv = [py, "-m", "gristmill", "api", "--workers", str(shape.api_processes)]
     if api_port is not None:
         api_argv += ["--port", str(api_port)]

@@ -150,7 +150,9 @@ def host(
         "all-minilm-l6-v2", help="models the host serves (its schedulers and workers)"
     ),
     api_processes: int | None = typer.Option(
-        None, help="uvicorn processes of the API (default: from cores, GPUs and costs)"
+        None,
+        help="uvicorn processes of the API (default: from cores, GPUs and costs; 0: no "
+        "API here, a GPU node behind an API tier of its own)",
     ),
     schedulers: int | None = typer.Option(
         None, help="scheduler processes (default: from cores, GPUs and costs)"

@@ -45,7 +45,7 @@ LM = "gristmill-lm"
 NOT_RUN = {
     "make dev    # installs everything": "make dev is the system under test; make test runs this",
     ".venv/bin/gristmill migrate": "operating a deployment: starts servers of its own on :8000",
-    "for i in 1 2 3; do": "needs a GPU",
+    "gristmill host --models all-minilm-l6-v2": "a host of its own: test_gristmill_host.py",
     "make lint        # ruff": "the suite and its tools, not an example against the system",
     "gristmill chaos --rounds 20": "starts a 3-broker cluster of its own, minutes",
     "bench.loadtest --rate 200": "each benchmark starts a system of its own, minutes",

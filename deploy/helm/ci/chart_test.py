@@ -309,6 +309,25 @@ def notes(**sets: str) -> str:
     return str(yaml.safe_load(r.stdout)["text"])
 
 
+@test
+def a_gpu_pod_has_the_hosts_shape() -> None:
+    """Decision 51: three schedulers a GPU, each serving the model; one worker that dials
+    a restarted scheduler again; every process (the migration included) at the GPU's
+    batch limit."""
+    objs = render(FULL)
+    gpu = named(objs, "Deployment", "-gpu")["spec"]["template"]["spec"]["containers"]
+    schedulers = [c for c in gpu if c["name"].startswith("scheduler-")]
+    (worker,) = [c for c in gpu if c["name"] == "worker"]
+    assert len(schedulers) == 3
+    assert all("--models" in c["args"] for c in schedulers)
+    assert "--redial" in worker["args"]
+    assert worker["args"].count("--socket") == 3
+    for name, c in containers(objs):
+        assert env_of(c).get("GRISTMILL_EMBED_MAX_BATCH") == "1024", name
+    cpu_only = render()  # no GPU pods: the CPU's own batch limit stays
+    assert all("GRISTMILL_EMBED_MAX_BATCH" not in env_of(c) for _, c in containers(cpu_only))
+
+
 def strimzi_cnpg() -> list[dict[str, Any]]:
     return render(CHART / "values-strimzi.yaml", CHART / "values-cnpg.yaml")
 

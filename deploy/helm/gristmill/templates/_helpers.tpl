@@ -139,6 +139,12 @@ app.kubernetes.io/component: {{ index . 1 }}
 - name: GRISTMILL_KAFKA_SSL_KEY_LOCATION
   value: /etc/gristmill/kafka-client/{{ .Values.kafka.tls.keyKey }}
 {{- end }}
+{{- /* With GPU pods, every process (the migration that seeds the registry included)
+knows the GPU's batch limit, unless settings name it. */}}
+{{- if and .Values.gpu.enabled (not (hasKey .Values.settings "GRISTMILL_EMBED_MAX_BATCH")) }}
+- name: GRISTMILL_EMBED_MAX_BATCH
+  value: {{ .Values.gpu.embedMaxBatch | quote }}
+{{- end }}
 {{- range $name, $value := .Values.settings }}
 - name: {{ $name }}
   value: {{ $value | quote }}
