@@ -252,12 +252,17 @@ class System:
             for name, p in self.procs.items():
                 if p.poll() is not None:
                     raise RuntimeError(f"{name} exited with {p.returncode}")
-            r = httpx.post(
-                f"{self.url}/v1/infer",
-                headers=self.headers(),
-                json={"model": model, "input": "warm up"},
-                timeout=30,
-            )
+            try:
+                r = httpx.post(
+                    f"{self.url}/v1/infer",
+                    headers=self.headers(),
+                    json={"model": model, "input": "warm up"},
+                    timeout=30,
+                )
+            except httpx.TransportError as e:  # the API is still starting
+                last = repr(e)
+                time.sleep(0.5)
+                continue
             if r.status_code == 200:
                 return
             last = r.text
