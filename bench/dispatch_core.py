@@ -43,9 +43,9 @@ def one_round(n: int, *, rate: float, fetch: int, workers: int, seed: int) -> di
     from core.messages import RequestMessage
     from core.protocol import ModelInfo, WorkResult
     from core.vocab import PRIORITY_CLASSES, PriorityClass
-    from scheduler.backpressure import BufferBudget
-    from scheduler.batcher import BatchKey, FlushPolicy, Pending
-    from scheduler.dispatch import DispatchCore
+    from scheduler.core.backpressure import BufferBudget
+    from scheduler.core.batcher import BatchKey, FlushPolicy, Pending
+    from scheduler.core.dispatch import DispatchCore
 
     rng = random.Random(seed)
     core = DispatchCore(

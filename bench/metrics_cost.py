@@ -44,9 +44,9 @@ def scheduler_cost(batches: int, size: int) -> float:
     """Seconds of CPU per request for the scheduler's hooks."""
     from core.messages import RequestMessage
     from core.protocol import WorkResult
-    from scheduler import metrics
-    from scheduler.batcher import Batch, BatchKey, Pending
-    from scheduler.rows import succeeded_rows
+    from scheduler.core.batcher import Batch, BatchKey, Pending
+    from scheduler.runtime import metrics
+    from scheduler.runtime.rows import succeeded_rows
 
     t = time.time()
     items = [

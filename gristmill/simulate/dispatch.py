@@ -1,8 +1,8 @@
 """The dispatch decisions the simulator drives: one pluggable piece.
 
 The simulator asks a scheduler's dispatch core what a free worker runs next and tells
-it what came back, exactly as the scheduler service does (scheduler/service.py). The
-default is the project's own ``DispatchCore`` (scheduler/dispatch.py), built as a
+it what came back, exactly as the scheduler service does (scheduler/runtime/service.py). The
+default is the project's own ``DispatchCore`` (scheduler/core/dispatch.py), built as a
 scheduler builds it; another core that answers the same calls can be put in its place
 (``Scenario.dispatch`` names a factory in ``FACTORIES``).
 """
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Protocol
 from core.load_report import LoadReport
 from core.protocol import ModelInfo, WorkResult
 from core.vocab import PRIORITY_CLASSES
-from scheduler.backpressure import BufferBudget
-from scheduler.batcher import FlushPolicy, Pending
-from scheduler.dispatch import DispatchCore, InFlight, Lost, Reject, Step, Worker, Write
-from scheduler.offsets import TopicPartition
+from scheduler.core.backpressure import BufferBudget
+from scheduler.core.batcher import FlushPolicy, Pending
+from scheduler.core.dispatch import DispatchCore, InFlight, Lost, Reject, Step, Worker, Write
+from scheduler.core.offsets import TopicPartition
 
 if TYPE_CHECKING:
     from gristmill.simulate.scenario import Scenario

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from scheduler.generation.fair import TokenDRR
+from scheduler.core.generation.fair import TokenDRR
 
 
 @dataclass(eq=False)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from scheduler.generation.events import Event, Finished, Preempted, Token
+from scheduler.core.generation.events import Event, Finished, Preempted, Token
 
 # PostgreSQL caps a NOTIFY payload at 8000 bytes; payloads are cut below it, with room
 # for the envelope (as results/announce.py does).

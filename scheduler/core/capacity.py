@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from core.load_report import ModelCapacity
 from core.vocab import ModelRef
-from scheduler.costmodel import CostModel
+from scheduler.core.costmodel import CostModel
 
 
 def capacity_by_model(

@@ -4,7 +4,7 @@ service reads the registry, carries the commands to the workers and reports read
 In: the registry's records (every second), each worker's hello and status messages,
 and what is queued in the dispatch core. Out:
   * ``LoadModel``/``UnloadModel`` per worker, from the residency policy
-    (scheduler/residency.py): the live version and the canary of every model served
+    (scheduler/core/residency.py): the live version and the canary of every model served
     here, versions with queued requests, the rollback target, then staged versions
     where room is free;
   * the versions each worker takes batches of (``DispatchCore.set_served``): loaded,
@@ -26,6 +26,7 @@ from typing import Protocol
 
 from core.config import Settings
 from core.models.catalog import specs_by_name
+from core.models.readiness import Readiness
 from core.models.registry import (
     RecordError,
     VersionRecord,
@@ -37,15 +38,14 @@ from core.models.registry import (
 from core.models.spec import ModelSpec
 from core.protocol import LoadModel, ModelInfo, ModelState, ModelStatus, UnloadModel, info_matches
 from core.vocab import ModelRef
-from results.modelregistry import Readiness
-from scheduler.dispatch import DispatchCore, Worker
-from scheduler.residency import Plan, Rank, Resident, Want, WorkerView, plan
+from scheduler.core.dispatch import DispatchCore, Worker
+from scheduler.core.residency import Plan, Rank, Resident, Want, WorkerView, plan
 
 log = logging.getLogger("gristmill.scheduler.models")
 
 
 class Commandable(Protocol):
-    """A worker connection (scheduler/workerpool.py ``WorkerHandle``)."""
+    """A worker connection (scheduler/runtime/workerpool.py ``WorkerHandle``)."""
 
     @property
     def worker_id(self) -> str: ...

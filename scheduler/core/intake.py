@@ -26,11 +26,10 @@ import orjson
 
 from core.messages import RequestMessage
 from core.models.spec import ModelSpec
+from core.request_row import RequestRow
 from core.vocab import PRIORITY_CLASSES, PriorityClass, RequestStatus
-from results.db import ts
-from results.schema import RequestRow
-from scheduler.batcher import BatchKey, Pending
-from scheduler.dispatch import Reject
+from scheduler.core.batcher import BatchKey, Pending
+from scheduler.core.dispatch import Reject
 
 # An unknown class is queued as free traffic: never ahead of a tier that pays.
 DEFAULT_RANK = PriorityClass.FREE.rank
@@ -311,8 +310,8 @@ def _failed_row(
         "job_id": job_id,
         "item_index": index,
         "received_at": datetime.fromtimestamp(received, UTC),
-        "produced_at": ts(produced_at),
-        "consumed_at": ts(now),
+        "produced_at": None if produced_at is None else datetime.fromtimestamp(produced_at, UTC),
+        "consumed_at": datetime.fromtimestamp(now, UTC),
         "batched_at": None,
         "compute_start_at": None,
         "compute_end_at": None,

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from scheduler.generation.sequence import FinishReason
+from scheduler.core.generation.sequence import FinishReason
 
 
 @dataclass(frozen=True, slots=True)

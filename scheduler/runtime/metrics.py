@@ -47,16 +47,16 @@ from core.metrics import (
 )
 from core.metrics_window import SCHEDULER_SERIES, MetricsWindow, merged
 from core.protocol import WorkResult
+from core.request_row import RequestRow
 from core.vocab import PRIORITY_CLASSES, ModelRef
-from results.schema import RequestRow
-from scheduler import tracing
+from scheduler.runtime import tracing
 
 if TYPE_CHECKING:
     from core.config import Settings
-    from scheduler.batcher import Batch, Pending
-    from scheduler.service import SchedulerService
+    from scheduler.core.batcher import Batch, Pending
+    from scheduler.runtime.service import SchedulerService
 
-log = logging.getLogger("gristmill.scheduler.metrics")
+log = logging.getLogger("gristmill.scheduler.runtime.metrics")
 T = TypeVar("T")
 
 REGISTRY = CollectorRegistry()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from core.messages import RequestMessage
 from core.models.token_ids import decode_ids, is_tokenized
-from scheduler.generation.sequence import GenRequest
+from scheduler.core.generation.sequence import GenRequest
 
 Encode = Callable[[str], Sequence[int]]
 

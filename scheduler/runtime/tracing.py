@@ -18,7 +18,7 @@ from core import tracing
 from core.protocol import WorkBatch, WorkResult
 
 if TYPE_CHECKING:
-    from scheduler.batcher import Batch
+    from scheduler.core.batcher import Batch
 
 
 def context_of(msg: Message) -> Any:

@@ -8,13 +8,13 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from core.models.token_ids import input_text
+from core.request_row import RequestRow
 from core.vocab import RequestStatus
 from results.db import ts
 from results.faults import storable
-from results.schema import RequestRow
 from results.vectors import is_vector_batch, rows_as_bytes
-from scheduler.batcher import Batch, Pending
-from scheduler.dispatch import Write
+from scheduler.core.batcher import Batch, Pending
+from scheduler.core.dispatch import Write
 
 if TYPE_CHECKING:
     import numpy as np

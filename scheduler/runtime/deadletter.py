@@ -14,8 +14,8 @@ from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from scheduler import metrics
-from scheduler.batcher import Pending
+from scheduler.core.batcher import Pending
+from scheduler.runtime import metrics
 
 log = logging.getLogger("gristmill.scheduler")
 

@@ -26,8 +26,8 @@ from core.config import Settings
 from core.kafka import consumer_config
 from core.topics import request_topic
 from core.vocab import PRIORITY_CLASSES, PriorityClass
-from scheduler import metrics
-from scheduler.backpressure import LaneHold, lane_hold
+from scheduler.core.backpressure import LaneHold, lane_hold
+from scheduler.runtime import metrics
 
 log = logging.getLogger("gristmill.scheduler")
 
@@ -247,7 +247,7 @@ class ConsumerLane:
 
     def _apply_backpressure(self, now: float) -> bool:
         """Pause this lane's classes whose buffer is full, resume drained ones, or hold
-        the whole lane (scheduler/backpressure.py); True while it takes no messages."""
+        the whole lane (scheduler/core/backpressure.py); True while it takes no messages."""
         wanted = self.host.wanted_paused(self.paused) & self.spec.ranks
         before = self.hold
         self.hold = lane_hold(wanted, self.spec.ranks, before, now)

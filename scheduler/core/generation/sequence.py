@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from scheduler.generation.text import Detokenize, IncrementalText
+from scheduler.core.generation.text import Detokenize, IncrementalText
 
 
 class FinishReason(StrEnum):

@@ -14,7 +14,7 @@ from collections import deque
 
 from core.load_report import KVState
 from core.vocab import PRIORITY_CLASSES
-from scheduler.generation.policy import ContinuousBatcher
+from scheduler.core.generation.policy import ContinuousBatcher
 
 # The decode rate is measured over this window (s): decision 24's RATE_WINDOW_S, so it
 # moves on the same time scale as the arrival rates admission compares; at 10-30 ms a

@@ -6,7 +6,7 @@ Inside a key, requests wait in one FIFO per priority rank; a batch takes the
 most urgent ranks first, so sync traffic fills a batch before job items do.
 
 A batch holds up to the model's batch target: the most items/s within the batch
-budget on the measured cost curve (scheduler/costmodel.py), at most what the worker
+budget on the measured cost curve (scheduler/core/costmodel.py), at most what the worker
 takes (``max_batch``). A key is ready to flush when
   * it holds a full batch, or
   * its oldest request has lingered ``max_linger_s``, or
@@ -31,9 +31,9 @@ from typing import Any
 
 from core.messages import RequestMessage
 from core.vocab import ModelRef
-from scheduler.costmodel import CostModel
-from scheduler.fairness import FairQueue
-from scheduler.offsets import TopicPartition
+from scheduler.core.costmodel import CostModel
+from scheduler.core.fairness import FairQueue
+from scheduler.core.offsets import TopicPartition
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +83,7 @@ class Batch:
     formed_at: float
     reason: str  # full | linger | deadline | priority | retry
     batch_id: str = field(default_factory=lambda: str(uuid.uuid4()))
-    trace: Any = None  # its spans while it runs (scheduler/tracing.py)
+    trace: Any = None  # its spans while it runs (scheduler/runtime/tracing.py)
 
 
 @dataclass(frozen=True)
@@ -279,7 +279,7 @@ class Batcher:
 
     def urgent_may_wait(self, rank: int, serves: Callable[[ModelRef], bool], until: float) -> bool:
         """Whether the requests ranked above ``rank`` that this worker could take may
-        wait until ``until`` for a staggered start (see scheduler/stagger.py).
+        wait until ``until`` for a staggered start (see scheduler/core/stagger.py).
 
         They may, when their deadlines allow the wait, if
           * a batch started now would be filled up with lower-ranked work anyway (their

@@ -1,6 +1,6 @@
 """Per-tenant fairness inside one priority class, with requests of unequal cost.
 
-Deficit round robin as in scheduler/fairness.py (decision 9), but counted in tokens
+Deficit round robin as in scheduler/core/fairness.py (decision 9), but counted in tokens
 rather than requests: a generation request's claim on the KV cache (prompt plus
 max_tokens) varies a hundredfold, so one request per turn would let a tenant of long
 requests hold most of the cache. A tenant's turn credits ``quantum * weight`` tokens;

@@ -28,16 +28,16 @@ from tenacity import (
     wait_random_exponential,
 )
 
+from core.request_row import RequestRow
 from core.vocab import RequestStatus
 from results.faults import Fault, classify, first_line
-from results.schema import RequestRow
-from scheduler import metrics, tracing
-from scheduler.batcher import Pending
-from scheduler.deadletter import DeadLetterSink, Letter, letter_for, source_headers
-from scheduler.dispatch import BACKGROUND_RANK, Reject, Write
-from scheduler.offsets import TopicPartition
-from scheduler.priority_pool import PriorityPool
-from scheduler.rows import unstorable, write_rows
+from scheduler.core.batcher import Pending
+from scheduler.core.dispatch import BACKGROUND_RANK, Reject, Write
+from scheduler.core.offsets import TopicPartition
+from scheduler.runtime import metrics, tracing
+from scheduler.runtime.deadletter import DeadLetterSink, Letter, letter_for, source_headers
+from scheduler.runtime.priority_pool import PriorityPool
+from scheduler.runtime.rows import unstorable, write_rows
 
 log = logging.getLogger("gristmill.scheduler")
 

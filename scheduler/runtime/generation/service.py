@@ -37,23 +37,23 @@ from core.load_report import KVState
 from core.models.causal_lm import CausalLMSpec
 from core.models.lm_codec import Codec, shared_codec
 from core.protocol import GenerationInfo, GenStep
+from core.request_row import RequestRow
 from core.vocab import RequestStatus
 from results import modelregistry
 from results.faults import first_line
 from results.generation import finished, read_streamed, write_flush
-from results.schema import RequestRow
-from scheduler import metrics
-from scheduler.batcher import Pending
-from scheduler.generation.config import PolicyConfig
-from scheduler.generation.engine import Engine as StepEngine
-from scheduler.generation.events import gap_summary
-from scheduler.generation.kv_report import DecodeRate, kv_state
-from scheduler.generation.outbox import Ending, Flush, Outbox
-from scheduler.generation.policy import ContinuousBatcher
-from scheduler.generation.requests import Prepared, Progress, Refused, prepare
-from scheduler.generation.sequence import FinishReason
-from scheduler.rows import request_row
-from scheduler.workerpool import WorkerHandle, WorkerLost
+from scheduler.core.batcher import Pending
+from scheduler.core.generation.config import PolicyConfig
+from scheduler.core.generation.engine import Engine as StepEngine
+from scheduler.core.generation.events import gap_summary
+from scheduler.core.generation.kv_report import DecodeRate, kv_state
+from scheduler.core.generation.outbox import Ending, Flush, Outbox
+from scheduler.core.generation.policy import ContinuousBatcher
+from scheduler.core.generation.requests import Prepared, Progress, Refused, prepare
+from scheduler.core.generation.sequence import FinishReason
+from scheduler.runtime import metrics
+from scheduler.runtime.rows import request_row
+from scheduler.runtime.workerpool import WorkerHandle, WorkerLost
 
 log = logging.getLogger("gristmill.scheduler.generation")
 

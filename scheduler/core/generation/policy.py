@@ -24,12 +24,12 @@ from bisect import insort
 from collections.abc import Iterable
 
 from core.generation import Chunk, SampleSpec, StepOutput, StepPlan
-from scheduler.generation.blocks import BlockPool
-from scheduler.generation.config import PolicyConfig
-from scheduler.generation.events import Event, Finished, Preempted, Token
-from scheduler.generation.fair import TokenDRR
-from scheduler.generation.sequence import FinishReason, GenRequest, Sequence, State
-from scheduler.generation.text import Detokenize
+from scheduler.core.generation.blocks import BlockPool
+from scheduler.core.generation.config import PolicyConfig
+from scheduler.core.generation.events import Event, Finished, Preempted, Token
+from scheduler.core.generation.fair import TokenDRR
+from scheduler.core.generation.sequence import FinishReason, GenRequest, Sequence, State
+from scheduler.core.generation.text import Detokenize
 
 
 class InvalidRequest(ValueError):

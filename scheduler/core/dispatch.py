@@ -25,22 +25,22 @@ from typing import TYPE_CHECKING, Any
 from core.config import Settings
 from core.load_report import LoadReport, ModelCapacity
 from core.protocol import ModelInfo, WorkResult
+from core.request_row import RequestRow
 from core.vocab import PRIORITY_CLASSES, ModelRef, PriorityClass, RequestStatus
-from results.schema import RequestRow
-from scheduler.backpressure import BufferBudget, paused_classes
-from scheduler.batcher import Batch, Batcher, FlushPolicy, Pending
-from scheduler.capacity import capacity_by_model
-from scheduler.costmodel import CostModel
-from scheduler.load_report import tenant_backlog
-from scheduler.offsets import OffsetTracker, TopicPartition
-from scheduler.retry import RetryPolicy, plan_failure
-from scheduler.stagger import Running, background_hold_until
+from scheduler.core.backpressure import BufferBudget, paused_classes
+from scheduler.core.batcher import Batch, Batcher, FlushPolicy, Pending
+from scheduler.core.capacity import capacity_by_model
+from scheduler.core.costmodel import CostModel
+from scheduler.core.load_report import tenant_backlog
+from scheduler.core.offsets import OffsetTracker, TopicPartition
+from scheduler.core.retry import RetryPolicy, plan_failure
+from scheduler.core.stagger import Running, background_hold_until
 
 if TYPE_CHECKING:
     import numpy as np
 
 # Job items: background work, written after sync rows and started staggered across
-# workers (scheduler/stagger.py).
+# workers (scheduler/core/stagger.py).
 BACKGROUND_RANK = PriorityClass.JOBS.rank
 # A second batch is queued on a busy worker only when every model it serves computes a
 # full batch within this (predicted): a sync request that arrives meanwhile waits for
@@ -159,7 +159,7 @@ class DispatchCore:
         self.rng = rng
         # One cost curve per worker class (heterogeneous pools), keyed by model inside,
         # each learned from every batch its class runs; it picks the batch size within
-        # the batch budget of each tier's SLO (scheduler/costmodel.py). ``cost`` is the
+        # the batch budget of each tier's SLO (scheduler/core/costmodel.py). ``cost`` is the
         # default class's.
         self._budget_ms = batch_budget_ms
         self.cost = self._new_curve()
@@ -252,7 +252,7 @@ class DispatchCore:
 
     def set_served(self, w: Worker, models: Sequence[ModelInfo]) -> None:
         """The versions ``w`` takes batches of from now on (loaded, ready and wanted: the
-        model control's decision, scheduler/model_control.py). A version left out gets no
+        model control's decision, scheduler/core/model_control.py). A version left out gets no
         new batch; what ``w`` holds of it finishes."""
         new = [m for m in models if ModelRef(m.name, m.version) not in w.refs]
         self._learn(new, w.worker_class)

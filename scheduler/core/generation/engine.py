@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from core.generation import StepOutput, StepPlan
-from scheduler.generation.events import Event
-from scheduler.generation.policy import ContinuousBatcher, InvalidRequest
-from scheduler.generation.sequence import GenRequest
+from scheduler.core.generation.events import Event
+from scheduler.core.generation.policy import ContinuousBatcher, InvalidRequest
+from scheduler.core.generation.sequence import GenRequest
 
 Clock = Callable[[], float]
 Sink = Callable[[list[Event]], None]

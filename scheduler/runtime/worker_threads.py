@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 
 from core.models.token_ids import is_tokenized
 from core.protocol import WorkBatch
-from scheduler import metrics, tracing
-from scheduler.batcher import Batch
-from scheduler.dispatch import DispatchCore, InFlight, Worker, Write
-from scheduler.workerpool import WorkerHandle, WorkerLost
+from scheduler.core.batcher import Batch
+from scheduler.core.dispatch import DispatchCore, InFlight, Worker, Write
+from scheduler.runtime import metrics, tracing
+from scheduler.runtime.workerpool import WorkerHandle, WorkerLost
 
 log = logging.getLogger("gristmill.scheduler")
 

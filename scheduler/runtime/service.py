@@ -1,16 +1,16 @@
 """The scheduler process: Kafka, worker sockets and PostgreSQL around the dispatch core.
 
-Every decision lives in the core (scheduler/dispatch.py); this module only runs it.
+Every decision lives in the core (scheduler/core/dispatch.py); this module only runs it.
 Threads, each with one job:
-  * two consumer lanes (scheduler/lane.py), one for sync classes and one for job
+  * two consumer lanes (scheduler/runtime/lane.py), one for sync classes and one for job
     items, each read Kafka with its own consumer, commit offsets and answer
     rebalances; what they read is decoded here and handed to the core;
-  * per worker a dispatcher and a receiver (scheduler/worker_threads.py);
-  * the persister's pool (scheduler/persister.py) stores the core's planned writes and
+  * per worker a dispatcher and a receiver (scheduler/runtime/worker_threads.py);
+  * the persister's pool (scheduler/runtime/persister.py) stores the core's planned writes and
     reports their offsets done;
   * a heartbeat reports load and refreshes the cancelled jobs;
   * a model loop reads the registry every second, tells the workers which versions to
-    load and unload (scheduler/model_control.py) and reports each version's readiness;
+    load and unload (scheduler/core/model_control.py) and reports each version's readiness;
     the workers' status messages wake it;
   * the sweeper keeps the log tables' partitions and retention, if this scheduler
     leads (results/sweeper.py).
@@ -36,6 +36,7 @@ from core.config import Settings
 from core.kafka import producer_config
 from core.models.catalog import build_specs, latest
 from core.models.causal_lm import CausalLMSpec
+from core.models.readiness import Readiness
 from core.models.registry import parse_ref
 from core.models.spec import ModelSpec
 from core.protocol import ModelStatus
@@ -51,22 +52,22 @@ from results.load import (
     publish_scheduler_metrics,
     report_scheduler,
 )
-from results.modelregistry import Readiness, record_from_row, versions_stmt
+from results.modelregistry import record_from_row, versions_stmt
 from results.store import ResultWriter
 from results.sweeper import Sweeper
-from scheduler import metrics, tracing
-from scheduler.batcher import Pending
-from scheduler.deadletter import DeadLetters
-from scheduler.dispatch import DispatchCore, Reject
-from scheduler.gc_tuning import tune_gc
-from scheduler.generation.service import GenerationService
-from scheduler.intake import decode
-from scheduler.lane import ConsumerLane, held_lag, lane_specs
-from scheduler.model_control import Command, Commandable, ModelControl
-from scheduler.offsets import TopicPartition
-from scheduler.persister import Persister
-from scheduler.worker_threads import WorkerThreads
-from scheduler.workerpool import WorkerHandle, WorkerPool
+from scheduler.core.batcher import Pending
+from scheduler.core.dispatch import DispatchCore, Reject
+from scheduler.core.intake import decode
+from scheduler.core.model_control import Command, Commandable, ModelControl
+from scheduler.core.offsets import TopicPartition
+from scheduler.runtime import metrics, tracing
+from scheduler.runtime.deadletter import DeadLetters
+from scheduler.runtime.gc_tuning import tune_gc
+from scheduler.runtime.generation.service import GenerationService
+from scheduler.runtime.lane import ConsumerLane, held_lag, lane_specs
+from scheduler.runtime.persister import Persister
+from scheduler.runtime.worker_threads import WorkerThreads
+from scheduler.runtime.workerpool import WorkerHandle, WorkerPool
 
 log = logging.getLogger("gristmill.scheduler")
 
@@ -367,7 +368,7 @@ class SchedulerService:
         threading.Thread(
             target=sweeper.run, args=(self.stopping,), daemon=True, name="sweeper"
         ).start()
-        # Start-up is done: fewer, cheaper collections from here (scheduler/gc_tuning.py:
+        # Start-up is done: fewer, cheaper collections from here (scheduler/runtime/gc_tuning.py:
         # 26 rather than 40 us of scheduler CPU a persisted row, bench.store.persist).
         tune_gc()
         for lane in self.lanes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from scheduler.batcher import Pending
+from scheduler.core.batcher import Pending
 
 
 @dataclass(frozen=True)

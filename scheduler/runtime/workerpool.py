@@ -37,7 +37,7 @@ from core.protocol import (
 )
 from core.redact import write_private
 from core.vocab import ModelRef
-from scheduler.spawner import Spawner
+from scheduler.runtime.spawner import Spawner
 
 log = logging.getLogger("gristmill.scheduler.workers")
 
