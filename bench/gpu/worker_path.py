@@ -205,7 +205,8 @@ def run_workers(
     from core.protocol import WorkResult
     from core.vocab import PRIORITY_CLASSES, ModelRef
     from scheduler.core.batcher import Batch, BatchKey, Pending
-    from scheduler.core.dispatch import DispatchCore, InFlight, Worker, Write
+    from scheduler.core.dispatch import DispatchCore
+    from scheduler.core.plans import InFlight, Worker, Write
     from scheduler.runtime.persister import Persister
     from scheduler.runtime.worker_threads import WorkerThreads
     from scheduler.runtime.workerpool import WorkerHandle, WorkerPool
@@ -245,9 +246,9 @@ def run_workers(
     threads = WorkerThreads(core, cond, persister.submit, batch_timeout_s=120)
     take = core.batcher.take
 
-    def timed_take(now: float, serves: Any) -> Batch | None:
+    def timed_take(now: float, serves: Any, sizing: Any = None) -> Batch | None:
         t0 = time.perf_counter()
-        b = take(now, serves)
+        b = take(now, serves, sizing)
         if b is not None:
             takes.append((time.perf_counter() - t0) * 1e3)
         return b

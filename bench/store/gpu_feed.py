@@ -51,7 +51,7 @@ from core.messages import RequestMessage
 from core.vocab import RequestStatus
 from results.store import _OUTPUT, _VECTOR, announcements, column_arrays, insert_parameters
 from scheduler.core.batcher import Batch, BatchKey, Pending
-from scheduler.core.dispatch import Write
+from scheduler.core.plans import Write
 from scheduler.runtime.rows import write_rows
 
 DIM = 384

@@ -33,8 +33,8 @@ from gristmill.simulate.scenario import Scenario
 from ingest.admission import Admission, LoadView
 from ingest.ratelimit import TenantLimiter
 from scheduler.core.batcher import BatchKey, Pending
-from scheduler.core.dispatch import InFlight, Worker, Write
 from scheduler.core.offsets import TopicPartition
+from scheduler.core.plans import InFlight, Worker, Write
 
 MODEL = "model"
 VERSION = "1"

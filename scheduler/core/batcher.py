@@ -27,6 +27,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from core.messages import RequestMessage
@@ -76,14 +77,43 @@ class Pending:
         return self.msg.weight
 
 
+class FlushReason(StrEnum):
+    """Why a batch was formed (``batches.reason``, and a metrics label)."""
+
+    FULL = "full"  # it holds a full batch
+    LINGER = "linger"  # its oldest request waited ``max_linger_s``
+    DEADLINE = "deadline"  # waiting longer would miss its earliest deadline
+    PRIORITY = "priority"  # flushed early rather than start lower-ranked work
+    RETRY = "retry"  # a failed batch's part, run again
+
+
 @dataclass
 class Batch:
     key: BatchKey
     items: list[Pending]
     formed_at: float
-    reason: str  # full | linger | deadline | priority | retry
+    reason: FlushReason
     batch_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     trace: Any = None  # its spans while it runs (scheduler/runtime/tracing.py)
+
+
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    """How the worker that will run a batch sizes and times it: its class's cost curves
+    and the largest batch it takes of each model (heterogeneous pools: a CPU and a GPU
+    worker of one model differ in both). The dispatch core passes the asking worker's."""
+
+    cost: CostModel
+    max_batch: Callable[[ModelRef], int]
+
+    def limit(self, ref: ModelRef) -> int:
+        """Items a full batch of this model holds now (its measured batch target)."""
+        return self.cost.batch_target(ref, self.max_batch(ref))
+
+    def predicted_s(self, ref: ModelRef, count: int) -> float:
+        """Compute time of a batch of ``count`` (at most a full one)."""
+        n = max(1, min(count, self.limit(ref)))
+        return self.cost.predict_ms(ref, n) / 1000.0
 
 
 @dataclass(frozen=True)
@@ -163,8 +193,8 @@ class Batcher:
         n_ranks: int = 4,
     ):
         self.policy = policy
-        self.cost = cost
-        self.max_batch = max_batch
+        # Used where a call names no sizing (a pool of one worker class).
+        self.sizing = Sizing(cost, max_batch)
         self.n_ranks = n_ranks
         self._queues: dict[BatchKey, _KeyQueue] = {}
         self._seq = itertools.count()
@@ -185,29 +215,26 @@ class Batcher:
         self._by_rank[p.rank] += 1
         self._by_ref_rank[(p.key.ref, p.rank)] += 1
 
-    def limit(self, ref: ModelRef) -> int:
+    def limit(self, ref: ModelRef, sizing: Sizing | None = None) -> int:
         """Items a full batch of this model holds now (its measured batch target)."""
-        return self.cost.batch_target(ref, self.max_batch(ref))
+        return (sizing or self.sizing).limit(ref)
 
-    def _predicted_s(self, key: BatchKey, count: int) -> float:
-        n = max(1, min(count, self.limit(key.ref)))
-        return self.cost.predict_ms(key.ref, n) / 1000.0
-
-    def _flush_time(self, key: BatchKey, q: _KeyQueue) -> float:
+    def _flush_time(self, key: BatchKey, q: _KeyQueue, s: Sizing) -> float:
         return flush_time(
             oldest_at=q.oldest_at(),
             earliest_deadline=q.earliest_deadline(),
             count=q.count,
-            max_batch=self.limit(key.ref),
-            predicted_s=self._predicted_s(key, q.count),
+            max_batch=s.limit(key.ref),
+            predicted_s=s.predicted_s(key.ref, q.count),
             policy=self.policy,
         )
 
-    def drop_expired(self, now: float) -> list[Pending]:
+    def drop_expired(self, now: float, sizing: Sizing | None = None) -> list[Pending]:
         """Remove requests that cannot finish before their deadline, even if sent now."""
+        cost = (sizing or self.sizing).cost
         dropped: list[Pending] = []
         for key, q in self._queues.items():
-            single = self.cost.predict_ms(key.ref, 1) / 1000.0
+            single = cost.predict_ms(key.ref, 1) / 1000.0
             while q.count and q.earliest_deadline() < now + single:
                 p = heapq.heappop(q.deadlines)[2]
                 q.discard(p)
@@ -215,7 +242,9 @@ class Batcher:
         self._forget(dropped)
         return dropped
 
-    def take(self, now: float, serves: Callable[[ModelRef], bool]) -> Batch | None:
+    def take(
+        self, now: float, serves: Callable[[ModelRef], bool], sizing: Sizing | None = None
+    ) -> Batch | None:
         """The batch a free worker should run now, or None if no queue is ready.
 
         Ready queues go most urgent rank first. A worker never starts lower-ranked
@@ -223,12 +252,13 @@ class Batcher:
         queue early instead (reason ``priority``), since the lower-ranked batch would
         hold the worker for a whole batch time while the urgent one waits.
         """
+        s = sizing or self.sizing
         ready: tuple[int, float, BatchKey] | None = None
         urgent: tuple[int, float, BatchKey] | None = None  # lingering, best rank
         for key, q in self._queues.items():
             if q.count == 0 or not serves(key.ref):
                 continue
-            at = self._flush_time(key, q)
+            at = self._flush_time(key, q, s)
             cand = (q.best_rank(), at, key)
             if at <= now:
                 if ready is None or cand[:2] < ready[:2]:
@@ -239,28 +269,33 @@ class Batcher:
             return None
         pick, reason = ready, None
         if urgent is not None and urgent[0] < ready[0]:
-            pick, reason = urgent, "priority"
+            pick, reason = urgent, FlushReason.PRIORITY
         key = pick[2]
         q = self._queues[key]
         if reason is None:
-            full = q.count >= self.limit(key.ref)
-            reason = (
-                "full"
-                if full
-                else ("linger" if q.oldest_at() + self.policy.max_linger_s <= now else "deadline")
-            )
+            if q.count >= s.limit(key.ref):
+                reason = FlushReason.FULL
+            elif q.oldest_at() + self.policy.max_linger_s <= now:
+                reason = FlushReason.LINGER
+            else:
+                reason = FlushReason.DEADLINE
         # The target, or a larger size the cost model wants measured while a backlog
         # can fill it (a slow reading must not pin the batch size for good).
-        items = q.pop(self.cost.batch_size(key.ref, self.max_batch(key.ref), q.count))
+        items = q.pop(s.cost.batch_size(key.ref, s.max_batch(key.ref), q.count))
         self._forget_taken(key.ref, items)
         left = sum(self._by_ref_rank[(key.ref, r)] for r in range(self.n_ranks))
-        self.cost.took(key.ref, len(items), now, left)
+        s.cost.took(key.ref, len(items), now, left)
         return Batch(key=key, items=items, formed_at=now, reason=reason)
 
-    def wake_at(self, serves: Callable[[ModelRef], bool]) -> float:
+    def wake_at(self, serves: Callable[[ModelRef], bool], sizing: Sizing | None = None) -> float:
         """The earliest time some queue this worker serves becomes ready (inf if none)."""
+        s = sizing or self.sizing
         return min(
-            (self._flush_time(k, q) for k, q in self._queues.items() if q.count and serves(k.ref)),
+            (
+                self._flush_time(k, q, s)
+                for k, q in self._queues.items()
+                if q.count and serves(k.ref)
+            ),
             default=math.inf,
         )
 
@@ -277,7 +312,13 @@ class Batcher:
         self._forget(dropped)
         return dropped
 
-    def urgent_may_wait(self, rank: int, serves: Callable[[ModelRef], bool], until: float) -> bool:
+    def urgent_may_wait(
+        self,
+        rank: int,
+        serves: Callable[[ModelRef], bool],
+        until: float,
+        sizing: Sizing | None = None,
+    ) -> bool:
         """Whether the requests ranked above ``rank`` that this worker could take may
         wait until ``until`` for a staggered start (see scheduler/core/stagger.py).
 
@@ -295,15 +336,16 @@ class Batcher:
             count, which admission counts on (ingest/admission.py).
         A urgent queue smaller than a batch with nothing to fill it goes at once.
         """
+        s = sizing or self.sizing
         refs = {ref for (ref, r), n in self._by_ref_rank.items() if n and r < rank and serves(ref)}
         for ref in refs:
             counts = [self._by_ref_rank[(ref, r)] for r in range(self.n_ranks)]
             urgent = sum(counts[:rank])
-            if urgent == sum(counts) and urgent < self.limit(ref):
+            if urgent == sum(counts) and urgent < s.limit(ref):
                 return False
         for key, q in self._queues.items():
             if q.count and key.ref in refs:
-                latest = q.earliest_deadline() - self._predicted_s(key, q.count)
+                latest = q.earliest_deadline() - s.predicted_s(key.ref, q.count)
                 if latest - self.policy.margin_s < until:
                     return False
         return True

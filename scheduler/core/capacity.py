@@ -8,7 +8,7 @@ often one comes free). So each model's entry is a small record.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from core.load_report import ModelCapacity
 from core.vocab import ModelRef
@@ -40,4 +40,26 @@ def capacity_by_model(
             single_ms=cost.predict_ms(ref, 1),
             workers=n,
         )
+    return out
+
+
+def merge_capacity(by_class: Sequence[dict[str, ModelCapacity]]) -> dict[str, ModelCapacity]:
+    """One record per model from its records per worker class: the rates and workers add
+    up; the batch shape is the class that delivers most's, and a batch of one is the
+    fastest class's (what admission may promise the tightest deadline)."""
+    out: dict[str, ModelCapacity] = {}
+    for records in by_class:
+        for key, rec in records.items():
+            have = out.get(key)
+            if have is None:
+                out[key] = ModelCapacity(**rec)
+                continue
+            lead = rec if rec["items_s"] > have["items_s"] else have
+            out[key] = ModelCapacity(
+                items_s=have["items_s"] + rec["items_s"],
+                batch=lead["batch"],
+                batch_ms=lead["batch_ms"],
+                single_ms=min(have["single_ms"], rec["single_ms"]),
+                workers=have["workers"] + rec["workers"],
+            )
     return out

@@ -9,131 +9,51 @@ write, a revocation); each answer is plain data for the service to carry out, ab
 
 No threads, locks, sockets, Kafka or SQL here, and the clock is an argument (``now``,
 epoch seconds), so every rule is tested by feeding it hand-built events
-(tests/unit/scheduler/test_dispatch_core.py). Not thread-safe: the service holds one
-lock around every call (docs/decisions/0018-a-pure-dispatch-core.md).
+(tests/unit/scheduler/test_dispatch_core.py). The calls it answers are
+``SchedulerInterface`` (scheduler/core/interface.py); observers read ``make_stats``.
+Not thread-safe: the runtime makes every call under one lock (scheduler/runtime/host.py;
+docs/decisions/0018-a-pure-dispatch-core.md, 0047).
 """
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from types import MappingProxyType
+from typing import Any
 
 from core.config import Settings
 from core.load_report import LoadReport, ModelCapacity
 from core.protocol import ModelInfo, WorkResult
-from core.request_row import RequestRow
-from core.vocab import PRIORITY_CLASSES, ModelRef, PriorityClass, RequestStatus
+from core.vocab import PRIORITY_CLASSES, ModelRef, RequestStatus
 from scheduler.core.backpressure import BufferBudget, paused_classes
-from scheduler.core.batcher import Batch, Batcher, FlushPolicy, Pending
-from scheduler.core.capacity import capacity_by_model
+from scheduler.core.batcher import Batch, Batcher, FlushPolicy, FlushReason, Pending, Sizing
+from scheduler.core.capacity import capacity_by_model, merge_capacity
 from scheduler.core.costmodel import CostModel
 from scheduler.core.load_report import tenant_backlog
 from scheduler.core.offsets import OffsetTracker, TopicPartition
+from scheduler.core.plans import (
+    BACKGROUND_RANK,
+    CANCELLED_ERROR,
+    DEFAULT_CLASS,
+    EXPIRED_ERROR,
+    MAX_IN_FLIGHT,
+    PIPELINE_MAX_MS,
+    InFlight,
+    Lost,
+    Reject,
+    Step,
+    Worker,
+    Write,
+    record,
+    result_writes,
+)
 from scheduler.core.retry import RetryPolicy, plan_failure
 from scheduler.core.stagger import Running, background_hold_until
-
-if TYPE_CHECKING:
-    import numpy as np
-
-# Job items: background work, written after sync rows and started staggered across
-# workers (scheduler/core/stagger.py).
-BACKGROUND_RANK = PriorityClass.JOBS.rank
-# A second batch is queued on a busy worker only when every model it serves computes a
-# full batch within this (predicted): a sync request that arrives meanwhile waits for
-# the queued batch too, so this bounds what pipelining can add to its latency
-# (decision 0012).
-PIPELINE_MAX_MS = 25.0
-# Batches on one worker at most: the one computing and the one queued behind it.
-MAX_IN_FLIGHT = 2
-
-# The class of a worker that names none (and of the curve ``DispatchCore.cost``).
-DEFAULT_CLASS = "cpu"
-
-EXPIRED_ERROR = "deadline passed before a worker could run it"
-CANCELLED_ERROR = "the job was cancelled"
-
-
-@dataclass(eq=False, slots=True)
-class InFlight:
-    """A batch given to a worker and not yet answered."""
-
-    batch: Batch
-    predicted_s: float
-    sent: bool = False  # the bytes went out: its result may be awaited
-
-
-@dataclass(eq=False)
-class Worker:
-    """The core's view of one worker connection (a restarted worker is a new one)."""
-
-    worker_id: str
-    models: tuple[ModelInfo, ...]
-    refs: frozenset[ModelRef]
-    # Batches given to it, oldest (computing) first.
-    queue: deque[InFlight] = field(default_factory=deque)
-    running: Running | None = None  # the batch it computes now (staggered job starts)
-    alive: bool = True
-    # Its cost curves are its class's (heterogeneous pools: a CPU and a GPU worker of one
-    # model run at different speeds); the batcher sizes and times its batches by them.
-    worker_class: str = DEFAULT_CLASS
-    used_at: dict[ModelRef, float] = field(default_factory=dict)  # last batch started, per model
-
-    def serves(self, ref: ModelRef) -> bool:
-        return ref in self.refs
-
-
-@dataclass(frozen=True, slots=True)
-class Write:
-    """Rows to store in one transaction; then the items' offsets are done."""
-
-    priority: int  # persist order: the most urgent item's rank (sync before jobs)
-    status: RequestStatus
-    items: list[Pending]
-    error: str | None = None
-    batch: Batch | None = None  # the batch the items ran in
-    outputs: Sequence[Any] | np.ndarray | None = None  # succeeded: one per item, in order
-    compute: tuple[float, float] | None = None  # the worker's compute start, end (epoch s)
-    worker_id: str | None = None
-    batch_row: bool = False  # the batch's own row goes in this transaction
-    dead_letter: bool = False  # copy each message to the dead-letter topic first
-    then: Write | None = None  # written once this one is committed (decision 0013)
-
-
-@dataclass(frozen=True, slots=True)
-class Reject:
-    """A message that cannot be queued (not JSON, missing or mistyped fields): copied to
-    the dead-letter topic, recorded as a failed row when it names its request and
-    tenant, and skipped."""
-
-    tp: TopicPartition
-    offset: int
-    value: bytes
-    reason: str
-    row: RequestRow | None = None
-    priority: int = BACKGROUND_RANK  # its topic's class: it holds that partition's commits
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """A free worker's next step: start ``start``, or wait until ``wait_until`` (or until
-    something changes, ``inf``), or ``stop``; ``writes`` are to be stored meanwhile."""
-
-    start: InFlight | None = None
-    wait_until: float = math.inf
-    stop: bool = False
-    writes: list[Write] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class Lost:
-    """What a lost worker held (oldest first) and the rows its failure writes."""
-
-    held: list[Batch]
-    writes: list[Write]
+from scheduler.core.stats import CoreStats, WorkerStats, oldest_of
 
 
 @dataclass(slots=True)
@@ -168,11 +88,14 @@ class DispatchCore:
         # overall and per worker class.
         self.max_batch: dict[ModelRef, int] = {}
         self.class_max_batch: dict[tuple[ModelRef, str], int] = {}
-        self._asking = DEFAULT_CLASS  # the class of the worker being scheduled
+        # Per worker class: its curves and limits, which the batcher sizes and times the
+        # batches of the worker asking by (passed with every call, never swapped in).
+        self._sizings: dict[str, Sizing] = {}
+        default = self.sizing(DEFAULT_CLASS)
         self.batcher = Batcher(
             policy=flush,
-            cost=self.cost,
-            max_batch=self._limit,
+            cost=default.cost,
+            max_batch=default.max_batch,
             n_ranks=len(PRIORITY_CLASSES),
         )
         self.tracker = OffsetTracker()
@@ -214,15 +137,17 @@ class DispatchCore:
             c = self.curves[worker_class] = self._new_curve()
         return c
 
-    def _limit(self, ref: ModelRef) -> int:
-        """The largest batch of ``ref`` the class of worker being scheduled takes."""
-        return self.class_max_batch.get((ref, self._asking), self.max_batch.get(ref, 1))
+    def _cap(self, worker_class: str, ref: ModelRef) -> int:
+        """The largest batch of ``ref`` a worker of ``worker_class`` takes."""
+        return self.class_max_batch.get((ref, worker_class), self.max_batch.get(ref, 1))
 
-    def _class_limit(self, curve: CostModel, ref: ModelRef, worker_class: str) -> int:
-        """Items a full batch of ``ref`` holds now on a worker of ``worker_class`` (its
-        measured batch target within that class's own limit)."""
-        cap = self.class_max_batch.get((ref, worker_class), self.max_batch.get(ref, 1))
-        return curve.batch_target(ref, cap)
+    def sizing(self, worker_class: str) -> Sizing:
+        """How batches for a worker of ``worker_class`` are sized and timed."""
+        s = self._sizings.get(worker_class)
+        if s is None:
+            s = Sizing(self.curve(worker_class), partial(self._cap, worker_class))
+            self._sizings[worker_class] = s
+        return s
 
     def _learn(self, models: Sequence[ModelInfo], worker_class: str) -> None:
         curve = self.curve(worker_class)
@@ -268,7 +193,7 @@ class DispatchCore:
                 continue
             for ref in w.refs:
                 key = (ref, w.worker_class)
-                limit = self.class_max_batch.get(key, self.max_batch.get(ref, 1))
+                limit = self._cap(w.worker_class, ref)
                 n = out[key][2] + 1 if key in out else 1
                 out[key] = (limit, self.curve(w.worker_class).known(ref), n)
         return out
@@ -288,44 +213,40 @@ class DispatchCore:
     def may_queue(self, w: Worker) -> bool:
         """Whether a second batch may wait on this busy worker: a full batch of every
         model it serves is predicted short (decision 0012)."""
-        curve = self.curve(w.worker_class)
-        return all(
-            curve.predict_ms(ref, self._class_limit(curve, ref, w.worker_class)) <= PIPELINE_MAX_MS
-            for ref in w.refs
-        )
+        s = self.sizing(w.worker_class)
+        return all(s.cost.predict_ms(ref, s.limit(ref)) <= PIPELINE_MAX_MS for ref in w.refs)
 
     # ---- what a free worker does next ----------------------------------------------------
     def schedule(self, w: Worker, now: float) -> Step:
-        # The batcher sizes and times batches with the curve of the worker that will run
-        # them (heterogeneous pools).
-        self._asking = w.worker_class
-        self.batcher.cost = self.curve(w.worker_class)
+        # The batcher sizes and times batches with the curves of the worker that will
+        # run them (heterogeneous pools).
+        sizing = self.sizing(w.worker_class)
         writes: list[Write] = []
         while True:
             if not self.dispatching or not w.alive:
                 return Step(stop=True, writes=writes)
             if w.queue and (len(w.queue) >= self.max_in_flight or not self.may_queue(w)):
                 return Step(writes=writes)  # busy: its next result changes that
-            expired = self.batcher.drop_expired(now)
+            expired = self.batcher.drop_expired(now, sizing)
             if expired:
                 self.stats["expired"] += len(expired)
-                writes.append(_record(expired, RequestStatus.EXPIRED, EXPIRED_ERROR))
+                writes.append(record(expired, RequestStatus.EXPIRED, EXPIRED_ERROR))
             for r in self.retries:
                 if r.not_before <= now and w.serves(r.batch.key.ref):
                     self.retries.remove(r)
                     return Step(start=self._start(w, r.batch, now), writes=writes)
             hold = self._background_hold(w, now)
-            if hold > now and self.batcher.urgent_may_wait(BACKGROUND_RANK, w.serves, hold):
+            if hold > now and self.batcher.urgent_may_wait(BACKGROUND_RANK, w.serves, hold, sizing):
                 # The batch would be filled with job items, or the workers are saturated:
                 # spread this worker's start from the others', so a sync arrival never
                 # waits more than a batch time over the worker count (one that cannot
                 # wait ends the hold: urgent_may_wait says no).
                 return Step(wait_until=hold, writes=writes)
-            batch = self.batcher.take(now, w.serves)
+            batch = self.batcher.take(now, w.serves, sizing)
             if batch is None:
                 wake = min(
                     [
-                        self.batcher.wake_at(w.serves),
+                        self.batcher.wake_at(w.serves, sizing),
                         *[r.not_before for r in self.retries if w.serves(r.batch.key.ref)],
                     ]
                 )
@@ -334,7 +255,7 @@ class DispatchCore:
                 gone = [p for p in batch.items if self._cancelled(p)]
                 if gone:
                     self.stats["cancelled"] += len(gone)
-                    writes.append(_record(gone, RequestStatus.CANCELLED, CANCELLED_ERROR))
+                    writes.append(record(gone, RequestStatus.CANCELLED, CANCELLED_ERROR))
                     batch.items = [p for p in batch.items if not self._cancelled(p)]
                     if not batch.items:
                         continue
@@ -361,6 +282,15 @@ class DispatchCore:
         return background_hold_until(now, others, len(peers))
 
     # ---- what comes back -------------------------------------------------------------
+    def sent(self, w: Worker, entry: InFlight) -> None:
+        """The batch's bytes went out: its result may be awaited."""
+        entry.sent = True
+
+    def awaiting(self, w: Worker) -> InFlight | None:
+        """The oldest batch on ``w`` once it was sent (its result comes next), else None."""
+        head = w.queue[0] if w.queue else None
+        return head if head is not None and head.sent else None
+
     def send_failed(self, w: Worker, entry: InFlight, now: float) -> None:
         """The batch never reached the worker (it was gone): back unchanged, unless the
         worker's loss already handed it back."""
@@ -416,7 +346,7 @@ class DispatchCore:
             self.retries.append(
                 _Retry(
                     now + plan.retry_delay_s,
-                    Batch(key=batch.key, items=group, formed_at=now, reason="retry"),
+                    Batch(key=batch.key, items=group, formed_at=now, reason=FlushReason.RETRY),
                 )
             )
         self.stats["failed"] += len(plan.failed)
@@ -524,12 +454,54 @@ class DispatchCore:
         for cls, curve in self.curves.items():
             refs = [set(w.refs) for w in self.workers if w.alive and w.worker_class == cls]
             if refs:
-                limits = {
-                    ref: self.class_max_batch.get((ref, cls), self.max_batch.get(ref, 1))
-                    for ref in set().union(*refs)
-                }
+                limits = {ref: self._cap(cls, ref) for ref in set().union(*refs)}
                 by_class.append(capacity_by_model(curve, refs, limits))
         return merge_capacity(by_class)
+
+    def make_stats(self, now: float) -> CoreStats:
+        """A snapshot for metrics and logs (walks what is in flight and retrying: for a
+        scrape or a report, not the hot path)."""
+        oldest = self.batcher.oldest_received()
+        live = [w for w in self.workers if w.alive]
+        for w in live:
+            for e in w.queue:
+                oldest_of(e.batch.items, oldest)
+        for retry in self.retries:
+            oldest_of(retry.batch.items, oldest)
+        queued = {
+            (ref, rank): n
+            for ref, depths in self.batcher.depth_by_model().items()
+            for rank, n in enumerate(depths)
+        }
+        return CoreStats(
+            at=now,
+            counts=dict(self.stats),
+            queued=queued,
+            oldest=oldest,
+            workers=tuple(self.worker_stats(w) for w in live),
+            sized=frozenset(self.max_batch),
+        )
+
+    def worker_stats(self, w: Worker) -> WorkerStats:
+        return WorkerStats(
+            worker_id=w.worker_id,
+            worker_class=w.worker_class,
+            alive=w.alive,
+            serving=w.refs,
+            in_flight=len(w.queue),
+            busy=frozenset(e.batch.key.ref for e in w.queue),
+            used_at=dict(w.used_at),
+        )
+
+    def demanded(self) -> frozenset[ModelRef]:
+        """The versions with requests queued or waiting for a retry."""
+        queued = {ref for ref, depths in self.batcher.depth_by_model().items() if sum(depths)}
+        return frozenset(queued | {r.batch.key.ref for r in self.retries})
+
+    def batch_limits(self) -> Mapping[ModelRef, int]:
+        """The largest batch each model's workers take: a live, read-only view (read
+        without the lock by the receivers' metrics: one dict lookup)."""
+        return MappingProxyType(self.max_batch)
 
     def idle(self) -> bool:
         """Nothing queued and nothing waiting to be retried."""
@@ -541,61 +513,3 @@ class DispatchCore:
     def stop_dispatching(self) -> None:
         """Workers take nothing new; what they hold finishes."""
         self.dispatching = False
-
-
-def merge_capacity(by_class: Sequence[dict[str, ModelCapacity]]) -> dict[str, ModelCapacity]:
-    """One record per model from its records per worker class: the rates and workers add
-    up; the batch shape is the class that delivers most's, and a batch of one is the
-    fastest class's (what admission may promise the tightest deadline)."""
-    out: dict[str, ModelCapacity] = {}
-    for records in by_class:
-        for key, rec in records.items():
-            have = out.get(key)
-            if have is None:
-                out[key] = ModelCapacity(**rec)
-                continue
-            lead = rec if rec["items_s"] > have["items_s"] else have
-            out[key] = ModelCapacity(
-                items_s=have["items_s"] + rec["items_s"],
-                batch=lead["batch"],
-                batch_ms=lead["batch_ms"],
-                single_ms=min(have["single_ms"], rec["single_ms"]),
-                workers=have["workers"] + rec["workers"],
-            )
-    return out
-
-
-def result_writes(batch: Batch, result: WorkResult, worker_id: str) -> list[Write]:
-    """A computed batch's rows. A batch of sync requests topped up with job items writes
-    its sync rows (with the batch row and the announcement) in a short transaction of
-    their own, then its job rows at background priority; each offset is done only once
-    its own row is committed (decision 0013)."""
-    assert result.outputs is not None
-    items, outputs = batch.items, result.outputs
-    compute = (result.compute_start, result.compute_end)
-
-    def write(part: list[int] | None, priority: int, batch_row: bool, then: Write | None) -> Write:
-        return Write(
-            priority,
-            RequestStatus.SUCCEEDED,
-            items if part is None else [items[i] for i in part],
-            batch=batch,
-            outputs=outputs if part is None else [outputs[i] for i in part],
-            compute=compute,
-            worker_id=worker_id,
-            batch_row=batch_row,
-            then=then,
-        )
-
-    sync = [i for i, p in enumerate(items) if p.msg.job_id is None]
-    if not sync or len(sync) == len(items):
-        return [write(None, min(p.rank for p in items), True, None)]
-    jobs = [i for i, p in enumerate(items) if p.msg.job_id is not None]
-    then = write(jobs, BACKGROUND_RANK, False, None)
-    return [write(sync, min(items[i].rank for i in sync), True, then)]
-
-
-def _record(items: list[Pending], status: RequestStatus, error: str) -> Write:
-    """Requests finished without running (sync results first: a backlog of job batches
-    must not delay a waiting caller's answer)."""
-    return Write(priority=min(p.rank for p in items), status=status, items=items, error=error)

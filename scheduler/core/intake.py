@@ -29,7 +29,7 @@ from core.models.spec import ModelSpec
 from core.request_row import RequestRow
 from core.vocab import PRIORITY_CLASSES, PriorityClass, RequestStatus
 from scheduler.core.batcher import BatchKey, Pending
-from scheduler.core.dispatch import Reject
+from scheduler.core.plans import Reject
 
 # An unknown class is queued as free traffic: never ahead of a tier that pays.
 DEFAULT_RANK = PriorityClass.FREE.rank

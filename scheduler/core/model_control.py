@@ -2,7 +2,8 @@
 service reads the registry, carries the commands to the workers and reports readiness.
 
 In: the registry's records (every second), each worker's hello and status messages,
-and what is queued in the dispatch core. Out:
+and what the dispatch core says through its interface (the versions in demand, each
+worker's batches in flight). Out:
   * ``LoadModel``/``UnloadModel`` per worker, from the residency policy
     (scheduler/core/residency.py): the live version and the canary of every model served
     here, versions with queued requests, the rollback target, then staged versions
@@ -38,8 +39,10 @@ from core.models.registry import (
 from core.models.spec import ModelSpec
 from core.protocol import LoadModel, ModelInfo, ModelState, ModelStatus, UnloadModel, info_matches
 from core.vocab import ModelRef
-from scheduler.core.dispatch import DispatchCore, Worker
+from scheduler.core.interface import SchedulerInterface
+from scheduler.core.plans import Worker
 from scheduler.core.residency import Plan, Rank, Resident, Want, WorkerView, plan
+from scheduler.core.stats import WorkerStats
 
 log = logging.getLogger("gristmill.scheduler.models")
 
@@ -59,7 +62,7 @@ class Held:
     """One worker as the model control sees it."""
 
     handle: Commandable
-    worker: Worker  # the dispatch core's
+    worker: Worker  # the dispatch core's handle for it
     budget: int  # bytes; 0: no limit
     accepts: frozenset[str]  # model names; empty: any
     infos: dict[ModelRef, ModelInfo] = field(default_factory=dict)  # loaded
@@ -73,12 +76,9 @@ class Held:
     def takes(self, name: str) -> bool:
         return not self.accepts or name in self.accepts
 
-    def busy(self) -> set[ModelRef]:
-        return {entry.batch.key.ref for entry in self.worker.queue}
-
 
 class ModelControl:
-    def __init__(self, settings: Settings, served: Iterable[str], core: DispatchCore):
+    def __init__(self, settings: Settings, served: Iterable[str], core: SchedulerInterface):
         self.settings = settings
         self.core = core
         self.names: set[str] = set()
@@ -187,30 +187,28 @@ class ModelControl:
             elif r.state is VersionState.STAGED:
                 prev = self.previous_live.get(r.name)
                 want(ref, Rank.WARM if prev == r.version else Rank.SPARE)
-        for ref, depths in self.core.batcher.depth_by_model().items():
-            if sum(depths) and ref[0] in self.names:
-                want(ModelRef(*ref), Rank.DEMANDED)
-        for retry in self.core.retries:
-            if retry.batch.key.ref[0] in self.names:
-                want(ModelRef(*retry.batch.key.ref), Rank.DEMANDED)
+        for ref in self.core.demanded():
+            if ref.model in self.names:
+                want(ref, Rank.DEMANDED)
         return [Want(ref, rank, self._bytes(ref)) for ref, rank in ranks.items()]
 
     def tick(self, now: float) -> list[tuple[Commandable, Command]]:
         """Commands for the workers, and what each takes batches of from now on."""
-        for key in [k for k, h in self.held.items() if not h.worker.alive]:
+        seen = {k: self.core.worker_stats(h.worker) for k, h in self.held.items()}
+        for key in [k for k, st in seen.items() if not st.alive]:
             del self.held[key]
         wants = self.wants()
         out: list[tuple[Commandable, Command]] = []
-        for h in self.held.values():
+        for key, h in self.held.items():
             mine = [w for w in wants if h.takes(w.ref[0])]
-            out += self._tick_worker(h, mine, now)
+            out += self._tick_worker(h, seen[key], mine, now)
         return out
 
     def _tick_worker(
-        self, h: Held, wants: list[Want], now: float
+        self, h: Held, st: WorkerStats, wants: list[Want], now: float
     ) -> list[tuple[Commandable, Command]]:
         out: list[tuple[Commandable, Command]] = []
-        busy = h.busy()
+        busy = st.busy
         # A version loaded from another build than the registry's (a worker that booted
         # with the built-in one): load the registry's over it.
         for ref, info in list(h.infos.items()):
@@ -228,7 +226,7 @@ class ModelControl:
                 ref,
                 h.infos[ref].memory_bytes or self._bytes(ref),
                 h.loaded_at.get(ref, now),
-                h.worker.used_at.get(ref, h.loaded_at.get(ref, now)),
+                st.used_at.get(ref, h.loaded_at.get(ref, now)),
                 ref in busy,
             )
             for ref in h.infos
@@ -274,7 +272,7 @@ class ModelControl:
         errors: dict[ModelRef, str] = {}
         retry: dict[ModelRef, float] = {}
         for h in self.held.values():
-            served = h.worker.refs
+            served = self.core.worker_stats(h.worker).serving
             for ref in set(h.infos) | set(h.failed) | ({h.loading.ref} if h.loading else set()):
                 c = by_ref.setdefault(
                     ref, {"ready": 0, "loading": 0, "unavailable": 0, "failed": 0}

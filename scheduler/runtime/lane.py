@@ -7,9 +7,12 @@ single consumer a sync request could sit behind a prefetch of job items; in its
 own lane it is fetched and queued the moment it lands.
 
 A lane alone touches its Consumer: it polls, pauses and resumes its classes'
-partitions, commits the offsets of its partitions and answers rebalances. What
-it reads goes to the host (the scheduler service), which owns the batcher and
-the offset tracker.
+partitions, commits the offsets of its partitions and answers rebalances. What it
+reads goes to its feed (scheduler/runtime/feed.py: decoded, handed to the engine that
+runs it); which offsets it may commit and which classes to pause it asks the dispatch
+core's host (scheduler/runtime/host.py). Its thread starts through the supervisor:
+an exception it does not expect stops the process in order rather than leave the
+partitions unread (decision 0047).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from core.topics import request_topic
 from core.vocab import PRIORITY_CLASSES, PriorityClass
 from scheduler.core.backpressure import LaneHold, lane_hold
 from scheduler.runtime import metrics
+from scheduler.runtime.supervisor import Supervisor
 
-log = logging.getLogger("gristmill.scheduler")
+log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
 # How often a held lane looks at its classes' buffers again (s): resuming costs at most
@@ -37,11 +41,16 @@ TP = tuple[str, int]
 HOLD_RECHECK_S = 0.005
 
 
-class LaneHost(Protocol):
-    """What a lane needs from the scheduler it feeds."""
+class LaneFeed(Protocol):
+    """Where what a lane reads goes (scheduler/runtime/feed.py)."""
 
     def accept(self, msgs: list[Message], owned: set[TP], now: float) -> None: ...
     def give_up_partitions(self, tps: list[TP]) -> None: ...
+
+
+class LaneBooks(Protocol):
+    """The offsets and buffers a lane asks about (the core's host)."""
+
     def committable(self, only: set[TP]) -> dict[TP, int]: ...
     def mark_committed(self, positions: dict[TP, int]) -> None: ...
     def wanted_paused(self, paused: frozenset[int]) -> frozenset[int]: ...
@@ -93,15 +102,25 @@ def lane_specs(settings: Settings) -> list[LaneSpec]:
 
 
 class ConsumerLane:
-    def __init__(self, settings: Settings, spec: LaneSpec, host: LaneHost):
+    def __init__(
+        self,
+        settings: Settings,
+        spec: LaneSpec,
+        feed: LaneFeed,
+        books: LaneBooks,
+        supervisor: Supervisor,
+    ):
         self.settings = settings
         self.spec = spec
-        self.host = host
+        self.feed = feed
+        self.books = books
+        self.supervisor = supervisor
         self.topics = spec.topics(settings)
         self.owned: set[TP] = set()
         self.hold = LaneHold()  # classes paused in Kafka; whether the lane is held
         self.lag: dict[str, int] = {}
-        self.closing = threading.Event()  # set once the host has persisted all it will
+        self.closing = threading.Event()  # set once the scheduler persisted all it will
+        self.closed = False  # the consumer committed its last offsets and left the group
         # monotonic: when the asynchronous commit awaiting its answer left (0: none)
         self._commit_started = 0.0
         self.consumer = Consumer(
@@ -129,7 +148,7 @@ class ConsumerLane:
                 },
             )
         )
-        self.thread = threading.Thread(target=self._run, daemon=True, name=f"lane-{spec.name}")
+        self.thread: threading.Thread | None = None
 
     # ---- lifecycle -----------------------------------------------------------------
     def start(self, stopping: threading.Event) -> None:
@@ -137,12 +156,17 @@ class ConsumerLane:
         self.consumer.subscribe(
             self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
-        self.thread.start()
+        self.thread = self.supervisor.start(self._run, name=f"lane-{self.spec.name}")
 
     def finish(self, timeout_s: float = 30.0) -> None:
-        """Final commit and leave the group (the host has persisted what it will)."""
+        """Final commit and leave the group (the scheduler has persisted what it will)."""
         self.closing.set()
-        self.thread.join(timeout_s)
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+            if not self.thread.is_alive() and not self.closed:
+                # The lane's thread failed (the supervisor is stopping the process): its
+                # consumer is ours now; hand the partitions over as the lane would have.
+                self._close()
 
     @property
     def paused(self) -> frozenset[int]:
@@ -163,7 +187,7 @@ class ConsumerLane:
                 msgs = [] if first is None else [first, *self.consumer.consume(499, timeout=0)]
                 good = [m for m in msgs if _ok(m)]
                 if good:
-                    self.host.accept(good, self.owned, time.time())
+                    self.feed.accept(good, self.owned, time.time())
             now = time.time()
             if now - last_lag >= 1.0:
                 self._measure_lag()
@@ -171,10 +195,14 @@ class ConsumerLane:
             if now - last_commit >= self.settings.commit_interval_ms / 1000:
                 self.commit(wait=False)
                 last_commit = now
-        # Stopped consuming: wait for the host to finish and persist, then hand over.
+        # Stopped consuming: wait for the scheduler to finish and persist, then hand over.
         self.closing.wait()
+        self._close()
+
+    def _close(self) -> None:
         self.commit()
         self.consumer.close()
+        self.closed = True
 
     # ---- offsets -------------------------------------------------------------------
     def commit(self, only: set[TP] | None = None, *, wait: bool = True) -> None:
@@ -185,7 +213,7 @@ class ConsumerLane:
         a broker round trip every 100 ms out of its reading, longer whenever the
         broker's disk was slow. A revocation and the final commit wait: the partitions
         are handed over right after."""
-        positions = self.host.committable(self.owned if only is None else only & self.owned)
+        positions = self.books.committable(self.owned if only is None else only & self.owned)
         if not positions:
             return
         offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
@@ -205,7 +233,7 @@ class ConsumerLane:
             log.warning("%s lane: commit failed: %s", self.spec.name, exc)
             return
         metrics.committed(self.spec.name, time.monotonic() - started, ok=True)
-        self.host.mark_committed(positions)
+        self.books.mark_committed(positions)
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """A commit's outcome (inside poll, on this lane's thread)."""
@@ -221,7 +249,7 @@ class ConsumerLane:
         done = {(p.topic, p.partition): p.offset for p in partitions if p.error is None}
         if counted:
             metrics.committed(self.spec.name, took, ok=len(done) == len(partitions))
-        self.host.mark_committed(done)
+        self.books.mark_committed(done)
 
     def _measure_lag(self) -> None:
         """Messages in Kafka not yet consumed, per class."""
@@ -248,7 +276,7 @@ class ConsumerLane:
     def _apply_backpressure(self, now: float) -> bool:
         """Pause this lane's classes whose buffer is full, resume drained ones, or hold
         the whole lane (scheduler/core/backpressure.py); True while it takes no messages."""
-        wanted = self.host.wanted_paused(self.paused) & self.spec.ranks
+        wanted = self.books.wanted_paused(self.paused) & self.spec.ranks
         before = self.hold
         self.hold = lane_hold(wanted, self.spec.ranks, before, now)
         if self.hold.paused != before.paused:
@@ -287,7 +315,7 @@ class ConsumerLane:
 
     def _give_up(self, tps: list[TP]) -> None:
         self.owned -= set(tps)
-        self.host.give_up_partitions(tps)
+        self.feed.give_up_partitions(tps)
 
 
 def _ok(msg: Message) -> bool:

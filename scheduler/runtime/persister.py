@@ -32,14 +32,15 @@ from core.request_row import RequestRow
 from core.vocab import RequestStatus
 from results.faults import Fault, classify, first_line
 from scheduler.core.batcher import Pending
-from scheduler.core.dispatch import BACKGROUND_RANK, Reject, Write
 from scheduler.core.offsets import TopicPartition
+from scheduler.core.plans import BACKGROUND_RANK, Reject, Write
 from scheduler.runtime import metrics, tracing
 from scheduler.runtime.deadletter import DeadLetterSink, Letter, letter_for, source_headers
 from scheduler.runtime.priority_pool import PriorityPool
 from scheduler.runtime.rows import unstorable, write_rows
+from scheduler.runtime.supervisor import Supervisor
 
-log = logging.getLogger("gristmill.scheduler")
+log = logging.getLogger(__name__)
 
 Row = dict[str, Any]  # a batch row
 # Writes request rows and the rows of the batches they ran in, in one transaction.
@@ -75,13 +76,19 @@ class Persister:
         dead_letters: DeadLetterSink,
         on_done: OnDone,
         stopping: threading.Event,
+        *,
+        supervisor: Supervisor | None = None,
     ):
         self.store = store
         self.dead_letters = dead_letters
         self.on_done = on_done
         self.stopping = stopping
         self.pool = PriorityPool(
-            THREADS, name="persist", reserved=SYNC_ONLY, background_from=BACKGROUND_RANK
+            THREADS,
+            name="persist",
+            reserved=SYNC_ONLY,
+            background_from=BACKGROUND_RANK,
+            supervisor=supervisor,
         )
 
     def submit(self, plans: Iterable[Write | Reject]) -> None:

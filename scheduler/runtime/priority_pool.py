@@ -18,14 +18,22 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-log = logging.getLogger("gristmill.scheduler.pool")
+from scheduler.runtime.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
 
 _Task = tuple[float, int, Callable[..., Any], tuple[Any, ...]]
 
 
 class PriorityPool:
     def __init__(
-        self, workers: int, *, name: str, reserved: int = 0, background_from: float = math.inf
+        self,
+        workers: int,
+        *,
+        name: str,
+        reserved: int = 0,
+        background_from: float = math.inf,
+        supervisor: Supervisor | None = None,
     ):
         if not 0 <= reserved < workers:
             raise ValueError("reserved threads must leave at least one for background work")
@@ -34,14 +42,10 @@ class PriorityPool:
         self._heap: list[_Task] = []
         self._seq = itertools.count(1)
         self._stopping = False
+        supervisor = supervisor or Supervisor()
         self._threads = [
-            threading.Thread(
-                target=self._run, args=(i < reserved,), name=f"{name}-{i}", daemon=True
-            )
-            for i in range(workers)
+            supervisor.start(self._run, i < reserved, name=f"{name}-{i}") for i in range(workers)
         ]
-        for t in self._threads:
-            t.start()
 
     def submit(self, priority: float, fn: Callable[..., Any], *args: Any) -> None:
         with self._cv:

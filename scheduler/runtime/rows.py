@@ -14,7 +14,7 @@ from results.db import ts
 from results.faults import storable
 from results.vectors import is_vector_batch, rows_as_bytes
 from scheduler.core.batcher import Batch, Pending
-from scheduler.core.dispatch import Write
+from scheduler.core.plans import Write
 
 if TYPE_CHECKING:
     import numpy as np

@@ -15,12 +15,15 @@ import subprocess
 import threading
 from concurrent.futures import Future
 
+from scheduler.runtime.supervisor import Supervisor
+
 
 class Spawner:
     """``popen`` runs ``subprocess.Popen`` on the spawner's own thread (a daemon: it
     never returns, so it ends only with the process) and hands back the child."""
 
-    def __init__(self) -> None:
+    def __init__(self, supervisor: Supervisor | None = None) -> None:
+        self._supervisor = supervisor or Supervisor()
         self._jobs: queue.SimpleQueue[
             tuple[list[str], dict[str, str], Future[subprocess.Popen[bytes]]]
         ] = queue.SimpleQueue()
@@ -30,10 +33,7 @@ class Spawner:
     def popen(self, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="worker-spawner", daemon=True
-                )
-                self._thread.start()
+                self._thread = self._supervisor.start(self._run, name="worker-spawner")
         done: Future[subprocess.Popen[bytes]] = Future()
         self._jobs.put((cmd, env, done))
         return done.result()

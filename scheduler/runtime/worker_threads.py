@@ -4,14 +4,16 @@ Per worker, a dispatcher asks the core for the worker's next step and sends the 
 it releases; a receiver takes results back in send order and hands the core's plans
 for them to the persister. A worker computes one batch at a time; while it runs one, a
 second may wait queued on it when batches are short (decision 0012), so sending, batch
-forming and result handling overlap the computation. Both threads call the core under
-the one lock they share with the rest of the scheduler (decision 0018).
+forming and result handling overlap the computation. Both threads reach the core
+through its host (scheduler/runtime/host.py), the one home of its lock (decisions 0018,
+0047), and start through the supervisor: an exception either does not expect stops the
+process rather than leave its worker idle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,15 +21,14 @@ from collections.abc import Callable, Sequence
 from core.models.token_ids import is_tokenized
 from core.protocol import WorkBatch
 from scheduler.core.batcher import Batch
-from scheduler.core.dispatch import DispatchCore, InFlight, Worker, Write
+from scheduler.core.interface import SchedulerInterface
+from scheduler.core.plans import Worker, Write
 from scheduler.runtime import metrics, tracing
+from scheduler.runtime.host import CoreHost
+from scheduler.runtime.supervisor import Supervisor
 from scheduler.runtime.workerpool import WorkerHandle, WorkerLost
 
-log = logging.getLogger("gristmill.scheduler")
-
-# Longest a dispatcher or receiver sleeps without looking again: a missed wake-up
-# (a worker that died without a word) costs at most this.
-POLL_S = 0.25
+log = logging.getLogger(__name__)
 
 
 def work_batch(batch: Batch) -> WorkBatch:
@@ -46,30 +47,30 @@ def work_batch(batch: Batch) -> WorkBatch:
 class WorkerThreads:
     def __init__(
         self,
-        core: DispatchCore,
+        core: SchedulerInterface,
         cond: threading.Condition,
         submit: Callable[[Sequence[Write]], None],
         *,
         batch_timeout_s: float,
+        supervisor: Supervisor | None = None,
     ):
-        self.core = core
-        self.cond = cond
+        """``core`` and ``cond``: the dispatch core and the condition every call into it
+        is made under (the scheduler's host's); ``submit``: the persister's queue."""
+        self.host = CoreHost(core, cond)
         self.submit = submit
         self.batch_timeout_s = batch_timeout_s
+        self.supervisor = supervisor or Supervisor()
+        self.limits = core.batch_limits()  # live and read-only: for the fill-ratio metric
         self.handles: list[WorkerHandle] = []
         self.threads: list[threading.Thread] = []
 
     def add(self, h: WorkerHandle) -> Worker:
         """A worker said hello: serve it until it is lost or dispatching ends."""
-        with self.cond:
-            w = self.core.add_worker(h.worker_id, h.hello.models, h.hello.worker_class)
-            self.handles.append(h)
-            self.cond.notify_all()
-        t = threading.Thread(
-            target=self._dispatch, args=(h, w), daemon=True, name=f"dispatch-{h.worker_id}"
+        w = self.host.add_worker(h.worker_id, h.hello.models, h.hello.worker_class)
+        self.handles.append(h)
+        self.threads.append(
+            self.supervisor.start(self._dispatch, h, w, name=f"dispatch-{h.worker_id}")
         )
-        self.threads.append(t)
-        t.start()
         return w
 
     def join(self, deadline: float) -> None:
@@ -81,32 +82,16 @@ class WorkerThreads:
         for h in list(self.handles):
             h.stop()
 
-    def _next(self, h: WorkerHandle, w: Worker) -> InFlight | None:
-        """Block until the core releases a batch for this worker (None: stop)."""
-        with self.cond:
-            while h.alive:
-                now = time.time()
-                step = self.core.schedule(w, now)
-                if step.writes:
-                    self.submit(step.writes)
-                if step.stop:
-                    return None
-                if step.start is not None:
-                    self.cond.notify_all()  # a lane may resume paused partitions
-                    return step.start
-                wait = step.wait_until - now
-                self.cond.wait(min(max(wait, 0.001), POLL_S) if wait < math.inf else POLL_S)
-        return None
+    def _forget(self, h: WorkerHandle) -> None:
+        with contextlib.suppress(ValueError):  # the receiver and dispatcher both may
+            self.handles.remove(h)
 
     def _dispatch(self, h: WorkerHandle, w: Worker) -> None:
         """Send this worker what the core releases; its receiver takes the results."""
         done = threading.Event()  # set when this dispatcher sends nothing more
-        receiver = threading.Thread(
-            target=self._receive, args=(h, w, done), daemon=True, name=f"results-{h.worker_id}"
-        )
-        receiver.start()
+        receiver = self.supervisor.start(self._receive, h, w, done, name=f"results-{h.worker_id}")
         try:
-            while (entry := self._next(h, w)) is not None:
+            while (entry := self.host.next_step(w, lambda: h.alive, self.submit)) is not None:
                 try:
                     h.send(tracing.sent(entry.batch, work_batch(entry.batch), h.worker_id))
                 except WorkerLost as exc:
@@ -116,41 +101,25 @@ class WorkerThreads:
                         entry.batch.batch_id,
                         len(entry.batch.items),
                     )
-                    with self.cond:
-                        self.core.send_failed(w, entry, time.time())
-                        self.cond.notify_all()
+                    self.host.send_failed(w, entry)
                     return
-                with self.cond:
-                    entry.sent = True
-                    self.cond.notify_all()
+                self.host.sent(w, entry)
         finally:
-            with self.cond:
-                done.set()
-                self.cond.notify_all()
+            done.set()
+            self.host.wake()
             receiver.join()
-            with self.cond:
-                if not h.alive:
-                    self.core.retire(w)
-                    if h in self.handles:
-                        self.handles.remove(h)
+            if not h.alive:
+                self.host.retire(w)
+                self._forget(h)
 
     def _receive(self, h: WorkerHandle, w: Worker, done: threading.Event) -> None:
         """Results in the order the batches were sent; a lost worker hands back all it held."""
-        while True:
-            with self.cond:
-                while not (w.queue and w.queue[0].sent) and not done.is_set():
-                    self.cond.wait(POLL_S)
-                if not (w.queue and w.queue[0].sent):
-                    return  # the dispatcher is done and nothing was sent
-                head = w.queue[0]
+        while (head := self.host.next_result(w, done)) is not None:
             try:
                 result = h.receive(self.batch_timeout_s)
             except WorkerLost as exc:
-                with self.cond:
-                    lost = self.core.on_lost(w, str(exc), ran=exc.ran, now=time.time())
-                    if h in self.handles:
-                        self.handles.remove(h)
-                    self.cond.notify_all()
+                lost = self.host.lost(w, str(exc), ran=exc.ran)
+                self._forget(h)
                 metrics.worker_lost(lost.held, ran=exc.ran, error=str(exc))
                 for i, b in enumerate(lost.held):
                     log.warning(
@@ -162,9 +131,6 @@ class WorkerThreads:
                     )
                 self.submit(lost.writes)
                 return
-            metrics.batch_done(h.worker_id, head.batch, result, self.core.max_batch)
+            metrics.batch_done(h.worker_id, head.batch, result, self.limits)
             tracing.returned(head.batch, result)
-            with self.cond:
-                writes = self.core.on_result(w, head, result, time.time())
-                self.cond.notify_all()
-            self.submit(writes)
+            self.submit(self.host.result(w, head, result))

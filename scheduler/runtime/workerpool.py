@@ -38,8 +38,9 @@ from core.protocol import (
 from core.redact import write_private
 from core.vocab import ModelRef
 from scheduler.runtime.spawner import Spawner
+from scheduler.runtime.supervisor import Supervisor
 
-log = logging.getLogger("gristmill.scheduler.workers")
+log = logging.getLogger(__name__)
 
 RESTART_INITIAL_S = 0.2
 RESTART_MAX_S = 30.0
@@ -76,6 +77,7 @@ class WorkerHandle:
         hello: Hello,
         proc: subprocess.Popen[bytes] | None,
         on_status: StatusHandler | None = None,
+        supervisor: Supervisor | None = None,
     ):
         self.conn = conn
         self.hello = hello
@@ -87,7 +89,7 @@ class WorkerHandle:
         self._last_result_at = 0.0  # monotonic
         self._send_lock = threading.Lock()
         self._results: queue.Queue[WorkResult | GenStepResult | BaseException] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True, name=f"read-{hello.worker_id}").start()
+        (supervisor or Supervisor()).start(self._read, name=f"read-{hello.worker_id}")
 
     def _read(self) -> None:
         while True:
@@ -215,6 +217,7 @@ class WorkerPool:
         env: dict[str, str] | None = None,
         on_status: StatusHandler | None = None,
         preload: bool = True,
+        supervisor: Supervisor | None = None,
     ):
         self.socket_path = socket_path
         self.authkey = secrets.token_bytes(32)
@@ -231,7 +234,8 @@ class WorkerPool:
         self._stopping = threading.Event()
         self._no_restarts = threading.Event()
         self._listener: Listener | None = None
-        self._spawner = Spawner()  # workers die with this process, not with a thread
+        self._supervisor = supervisor or Supervisor()
+        self._spawner = Spawner(self._supervisor)  # workers die with this process
 
     def start(self) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -239,10 +243,10 @@ class WorkerPool:
             self.socket_path.unlink()
         self._listener = Listener(str(self.socket_path), family="AF_UNIX", authkey=self.authkey)
         write_private(self.socket_path.parent / "worker.key", self.authkey)
-        threading.Thread(target=self._accept_loop, name="worker-accept", daemon=True).start()
+        self._supervisor.start(self._accept_loop, name="worker-accept")
         for i in range(self.n_local):
             self._spawn(i)
-        threading.Thread(target=self._supervise, name="worker-supervisor", daemon=True).start()
+        self._supervisor.start(self._supervise, name="worker-restarts")
 
     def _spawn(self, i: int) -> None:
         env = {
@@ -328,7 +332,7 @@ class WorkerPool:
                 hello.worker_id,
                 ", ".join(f"{m.name}@{m.version}" for m in hello.models),
             )
-            self.on_ready(WorkerHandle(conn, hello, proc, self.on_status))
+            self.on_ready(WorkerHandle(conn, hello, proc, self.on_status, self._supervisor))
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._no_restarts.set()

@@ -35,7 +35,7 @@ from results.durability import check_durability
 from results.schema import batches, requests
 from results.store import persist
 from scheduler.core.batcher import Batch, BatchKey, Pending
-from scheduler.core.dispatch import Write
+from scheduler.core.plans import Write
 from scheduler.runtime.deadletter import DeadLetters
 from scheduler.runtime.lane import lane_specs
 from scheduler.runtime.persister import Persister

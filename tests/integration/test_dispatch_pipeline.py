@@ -18,7 +18,8 @@ from core.messages import RequestMessage
 from core.models.sim import sim_output
 from core.vocab import PRIORITY_CLASSES
 from scheduler.core.batcher import Batch, BatchKey, Pending
-from scheduler.core.dispatch import PIPELINE_MAX_MS, DispatchCore, Step, Worker
+from scheduler.core.dispatch import DispatchCore
+from scheduler.core.plans import PIPELINE_MAX_MS, Step, Worker
 from scheduler.runtime.deadletter import Letter
 from scheduler.runtime.persister import Persister
 from scheduler.runtime.worker_threads import WorkerThreads

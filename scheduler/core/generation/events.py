@@ -48,7 +48,17 @@ class Preempted:
     at: float
 
 
-Event = Token | Finished | Preempted
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The model raised on a step that ran this sequence: it ends without an answer
+    (the step loop's ``fail_running``; the policy has forgotten it)."""
+
+    seq_id: str
+    error: str
+    at: float
+
+
+Event = Token | Finished | Preempted | Failed
 
 
 def gap_summary(gaps: Iterable[float]) -> dict[str, float] | None:

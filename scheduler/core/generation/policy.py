@@ -4,10 +4,11 @@ The shape of vLLM v1's scheduler: no prefill or decode phase, only sequences who
 computed tokens lag their known tokens. ``schedule(now)`` fills a token budget:
 running sequences first, in priority order (one token each when decoding, a chunk
 when prefilling), then preempted sequences and new arrivals, rank by rank, tenants
-inside a rank by token-cost deficit round robin (fair.py), prompts chunked to the
-budget that is left. ``update(plan, output, now)`` applies the sampled tokens and
-returns events: a token per sequence, finished sequences (their blocks freed at
-once, so the next step's arrivals can use them), preemptions.
+inside a rank by token-cost deficit round robin (the scheduler's one fair queue,
+scheduler/core/fairness.py), prompts chunked to the budget that is left.
+``update(plan, output, now)`` applies the sampled tokens and returns events: a token
+per sequence, finished sequences (their blocks freed at once, so the next step's
+arrivals can use them), preemptions.
 
 KV blocks are allocated when a step needs them. When none are left the
 lowest-priority running sequence is preempted: its blocks are dropped and it
@@ -24,10 +25,10 @@ from bisect import insort
 from collections.abc import Iterable
 
 from core.generation import Chunk, SampleSpec, StepOutput, StepPlan
+from scheduler.core.fairness import FairQueue
 from scheduler.core.generation.blocks import BlockPool
 from scheduler.core.generation.config import PolicyConfig
 from scheduler.core.generation.events import Event, Finished, Preempted, Token
-from scheduler.core.generation.fair import TokenDRR
 from scheduler.core.generation.sequence import FinishReason, GenRequest, Sequence, State
 from scheduler.core.generation.text import Detokenize
 
@@ -43,7 +44,7 @@ class ContinuousBatcher:
         self._eos = eos_id
         self.pool = BlockPool(cfg.num_blocks)
         self.running: list[Sequence] = []
-        self._waiting = [TokenDRR[Sequence](cfg.drr_quantum, self._cost) for _ in range(cfg.ranks)]
+        self._waiting = [FairQueue[Sequence](cfg.drr_quantum, self._cost) for _ in range(cfg.ranks)]
         self._resumed: list[list[Sequence]] = [[] for _ in range(cfg.ranks)]  # by arrival
         self._seqs: dict[str, Sequence] = {}
         self._deadlines: list[tuple[float, int, str]] = []  # heap over waiting sequences

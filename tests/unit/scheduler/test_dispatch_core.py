@@ -21,12 +21,12 @@ from core.protocol import ModelInfo, WorkResult
 from core.vocab import PRIORITY_CLASSES, RequestStatus
 from scheduler.core.backpressure import BufferBudget
 from scheduler.core.batcher import Batch, BatchKey, FlushPolicy, Pending
-from scheduler.core.dispatch import (
+from scheduler.core.dispatch import DispatchCore
+from scheduler.core.plans import (
     BACKGROUND_RANK,
     CANCELLED_ERROR,
     EXPIRED_ERROR,
     MAX_IN_FLIGHT,
-    DispatchCore,
     InFlight,
     Reject,
     Worker,

@@ -15,8 +15,8 @@ from core.models.catalog import build_specs
 from core.vocab import PRIORITY_CLASSES
 from scheduler.core import intake
 from scheduler.core.batcher import BatchKey, Pending
-from scheduler.core.dispatch import Reject
 from scheduler.core.intake import Malformed, _message, _strict_message, decode
+from scheduler.core.plans import Reject
 
 SPECS = build_specs(Settings())
 TP = ("gm.requests.paid", 2)

@@ -11,8 +11,9 @@ from core.models.registry import VersionRecord, VersionState
 from core.protocol import LoadModel, ModelInfo, ModelState, ModelStatus
 from core.vocab import PRIORITY_CLASSES, ModelRef
 from scheduler.core.batcher import Batch, BatchKey, Pending
-from scheduler.core.dispatch import DispatchCore, InFlight
+from scheduler.core.dispatch import DispatchCore
 from scheduler.core.model_control import ModelControl
+from scheduler.core.plans import InFlight
 
 S = VersionState
 M1, M2, M3 = ModelRef("m", "1"), ModelRef("m", "2"), ModelRef("m", "3")

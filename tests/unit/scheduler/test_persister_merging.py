@@ -13,7 +13,7 @@ import psycopg
 from core.messages import RequestMessage
 from core.vocab import RequestStatus
 from scheduler.core.batcher import Batch, BatchKey, Pending
-from scheduler.core.dispatch import Write
+from scheduler.core.plans import Write
 from scheduler.runtime import persister as persister_mod
 from scheduler.runtime.persister import Persister
 from scheduler.runtime.priority_pool import PriorityPool

@@ -9,7 +9,7 @@ from core.vocab import RequestStatus
 from results.faults import NUL_ESCAPE
 from results.vectors import to_floats
 from scheduler.core.batcher import Batch, BatchKey
-from scheduler.core.dispatch import Write
+from scheduler.core.plans import Write
 from scheduler.runtime.rows import unstorable, write_rows
 from tests.unit.helpers import pending
 

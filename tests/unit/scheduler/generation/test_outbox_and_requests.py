@@ -15,7 +15,7 @@ from scheduler.core.generation.events import Finished, Preempted, Token
 from scheduler.core.generation.outbox import Outbox
 from scheduler.core.generation.requests import Progress, Refused, prepare, sampling_seed
 from scheduler.core.generation.sequence import FinishReason
-from scheduler.runtime.generation.service import answer
+from scheduler.runtime.generation.flusher import answer
 from tests.unit.scheduler.generation.helpers import batcher, drive, req
 
 

@@ -1,0 +1,52 @@
+"""What the dispatch core shows those who watch it: frozen snapshots. Pure.
+
+vLLM's shape (``SchedulerInterface.make_stats``): the core copies what observers need
+into a record in one call, made under the runtime's lock (scheduler/runtime/host.py),
+and observers read the record outside it. Metrics, the model control, the service's
+last log line: none of them reads the core's fields, so the core can change its insides
+and keep its record (docs/decisions/0047-the-schedulers-core-and-runtime.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from core.vocab import ModelRef
+from scheduler.core.batcher import Pending
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStats:
+    """One worker as the core sees it."""
+
+    worker_id: str
+    worker_class: str
+    alive: bool
+    serving: frozenset[ModelRef]  # the versions it takes batches of
+    in_flight: int  # batches given to it whose result is not back (computing, queued)
+    busy: frozenset[ModelRef]  # the models of those batches
+    used_at: Mapping[ModelRef, float]  # when it last started a batch of each model (epoch s)
+
+
+@dataclass(frozen=True, slots=True)
+class CoreStats:
+    """The dispatch core at one moment."""
+
+    at: float  # epoch s
+    counts: Mapping[str, int]  # consumed, rejected, batches, expired, cancelled, failed, ...
+    queued: Mapping[tuple[ModelRef, int], int]  # (model, rank) -> requests in the batcher
+    # (model, rank) -> when the API received the oldest request read and not yet
+    # persisted: queued, on a worker, or waiting for a retry (epoch s)
+    oldest: Mapping[tuple[ModelRef, int], float]
+    workers: tuple[WorkerStats, ...]  # the live ones
+    sized: frozenset[ModelRef]  # every version a worker announced (the core sizes its batches)
+
+
+def oldest_of(items: Iterable[Pending], into: dict[tuple[ModelRef, int], float]) -> None:
+    """Lower ``into``'s (model, rank) entries to the receipt times of ``items``."""
+    for p in items:
+        k = (p.key.ref, p.rank)
+        if p.msg.received_at < into.get(k, math.inf):
+            into[k] = p.msg.received_at
