@@ -53,7 +53,7 @@ from scheduler.core.plans import (
 )
 from scheduler.core.retry import RetryPolicy, plan_failure
 from scheduler.core.stagger import Running, background_hold_until
-from scheduler.core.stats import CoreStats, WorkerStats, oldest_of
+from scheduler.core.stats import CoreStats, WorkerStats, snapshot, worker_stats
 
 
 @dataclass(slots=True)
@@ -461,37 +461,11 @@ class DispatchCore:
     def make_stats(self, now: float) -> CoreStats:
         """A snapshot for metrics and logs (walks what is in flight and retrying: for a
         scrape or a report, not the hot path)."""
-        oldest = self.batcher.oldest_received()
-        live = [w for w in self.workers if w.alive]
-        for w in live:
-            for e in w.queue:
-                oldest_of(e.batch.items, oldest)
-        for retry in self.retries:
-            oldest_of(retry.batch.items, oldest)
-        queued = {
-            (ref, rank): n
-            for ref, depths in self.batcher.depth_by_model().items()
-            for rank, n in enumerate(depths)
-        }
-        return CoreStats(
-            at=now,
-            counts=dict(self.stats),
-            queued=queued,
-            oldest=oldest,
-            workers=tuple(self.worker_stats(w) for w in live),
-            sized=frozenset(self.max_batch),
-        )
+        retrying = [r.batch for r in self.retries]
+        return snapshot(now, self.stats, self.batcher, self.workers, retrying, self.max_batch)
 
     def worker_stats(self, w: Worker) -> WorkerStats:
-        return WorkerStats(
-            worker_id=w.worker_id,
-            worker_class=w.worker_class,
-            alive=w.alive,
-            serving=w.refs,
-            in_flight=len(w.queue),
-            busy=frozenset(e.batch.key.ref for e in w.queue),
-            used_at=dict(w.used_at),
-        )
+        return worker_stats(w)
 
     def demanded(self) -> frozenset[ModelRef]:
         """The versions with requests queued or waiting for a retry."""

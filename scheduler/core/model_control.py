@@ -44,7 +44,7 @@ from scheduler.core.plans import Worker
 from scheduler.core.residency import Plan, Rank, Resident, Want, WorkerView, plan
 from scheduler.core.stats import WorkerStats
 
-log = logging.getLogger("gristmill.scheduler.models")
+log = logging.getLogger(__name__)
 
 
 class Commandable(Protocol):

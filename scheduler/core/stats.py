@@ -10,11 +10,12 @@ and keep its record (docs/decisions/0047-the-schedulers-core-and-runtime.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from core.vocab import ModelRef
-from scheduler.core.batcher import Pending
+from scheduler.core.batcher import Batch, Batcher, Pending
+from scheduler.core.plans import Worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,3 +51,42 @@ def oldest_of(items: Iterable[Pending], into: dict[tuple[ModelRef, int], float])
         k = (p.key.ref, p.rank)
         if p.msg.received_at < into.get(k, math.inf):
             into[k] = p.msg.received_at
+
+
+def worker_stats(w: Worker) -> WorkerStats:
+    busy = frozenset(e.batch.key.ref for e in w.queue)
+    return WorkerStats(
+        w.worker_id, w.worker_class, w.alive, w.refs, len(w.queue), busy, dict(w.used_at)
+    )
+
+
+def snapshot(
+    now: float,
+    counts: Mapping[str, int],
+    batcher: Batcher,
+    workers: Sequence[Worker],
+    retrying: Sequence[Batch],
+    sized: Iterable[ModelRef],
+) -> CoreStats:
+    """The dispatch core's ``make_stats``: its queues, its live workers, what they hold
+    and what waits for a retry."""
+    oldest = batcher.oldest_received()
+    live = [w for w in workers if w.alive]
+    for w in live:
+        for e in w.queue:
+            oldest_of(e.batch.items, oldest)
+    for b in retrying:
+        oldest_of(b.items, oldest)
+    queued = {
+        (ref, rank): n
+        for ref, depths in batcher.depth_by_model().items()
+        for rank, n in enumerate(depths)
+    }
+    return CoreStats(
+        at=now,
+        counts=dict(counts),
+        queued=queued,
+        oldest=oldest,
+        workers=tuple(worker_stats(w) for w in live),
+        sized=frozenset(sized),
+    )

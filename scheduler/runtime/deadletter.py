@@ -17,7 +17,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from scheduler.core.batcher import Pending
 from scheduler.runtime import metrics
 
-log = logging.getLogger("gristmill.scheduler")
+log = logging.getLogger(__name__)
 
 # The longest header value kept (an error text; the message itself is whole).
 HEADER_MAX = 1000

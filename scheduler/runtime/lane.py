@@ -108,13 +108,8 @@ class ConsumerLane:
         spec: LaneSpec,
         feed: LaneFeed,
         books: LaneBooks,
-        supervisor: Supervisor,
     ):
-        self.settings = settings
-        self.spec = spec
-        self.feed = feed
-        self.books = books
-        self.supervisor = supervisor
+        self.settings, self.spec, self.feed, self.books = settings, spec, feed, books
         self.topics = spec.topics(settings)
         self.owned: set[TP] = set()
         self.hold = LaneHold()  # classes paused in Kafka; whether the lane is held
@@ -151,12 +146,12 @@ class ConsumerLane:
         self.thread: threading.Thread | None = None
 
     # ---- lifecycle -----------------------------------------------------------------
-    def start(self, stopping: threading.Event) -> None:
+    def start(self, stopping: threading.Event, supervisor: Supervisor) -> None:
         self._stopping = stopping
         self.consumer.subscribe(
             self.topics, on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
         )
-        self.thread = self.supervisor.start(self._run, name=f"lane-{self.spec.name}")
+        self.thread = supervisor.start(self._run, name=f"lane-{self.spec.name}")
 
     def finish(self, timeout_s: float = 30.0) -> None:
         """Final commit and leave the group (the scheduler has persisted what it will)."""

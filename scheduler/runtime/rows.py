@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from core.models.token_ids import input_text
@@ -20,12 +19,6 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-@lru_cache(maxsize=64)
-def _batch_ts(epoch_s: float | None) -> datetime | None:
-    """A batch's times repeat on each of its rows: convert them once."""
-    return ts(epoch_s)
-
-
 def request_row(
     p: Pending,
     *,
@@ -36,36 +29,8 @@ def request_row(
     compute_start: float | None = None,
     compute_end: float | None = None,
 ) -> RequestRow:
-    m = p.msg
-    return {
-        "request_id": m.request_id,
-        "tenant_id": m.tenant_id,
-        "priority": m.priority,
-        "model": m.model,
-        "model_version": m.version,
-        "params": m.params,
-        # Job items keep theirs in job_items; a tokenized input is stored as its text.
-        "input": None if m.job_id else input_text(m.input),
-        "status": status,
-        "output": output,
-        "output_vector": None,
-        "error": error,
-        "attempts": m.attempt + 1,
-        "batch_id": batch.batch_id if batch else None,
-        "batch_size": len(batch.items) if batch else None,
-        "job_id": m.job_id,
-        "item_index": m.item_index,
-        "received_at": datetime.fromtimestamp(m.received_at, UTC),
-        "produced_at": ts(m.extra.get("produced_at")),
-        "consumed_at": ts(p.consumed_at),
-        "batched_at": _batch_ts(batch.formed_at) if batch else None,
-        "compute_start_at": _batch_ts(compute_start),
-        "compute_end_at": _batch_ts(compute_end),
-        "deadline_at": ts(m.deadline),
-        "kafka_topic": p.tp[0],
-        "kafka_partition": p.tp[1],
-        "kafka_offset": p.offset,
-    }
+    """The request log's row of one finished request."""
+    return _rows([p], status, [output], error, batch, compute_start, compute_end)[0]
 
 
 def write_rows(w: Write) -> tuple[list[RequestRow], dict[str, Any] | None]:
@@ -75,14 +40,14 @@ def write_rows(w: Write) -> tuple[list[RequestRow], dict[str, Any] | None]:
         assert batch is not None and w.outputs is not None and w.compute is not None
         rows = succeeded_rows(batch, w.outputs, *w.compute, items=w.items)
     else:
-        rows = [request_row(p, status=w.status, error=w.error, batch=batch) for p in w.items]
+        rows = _rows(w.items, w.status, [None] * len(w.items), w.error, batch, None, None)
     if not w.batch_row or batch is None:
         return rows, None
     start, end = w.compute or (None, None)
     brow = batch_row(
         batch,
         worker_id=w.worker_id or "",
-        status="succeeded",
+        status=RequestStatus.SUCCEEDED,
         error=None,
         compute_start=start,
         compute_end=end,
@@ -109,18 +74,32 @@ def succeeded_rows(
     items: Sequence[Pending] | None = None,
 ) -> list[RequestRow]:
     """``request_row(p, status=RequestStatus.SUCCEEDED, ...)`` for ``items`` of a computed
-    batch (all of them by default), in one pass: what a batch shares is worked out once,
-    and times its requests share (consumed in one fetch, produced in the same
-    millisecond) are converted once. An array of outputs (an embedding model's) becomes
-    one float32 vector per row, converted for the whole batch at once."""
+    batch (all of them by default), in one pass. An array of outputs (an embedding
+    model's) becomes one float32 vector per row, converted for the whole batch at once."""
     items = batch.items if items is None else items
     if len(outputs) != len(items):
         raise ValueError(f"{len(outputs)} outputs for {len(items)} requests")
-    vectors: Sequence[bytes | None]
+    vectors: Sequence[bytes | None] | None = None
     if is_vector_batch(outputs):
         vectors, outputs = rows_as_bytes(outputs), [None] * len(items)
-    else:
-        vectors = [None] * len(items)
+    status = RequestStatus.SUCCEEDED
+    return _rows(items, status, outputs, None, batch, compute_start, compute_end, vectors)
+
+
+def _rows(
+    items: Sequence[Pending],
+    status: RequestStatus,
+    outputs: Sequence[Any] | np.ndarray,
+    error: str | None,
+    batch: Batch | None,
+    compute_start: float | None,
+    compute_end: float | None,
+    vectors: Sequence[bytes | None] | None = None,
+) -> list[RequestRow]:
+    """The rows of ``items`` (one output each), built in one pass: a scheduler feeding a
+    GPU writes tens of thousands a second. What a batch shares is worked out once, and
+    times its requests share (consumed in one fetch, produced in the same millisecond)
+    are converted once."""
     fromts = datetime.fromtimestamp
     seen: dict[float, datetime] = {}
 
@@ -132,10 +111,11 @@ def succeeded_rows(
             d = seen[epoch_s] = fromts(epoch_s, UTC)
         return d
 
-    batch_id, size = batch.batch_id, len(batch.items)
-    batched, start, end = ts(batch.formed_at), ts(compute_start), ts(compute_end)
+    batch_id, size = (batch.batch_id, len(batch.items)) if batch else (None, None)
+    batched = ts(batch.formed_at) if batch else None
+    start, end = ts(compute_start), ts(compute_end)
     rows: list[RequestRow] = []
-    for p, out, vector in zip(items, outputs, vectors, strict=True):
+    for p, out, vector in zip(items, outputs, vectors or [None] * len(items), strict=True):
         m = p.msg
         rows.append(
             {
@@ -145,11 +125,12 @@ def succeeded_rows(
                 "model": m.model,
                 "model_version": m.version,
                 "params": m.params,
+                # Job items keep theirs in job_items; a tokenized input is stored as text.
                 "input": None if m.job_id else input_text(m.input),
-                "status": RequestStatus.SUCCEEDED,
+                "status": status,
                 "output": out,
                 "output_vector": vector,
-                "error": None,
+                "error": error,
                 "attempts": m.attempt + 1,
                 "batch_id": batch_id,
                 "batch_size": size,

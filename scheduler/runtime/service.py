@@ -151,8 +151,7 @@ class SchedulerService:
         self.feed = Feed(self.host, self.engines, lambda: self.control.specs, self.persister.submit)
         # Sync traffic and job items are read by separate consumers (decision 0011).
         self.lanes = [
-            ConsumerLane(settings, spec, self.feed, self.host, self.supervisor)
-            for spec in lane_specs(settings)
+            ConsumerLane(settings, spec, self.feed, self.host) for spec in lane_specs(settings)
         ]
         self.reports = Reports(
             self.scheduler_id, self.host, self.engines, self.lanes, self.db, self.stopping
@@ -183,7 +182,7 @@ class SchedulerService:
         # gc_tuning.py: 26 rather than 40 us of scheduler CPU a persisted row).
         tune_gc()
         for lane in self.lanes:
-            lane.start(self.stopping)
+            lane.start(self.stopping, self.supervisor)
         log.info("scheduler running")
         while not self.stopping.wait(0.1):
             self.producer.poll(0)

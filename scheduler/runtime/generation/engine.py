@@ -119,7 +119,7 @@ class GenerationEngine:
         self.on_worker = on_worker  # a worker said hello: the service announces it
         self.codec: Codec = shared_codec()
         self.inbox: queue.Queue[Command] = queue.Queue()
-        self.flusher = Flusher(db, spec, done, stopping, supervisor)
+        self.flusher = Flusher(db, spec.name, done, stopping)
         self.pool = WorkerPool(
             socket_path=socket_dir / "lm.sock",
             n_local=1,
@@ -150,7 +150,7 @@ class GenerationEngine:
         self.inbox.put(Call(partial(self._drop, set(tps))))
 
     def start(self) -> None:
-        self.flusher.start()
+        self.flusher.start(self.supervisor)
         self.pool.start()
 
     def refresh(self) -> list[Readiness]:

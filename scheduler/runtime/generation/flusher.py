@@ -18,7 +18,6 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from core.models.causal_lm import CausalLMSpec
 from core.request_row import RequestRow
 from core.vocab import RequestStatus
 from results.faults import first_line
@@ -87,27 +86,18 @@ class Held:
 
 
 class Flusher:
-    def __init__(
-        self,
-        db: Engine,
-        spec: CausalLMSpec,
-        done: Done,
-        stopping: threading.Event,
-        supervisor: Supervisor,
-    ):
-        self.db = db
-        self.spec = spec
-        self.done = done
-        self.stopping = stopping
-        self.supervisor = supervisor
+    def __init__(self, db: Engine, model: str, done: Done, stopping: threading.Event):
+        """``model``: the generation model's name (its metrics' label); ``done``: the
+        offsets of what was written, and how many rows."""
+        self.db, self.model, self.done, self.stopping = db, model, done, stopping
         self.outbox = Outbox()
         self.lock = threading.Condition()  # guards outbox, held and failures
         self.held: dict[str, Held] = {}
         self.failures: list[Held] = []
         self.thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        self.thread = self.supervisor.start(self._flush_loop, name="gen-flush")
+    def start(self, supervisor: Supervisor) -> None:
+        self.thread = supervisor.start(self._flush_loop, name="gen-flush")
 
     def join(self, timeout_s: float) -> None:
         if self.thread is not None:
@@ -212,6 +202,6 @@ class Flusher:
         for e, _ in ended:
             f = e.finished
             if f.first_token_at is not None:
-                metrics.generation_ttft(self.spec.name, f.first_token_at - f.arrived_at)
+                metrics.generation_ttft(self.model, f.first_token_at - f.arrived_at)
         if offsets:
             self.done(offsets, len(rows))

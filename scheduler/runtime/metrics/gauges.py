@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -84,93 +84,91 @@ def state_of(stats: CoreStats, lanes: Sequence[ConsumerLane], warming: int) -> S
     )
 
 
+def _gauge(
+    name: str, doc: str, labels: list[str], samples: Iterable[tuple[list[str], float]]
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for values, value in samples:
+        family.add_metric(values, value)
+    return family
+
+
 def gauge_families(st: SchedulerState) -> Iterator[Metric]:
     """The gauges of one state (pure: unit-tested on hand-made states)."""
     refs = sorted(st.served | {ref for ref, _ in st.queued} | {ref for ref, _ in st.oldest})
-    queued = GaugeMetricFamily(
+    cells = [(ref, rank, cls_) for ref in refs for rank, cls_ in enumerate(st.classes)]
+
+    def age(ref: ModelRef, rank: int) -> float:
+        t = st.oldest.get((ref, rank))
+        return 0.0 if t is None else max(0.0, st.now - t)
+
+    yield _gauge(
         "gristmill_requests_queued",
         "Requests read from Kafka and waiting in the batcher",
-        labels=["model", "version", "class"],
+        ["model", "version", "class"],
+        (([r.model, r.version, c], st.queued.get((r, k), 0)) for r, k, c in cells),
     )
-    age = GaugeMetricFamily(
+    yield _gauge(
         "gristmill_oldest_message_age_seconds",
         "Age (since the API received it) of the oldest request read and not yet "
         "persisted: queued, on a worker or waiting for a retry; 0 when none",
-        labels=["class", "model", "version"],
+        ["class", "model", "version"],
+        (([c, r.model, r.version], age(r, k)) for r, k, c in cells),
     )
-    for ref in refs:
-        for rank, cls_ in enumerate(st.classes):
-            queued.add_metric([ref.model, ref.version, cls_], st.queued.get((ref, rank), 0))
-            t = st.oldest.get((ref, rank))
-            age.add_metric(
-                [cls_, ref.model, ref.version], 0.0 if t is None else max(0.0, st.now - t)
-            )
-    yield queued
-    yield age
-    lag = GaugeMetricFamily(
+    classes = sorted(st.lag)
+    yield _gauge(
         "gristmill_consumer_lag_messages",
         "Messages in Kafka this scheduler's partitions hold beyond what it has read",
-        labels=["class"],
+        ["class"],
+        (([c], st.lag[c]) for c in classes),
     )
-    paused = GaugeMetricFamily(
+    yield _gauge(
         "gristmill_consumer_paused",
         "1 while the class's partitions are paused because its buffer is full",
-        labels=["class"],
+        ["class"],
+        (([c], 1.0 if c in st.paused else 0.0) for c in classes),
     )
-    for cls_ in sorted(st.lag):
-        lag.add_metric([cls_], st.lag[cls_])
-        paused.add_metric([cls_], 1.0 if cls_ in st.paused else 0.0)
-    yield lag
-    yield paused
-    in_flight = GaugeMetricFamily(
+    yield _gauge(
         "gristmill_worker_batches_in_flight",
         "Batches sent to a worker whose result is not back (computing or queued on it)",
-        labels=["worker"],
+        ["worker"],
+        (([w], st.in_flight[w]) for w in sorted(st.in_flight)),
     )
-    for w in sorted(st.in_flight):
-        in_flight.add_metric([w], st.in_flight[w])
-    yield in_flight
-    workers = GaugeMetricFamily(
+    yield _gauge(
         "gristmill_workers",
         "Workers of this scheduler: ready (serving) or warming (loading, warming up)",
-        labels=["state"],
+        ["state"],
+        [(["ready"], len(st.workers)), (["warming"], st.warming)],
     )
-    workers.add_metric(["ready"], len(st.workers))
-    workers.add_metric(["warming"], st.warming)
-    yield workers
-    per_model = GaugeMetricFamily(
-        "gristmill_model_workers", "Ready workers serving each model", labels=["model", "version"]
+    yield _gauge(
+        "gristmill_model_workers",
+        "Ready workers serving each model",
+        ["model", "version"],
+        (
+            ([r.model, r.version], sum(1 for served in st.workers.values() if r in served))
+            for r in refs
+        ),
     )
-    for ref in refs:
-        n = sum(1 for served in st.workers.values() if ref in served)
-        per_model.add_metric([ref.model, ref.version], n)
-    yield per_model
 
 
 def device_families(
     samples: dict[str, tuple[dict[str, float | str], float]], now: float
 ) -> Iterator[Metric]:
-    util = GaugeMetricFamily(
-        "gristmill_gpu_utilization_ratio",
-        "Share of the last sample period the worker's GPU was running kernels (NVML)",
-        labels=["worker", "gpu"],
-    )
-    used = GaugeMetricFamily(
-        "gristmill_gpu_memory_used_bytes", "GPU memory in use (NVML)", labels=["worker", "gpu"]
-    )
-    total = GaugeMetricFamily(
-        "gristmill_gpu_memory_total_bytes", "GPU memory in all (NVML)", labels=["worker", "gpu"]
-    )
-    for worker, (s, at) in sorted(samples.items()):
-        if now - at > DEVICE_FRESH_S:
-            continue
-        labels = [worker, str(s.get("gpu", ""))]
-        util.add_metric(labels, float(s["utilization"]))
-        used.add_metric(labels, float(s["memory_used_bytes"]))
-        total.add_metric(labels, float(s["memory_total_bytes"]))
-    yield util
-    yield used
-    yield total
+    fresh = [
+        ([worker, str(s.get("gpu", ""))], s)
+        for worker, (s, at) in sorted(samples.items())
+        if now - at <= DEVICE_FRESH_S
+    ]
+    for name, doc, key in (
+        (
+            "gristmill_gpu_utilization_ratio",
+            "Share of the last sample period the worker's GPU was running kernels (NVML)",
+            "utilization",
+        ),
+        ("gristmill_gpu_memory_used_bytes", "GPU memory in use (NVML)", "memory_used_bytes"),
+        ("gristmill_gpu_memory_total_bytes", "GPU memory in all (NVML)", "memory_total_bytes"),
+    ):
+        yield _gauge(name, doc, ["worker", "gpu"], ((lb, float(s[key])) for lb, s in fresh))
 
 
 _collector: Collector | None = None
