@@ -65,8 +65,7 @@ _NULLABLE = frozenset({"job_id", "item_index"})
 _KNOWN = frozenset(f.name for f in fields(RequestMessage))
 # The form the API writes ids in (str(uuid4())); anything else is parsed the slow way.
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-# A class's rank is its first place in PRIORITY_CLASSES (what .index() answered).
-_RANKS: dict[str, int] = {c.value: PRIORITY_CLASSES.index(c) for c in PRIORITY_CLASSES}
+_RANKS: dict[str, int] = {c.value: c.rank for c in PRIORITY_CLASSES}
 # Batch keys and tenant ids seen, each kept once (shared by the lanes' threads: a dict's
 # get and set are atomic). Bounded: more distinct values than this (keys that vary per
 # message, a flood of tenants) empties the cache, which then costs what it saves,
@@ -113,7 +112,12 @@ def decode(
 
 def _urgency(tp: tuple[str, int]) -> int:
     """A reject is recorded at its topic's priority: it holds that partition's commits."""
-    return _RANKS.get(tp[0].rsplit(".", 1)[-1], DEFAULT_RANK)
+    return _RANKS.get(topic_class(tp[0]), DEFAULT_RANK)
+
+
+def topic_class(topic: str) -> str:
+    """The priority class a request topic is named for: its last part (decision 2)."""
+    return topic.rsplit(".", 1)[-1]
 
 
 def _batch_key(
@@ -294,7 +298,7 @@ def _failed_row(
     return {
         "request_id": request_id,
         "tenant_id": tenant_id,
-        "priority": text("priority", tp[0].rsplit(".", 1)[-1]),
+        "priority": text("priority", topic_class(tp[0])),
         "model": text("model", ""),
         "model_version": text("version", ""),
         "params": data["params"] if isinstance(data.get("params"), dict) else {},

@@ -15,12 +15,13 @@ worker's batches in flight). Out:
   * readiness per version (ready, loading, unavailable, failed) for the API, which
     answers 503 with Retry-After only when no worker can serve.
 
-Not thread-safe: the service calls it under the lock it holds around the core.
+Not thread-safe: the runtime calls it under the core's lock (scheduler/runtime/host.py).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -268,39 +269,37 @@ class ModelControl:
 
     # ---- what the API is told ----------------------------------------------------------
     def readiness(self) -> list[Readiness]:
-        by_ref: dict[ModelRef, dict[str, int]] = {}
+        by_ref: dict[ModelRef, Counter[ModelState]] = {}
         errors: dict[ModelRef, str] = {}
         retry: dict[ModelRef, float] = {}
         for h in self.held.values():
             served = self.core.worker_stats(h.worker).serving
             for ref in set(h.infos) | set(h.failed) | ({h.loading.ref} if h.loading else set()):
-                c = by_ref.setdefault(
-                    ref, {"ready": 0, "loading": 0, "unavailable": 0, "failed": 0}
-                )
+                c = by_ref.setdefault(ref, Counter())
                 if h.loading is not None and h.loading.ref == ref:
-                    c["loading"] += 1
+                    c[ModelState.LOADING] += 1
                 elif ref in served:
-                    c["ready"] += 1
+                    c[ModelState.READY] += 1
                 elif h.states.get(ref) is ModelState.UNAVAILABLE:
-                    c["unavailable"] += 1
+                    c[ModelState.UNAVAILABLE] += 1
                     why, after = h.unavailable.get(ref, (None, None))
                     if why:
                         errors[ref] = why
                     if after is not None:
                         retry[ref] = min(after, retry.get(ref, after))
                 elif ref in h.failed:
-                    c["failed"] += 1
+                    c[ModelState.FAILED] += 1
                     errors.setdefault(ref, h.failed[ref][1])
         return [
             Readiness(
-                ref[0],
-                ref[1],
-                c["ready"],
-                c["loading"],
-                c["unavailable"],
-                c["failed"],
-                errors.get(ref),
-                retry.get(ref),
+                ref.model,
+                ref.version,
+                ready=c[ModelState.READY],
+                loading=c[ModelState.LOADING],
+                unavailable=c[ModelState.UNAVAILABLE],
+                failed=c[ModelState.FAILED],
+                error=errors.get(ref),
+                retry_after_s=retry.get(ref),
             )
             for ref, c in by_ref.items()
         ]

@@ -30,6 +30,7 @@ from core.kafka import consumer_config
 from core.topics import request_topic
 from core.vocab import PRIORITY_CLASSES, PriorityClass
 from scheduler.core.backpressure import LaneHold, lane_hold
+from scheduler.core.intake import topic_class
 from scheduler.runtime import metrics
 from scheduler.runtime.supervisor import Supervisor
 
@@ -253,7 +254,7 @@ class ConsumerLane:
             for tp in self.consumer.position(self.consumer.assignment()):
                 _, hi = self.consumer.get_watermark_offsets(tp, cached=True)
                 if tp.offset >= 0 and hi >= 0:
-                    cls_ = tp.topic.rsplit(".", 1)[-1]
+                    cls_ = topic_class(tp.topic)
                     lag[cls_] = lag.get(cls_, 0) + max(0, hi - tp.offset)
         except Exception as exc:  # during a rebalance; next second retries
             log.debug("lag measurement failed: %s", exc)
