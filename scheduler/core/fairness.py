@@ -79,8 +79,8 @@ class FairQueue(Generic[T]):
                 q.popleft()
         return q[0] if q else None
 
-    def _drop(self, tenant: str) -> None:
-        if next(iter(self._queues)) == tenant:
+    def _drop(self, tenant: str, *, front: bool = False) -> None:
+        if front or next(iter(self._queues)) == tenant:
             self._turn_credited = False
         del self._queues[tenant]
         del self._deficit[tenant]  # an idle tenant banks no credit (DRR)
@@ -101,7 +101,7 @@ class FairQueue(Generic[T]):
             tenant = next(iter(self._queues))
             head = self._head(tenant)
             if head is None:
-                self._drop(tenant)
+                self._drop(tenant, front=True)
                 continue
             q = self._queues[tenant]
             if not self._turn_credited:
@@ -121,7 +121,7 @@ class FairQueue(Generic[T]):
                 out.append(item)
                 self._deficit[tenant] -= price
             if self._head(tenant) is None:
-                self._drop(tenant)
+                self._drop(tenant, front=True)
             else:
                 self._queues.move_to_end(tenant)  # its turn is over; its deficit carries
         return out
@@ -134,7 +134,7 @@ class FairQueue(Generic[T]):
             tenant = next(iter(self._queues))
             head = self._head(tenant)
             if head is None:
-                self._drop(tenant)
+                self._drop(tenant, front=True)
                 continue
             if not self._turn_credited:  # the front tenant's turn begins
                 self._deficit[tenant] += self._credit(head)
@@ -165,7 +165,7 @@ class FairQueue(Generic[T]):
         self._queues[tenant].popleft()
         self._deficit[tenant] -= self._price(head)
         if not self._queues[tenant]:
-            self._drop(tenant)
+            self._drop(tenant, front=True)
         return head
 
     # ---- views -----------------------------------------------------------------------------
