@@ -6,8 +6,8 @@ what carries them out (docs/decisions/0047-the-schedulers-core-and-runtime.md):
   * two engines behind one interface (engines.py): batching (batching.py: a dispatcher
     and a receiver per worker, the model control) and, when a served model generates,
     generation (generation/: the step loop and its flusher);
-  * two consumer lanes (lane.py), sync classes and job items, whose fetches the feed
-    (feed.py) decodes and hands to the engine that runs each request;
+  * the consumer lanes (lane.py), one per sync class and one for job items, whose
+    fetches the feed (feed.py) decodes and hands to the engine that runs each request;
   * the persister (persister.py): the core's planned writes into PostgreSQL, then
     their offsets done;
   * the heartbeat and the model loop (reports.py), and the sweeper that keeps the log
@@ -149,9 +149,11 @@ class SchedulerService:
             )
             self.engines.insert(0, generation)
         self.feed = Feed(self.host, self.engines, lambda: self.control.specs, self.persister.submit)
-        # Sync traffic and job items are read by separate consumers (decision 0011).
+        # Each sync class and the job items are read by consumers of their own (decision
+        # 0011, lane.py ``lane_specs``).
         self.lanes = [
-            ConsumerLane(settings, spec, self.feed, self.host) for spec in lane_specs(settings)
+            ConsumerLane(settings, spec, self.feed, self.host, self.scheduler_id)
+            for spec in lane_specs(settings)
         ]
         self.reports = Reports(
             self.scheduler_id, self.host, self.engines, self.lanes, self.db, self.stopping
