@@ -9,7 +9,8 @@ blocks on I/O. No other module takes the lock (decisions 0018 and 0047).
 The condition also gives a dispatcher its "wake me when work arrives, or at time t"
 (``next_step``) and a receiver its "wake me when a batch was sent" (``next_result``).
 Several ``CoreHost`` objects may wrap one core and its condition (the worker threads
-make their own from the two): the host holds nothing else, so they are the same host.
+make their own from the two, and need no model control): a host holds no state of its
+own, so they are one host.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from core.load_report import LoadReport
 from core.models.readiness import Readiness
@@ -31,9 +31,6 @@ from scheduler.core.model_control import Command, Commandable, ModelControl
 from scheduler.core.offsets import TopicPartition
 from scheduler.core.plans import InFlight, Lost, Reject, Worker, Write
 from scheduler.core.stats import CoreStats
-
-if TYPE_CHECKING:
-    from collections.abc import Mapping
 
 # Longest a dispatcher or receiver sleeps without looking again: a missed wake-up (a
 # worker that died without a word) costs at most this.
