@@ -107,19 +107,19 @@ class FairQueue(Generic[T]):
             if not self._turn_credited:
                 self._deficit[tenant] += self._quantum * max(head.weight, MIN_WEIGHT)
             self._turn_credited = False
+            deficit = self._deficit[tenant]
             while len(out) < n:
                 if lazy:
                     while q and q[0].gone:  # type: ignore[attr-defined]
                         q.popleft()
                 if not q:
                     break
-                item = q[0]
-                price = 1.0 if cost is None else cost(item)
-                if price > self._deficit[tenant]:
+                price = 1.0 if cost is None else cost(q[0])
+                if price > deficit:
                     break
-                q.popleft()
-                out.append(item)
-                self._deficit[tenant] -= price
+                out.append(q.popleft())
+                deficit -= price
+            self._deficit[tenant] = deficit
             if self._head(tenant) is None:
                 self._drop(tenant, front=True)
             else:
