@@ -35,8 +35,8 @@ class _Conn(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses; they write the same.
+        self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -125,7 +125,7 @@ class ResultWaiter:
 
     def _hear(self, payload: str) -> None:
         try:
-            rows, ids = announce.parse(payload)
+            rows, ids = announce.parse(payload, self._waiting)
         except (ValueError, KeyError, TypeError) as exc:  # not ours: the poll covers it
             log.warning("unreadable result announcement (%s)", exc)
             return

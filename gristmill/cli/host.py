@@ -166,6 +166,7 @@ def host_children(
 ) -> list[list[Child]]:
     """The processes of ``shape``, grouped in start order: schedulers, workers, API."""
     py = sys.executable
+    metrics_port = int(env.get("GRISTMILL_METRICS_PORT", "9464") or 0)
     run_dir.mkdir(parents=True, exist_ok=True)
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
@@ -175,7 +176,9 @@ def host_children(
         sockets.append(str(sock_dir / "workers.sock"))
         argv = [py, "-m", "gristmill", "scheduler", "--workers", "0", "--models", models]
         argv += ["--socket-dir", str(sock_dir)]
-        schedulers.append(Child(f"scheduler-{i}", argv, env, logs / f"scheduler-{i}.log"))
+        # Each scheduler its own metrics port: the next ports after the configured one.
+        senv = {**env, "GRISTMILL_METRICS_PORT": str(metrics_port + i)} if metrics_port else env
+        schedulers.append(Child(f"scheduler-{i}", argv, senv, logs / f"scheduler-{i}.log"))
     workers = []
     devices = list(gpus) or ["" for _ in range(shape.workers)]
     for i, device in enumerate(devices[: shape.workers]):
