@@ -122,7 +122,7 @@ requests = Table(
 
 
 # A generating request's tokens so far, one row per flush of the scheduler that runs it
-# (scheduler/generation/service.py, decision 32): what its stream delivered, read by a
+# (scheduler/runtime/generation/flusher.py, decision 32): what its stream delivered, read by a
 # stream that reconnects and by the next owner after a crash. Deleted in the
 # transaction that writes the request's final row to ``requests``.
 generation_progress = Table(
