@@ -13,8 +13,9 @@ does not count) over the requests it served is the core's cost per request; the
 harness's own share (building results) is small and the same in both trees.
 
 ``--baseline REV`` checks REV out in a temporary git worktree and runs this module there
-and here alternately, each round in a fresh process, so both trees see the same machine
-state; it prints the median, the fastest and the slowest round of each.
+and here alternately (each first every other round), each round in a fresh process, so
+both trees see the same machine state; it prints the median, the fastest and the
+slowest round of each.
 """
 
 from __future__ import annotations
@@ -207,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         got: dict[str, list[float]] = {name: [] for name, _ in trees}
         for r in range(args.rounds):
-            for name, tree in trees:
+            # Each tree goes first every other round: an order effect cancels out.
+            for name, tree in trees if r % 2 == 0 else trees[::-1]:
                 got[name].append(_run_in(tree, args, args.seed + r))
         print(json.dumps([_summary(name, got[name]) for name, _ in trees], indent=1))
     finally:
