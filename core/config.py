@@ -400,7 +400,7 @@ class SchedulerSettings(_Concern):
     # A version loaded on a worker stays at least this long before the least-recently-
     # used rule may unload it for another (s): a load costs seconds (an embedding model
     # 5-15 s on a CPU), so two versions taking turns must not spend the worker on
-    # loading (scheduler/residency.py, decision 30).
+    # loading (scheduler/core/residency.py, decision 30).
     model_min_residency_s: float = Field(30.0, ge=0)
 
 
@@ -415,7 +415,7 @@ class WorkerSettings(_Concern):
     worker_socket: str = ""
     # Benchmarks: the model's per-batch measurements (CUDA events on) in every result.
     worker_stats: bool = False
-    # Set by the scheduler that spawns a worker (scheduler/workerpool.py): the key it
+    # Set by the scheduler that spawns a worker (scheduler/runtime/workerpool.py): the key it
     # proves itself with (hex) and the scheduler's pid (the worker dies with it).
     worker_authkey: str = Field("", repr=False)
     worker_parent_pid: int = 0
@@ -432,7 +432,7 @@ class WorkerSettings(_Concern):
     # one pool mixes kinds of GPU.
     worker_class: str = ""
     # What the versions loaded in one worker may hold together (MB); 0: no limit. Past
-    # it the scheduler unloads the least recently used one (scheduler/residency.py).
+    # it the scheduler unloads the least recently used one (scheduler/core/residency.py).
     worker_memory_mb: int = Field(0, ge=0)
     # The HTTP backend (workers/models/http_backend.py, decision 31): tries per call for
     # a transient failure (connection refused, timeout, 429, 5xx), failed calls in a row
@@ -533,7 +533,7 @@ class Settings(
     def batch_budgets(self) -> tuple[float, ...]:
         """The batch budget each tier's SLO implies, tightest first (``batch_budget_ms``
         alone when set): a model too slow for the tightest sizes its batches for the
-        tightest SLO it can meet (scheduler/costmodel.py)."""
+        tightest SLO it can meet (scheduler/core/costmodel.py)."""
         if self.batch_budget_ms > 0:
             return (self.batch_budget_ms,)
         slos = sorted(self.tier_slo_ms.values()) or [self.default_timeout_ms]

@@ -27,6 +27,7 @@ from sqlalchemy.dialects.postgresql import insert
 
 from core.errors import Conflict, NotFound
 from core.models.lifecycle import Change, ModelVersions
+from core.models.readiness import Readiness
 from core.models.registry import VersionRecord, VersionState
 from results.registry_schema import (
     model_audit,
@@ -246,20 +247,6 @@ def audit_log(conn: Connection, name: str | None = None, limit: int = 50) -> lis
 
 
 # ---- readiness (schedulers) ---------------------------------------------------------
-@dataclass(frozen=True)
-class Readiness:
-    """One scheduler's workers for one version."""
-
-    name: str
-    version: str
-    ready: int = 0
-    loading: int = 0
-    unavailable: int = 0
-    failed: int = 0
-    error: str | None = None
-    retry_after_s: float | None = None
-
-
 def report_readiness(conn: Connection, scheduler_id: str, rows: Iterable[Readiness]) -> None:
     """Replace this scheduler's readiness rows with ``rows``."""
     rows = list(rows)

@@ -4,9 +4,6 @@ queries are written against typed columns."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, TypedDict
-
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -27,6 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB, UUID
 
+from core.request_row import RequestRow
 from core.vocab import TIERS, RequestStatus
 
 metadata = MetaData()
@@ -124,7 +122,7 @@ requests = Table(
 
 
 # A generating request's tokens so far, one row per flush of the scheduler that runs it
-# (scheduler/generation/service.py, decision 32): what its stream delivered, read by a
+# (scheduler/runtime/generation/flusher.py, decision 32): what its stream delivered, read by a
 # stream that reconnects and by the next owner after a crash. Deleted in the
 # transaction that writes the request's final row to ``requests``.
 generation_progress = Table(
@@ -137,38 +135,6 @@ generation_progress = Table(
     Column("texts", JSONB, nullable=False),  # [str, ...]: the text each token released
     Column("written_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
-
-
-class RequestRow(TypedDict):
-    """One row of ``requests`` as the scheduler writes it: every column but
-    ``persisted_at``, which the database stamps. Checked against the table below."""
-
-    request_id: str
-    tenant_id: str
-    priority: str
-    model: str
-    model_version: str
-    params: dict[str, Any]
-    input: Any
-    status: RequestStatus
-    output: Any
-    output_vector: bytes | None
-    error: str | None
-    attempts: int
-    batch_id: str | None
-    batch_size: int | None
-    job_id: str | None
-    item_index: int | None
-    received_at: datetime
-    produced_at: datetime | None
-    consumed_at: datetime | None
-    batched_at: datetime | None
-    compute_start_at: datetime | None
-    compute_end_at: datetime | None
-    deadline_at: datetime | None
-    kafka_topic: str | None
-    kafka_partition: int | None
-    kafka_offset: int | None
 
 
 REQUEST_ROW_COLUMNS = tuple(RequestRow.__annotations__)

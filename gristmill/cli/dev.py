@@ -49,7 +49,7 @@ from gristmill.devservices.ports import port_free, port_holder
 from gristmill.devservices.stack import LOOPBACK_WEBHOOKS, api_command, scheduler_command
 from gristmill.devservices.stopsignals import StopSignals
 from gristmill.restarts import RestartPolicy
-from scheduler.service import SHUTDOWN_DRAIN_S
+from scheduler.runtime.service import SHUTDOWN_DRAIN_S
 
 # SIGTERM to SIGKILL for the API and the scheduler: the scheduler drains what it has
 # consumed (SHUTDOWN_DRAIN_S, 10 s), then finishes the batches on its workers, persists

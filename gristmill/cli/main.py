@@ -103,7 +103,7 @@ def scheduler(
     socket_dir: Path = typer.Option(Path(".gristmill/run"), help="where the worker socket lives"),
 ) -> None:
     """Run a scheduler (Kafka consumer group member) with its local workers."""
-    from scheduler.service import SchedulerService
+    from scheduler.runtime.service import SchedulerService
 
     _logging()
     settings = load_settings()

@@ -2,7 +2,7 @@
 
 It runs the project's own pure policy code, unchanged, where the real processes run
 it: per-tenant rate limits (ingest/ratelimit.py) and admission (ingest/admission.py)
-in each API instance; in each scheduler the dispatch core (scheduler/dispatch.py, or
+in each API instance; in each scheduler the dispatch core (scheduler/core/dispatch.py, or
 another ``Dispatch``: gristmill/simulate/dispatch.py) with its batcher, flush rule,
 fairness, stagger, retries, offsets, cost model, capacity and load reports, and the
 partition backpressure. What it replaces by numbers is I/O: Kafka's transit,
@@ -32,9 +32,9 @@ from gristmill.simulate.report import ORDER_WINDOW_S, Result
 from gristmill.simulate.scenario import Scenario
 from ingest.admission import Admission, LoadView
 from ingest.ratelimit import TenantLimiter
-from scheduler.batcher import BatchKey, Pending
-from scheduler.dispatch import InFlight, Worker, Write
-from scheduler.offsets import TopicPartition
+from scheduler.core.batcher import BatchKey, Pending
+from scheduler.core.offsets import TopicPartition
+from scheduler.core.plans import InFlight, Worker, Write
 
 MODEL = "model"
 VERSION = "1"

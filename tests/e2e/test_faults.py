@@ -33,7 +33,7 @@ from gristmill.chaos.rig import Rig, own_services, running_rig
 from gristmill.devservices.procs import sigkill, wait_gone
 from results.db import make_engine
 from results.schema import batches, requests
-from scheduler.lane import lane_specs
+from scheduler.runtime.lane import lane_specs
 
 POISON = "§poison§"
 pytestmark = pytest.mark.slow

@@ -36,8 +36,8 @@ from results.db import make_engine, sqlalchemy_url
 from results.schema import idempotency_keys, requests
 from results.store import write_results
 from results.tenants import Tenant, create_tenant
-from scheduler.batcher import Batch, BatchKey, Pending
-from scheduler.rows import batch_row, succeeded_rows
+from scheduler.core.batcher import Batch, BatchKey, Pending
+from scheduler.runtime.rows import batch_row, succeeded_rows
 
 SETTINGS = Settings()
 SPECS = build_specs(SETTINGS)

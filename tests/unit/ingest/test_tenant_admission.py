@@ -13,9 +13,9 @@ from ingest.admission import (
     own_queue_now,
     share_ahead,
 )
-from scheduler.batcher import Batcher, BatchKey, FlushPolicy
-from scheduler.costmodel import CostModel
-from scheduler.load_report import tenant_backlog
+from scheduler.core.batcher import Batcher, BatchKey, FlushPolicy
+from scheduler.core.costmodel import CostModel
+from scheduler.core.load_report import tenant_backlog
 from tests.unit.helpers import pending
 
 
