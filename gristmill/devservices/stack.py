@@ -105,10 +105,12 @@ def local_services(
     n_brokers: int = 1,
     kafka_config: Mapping[str, object] | None = None,
     external: bool = True,
+    durable: bool = False,
 ) -> Iterator[Services]:
     """``kafka_config`` adds broker settings (e.g. a shorter broker session for chaos runs).
     ``external``: use ``KAFKA_BOOTSTRAP`` / ``DATABASE_URL`` when they are set; False:
-    always start local servers."""
+    always start local servers. ``durable``: PostgreSQL flushes its commits to disk, as
+    ``gristmill dev``'s does (tests skip that for speed; benchmarks of slow commits need it)."""
     kafka = pg = None
     env = os.environ if external else {}
     try:
@@ -125,7 +127,7 @@ def local_services(
             # private (0700) temp folders: give it a traversable one of its own.
             pg_dir = Path(tempfile.mkdtemp(prefix="gristmill-pg-"))
             pg_dir.chmod(0o711)
-            pg = PostgresServer(pg_dir, fast=True)
+            pg = PostgresServer(pg_dir, fast=not durable)
             pg.start()
             url = pg.url
         yield Services(bootstrap, url, kafka, pg)
