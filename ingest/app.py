@@ -32,6 +32,7 @@ from ingest import (
 )
 from ingest.auth import Authenticator, AuthGate
 from ingest.catalog import ModelCatalog
+from ingest.db_health import DatabaseHealth
 from ingest.fast_path import InferFastPath
 from ingest.http import BodyLimit, ErrorGuard, install_error_handlers
 from ingest.job_submit import JobPublisher
@@ -118,11 +119,17 @@ def create_app(settings: Settings) -> FastAPI:
                 settings.max_follow_streams, settings.max_follow_streams_per_tenant
             ),
         )
+        # Every sign of the database feeds one judgement (ingest/db_health.py): the
+        # probe, the load watch's heartbeat commits, the result announcements heard.
+        health = DatabaseHealth(stale_s=settings.load_report_stale_s)
+        state.load.health = health
+        waiter.on_heard = health.heard
         readiness = Readiness(
             engine,
             refresh_s=settings.readyz_refresh_s,
             listening=waiter.listening.is_set,
             revocations=lambda: state.auth.listening,
+            health=health,
         )
         app.state.gristmill = state
         app.state.readiness = readiness
