@@ -123,6 +123,7 @@ def create_app(settings: Settings) -> FastAPI:
         # probe, the load watch's heartbeat commits, the result announcements heard.
         health = DatabaseHealth(stale_s=settings.load_report_stale_s)
         state.load.health = health
+        state.catalog.health = health
         waiter.on_heard = health.heard
         readiness = Readiness(
             engine,

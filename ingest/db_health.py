@@ -7,8 +7,8 @@ commits still land a moment later (issue 30, decision 39). So the probe is one s
 among several:
 
 * **answered**: a query of this instance came back - the readiness probe, or the load
-  watch's heartbeat, a write committed four times a second (its time is the commit
-  latency this instance measures);
+  watch's heartbeat, a write committed four times a second (its time, and the age of
+  one under way, is the commit latency this instance measures: ``commit_s``);
 * **heard**: a result announcement arrived - someone's commit went through;
 * **timed out**: a probe got no answer in time;
 * **failed**: a query of this instance failed outright (refused, reset, an error).
@@ -23,6 +23,7 @@ and nothing answered since, and *ok* otherwise. Only *down* makes the instance u
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Literal
 
 State = Literal["ok", "slow", "down"]
@@ -40,6 +41,8 @@ class DatabaseHealth:
         self.timed_out_at: float | None = None
         self.failed_at: float | None = None
         self.latency_ms: float | None = None  # smoothed, of answered queries that were timed
+        self._commits: deque[tuple[float, float]] = deque()  # (when, seconds) of writes
+        self._writing_since: float | None = None  # a timed write under way since
 
     def answered(self, now: float, seconds: float | None = None) -> None:
         self.answered_at = now
@@ -48,6 +51,25 @@ class DatabaseHealth:
             self.latency_ms = (
                 ms if self.latency_ms is None else self.latency_ms + ALPHA * (ms - self.latency_ms)
             )
+
+    def writing(self, now: float) -> None:
+        """A write of this instance (the heartbeat) begins; ``committed`` ends it."""
+        self._writing_since = now
+
+    def committed(self, now: float, seconds: float) -> None:
+        self._writing_since = None
+        self._commits.append((now, seconds))
+        self.answered(now, seconds)
+
+    def commit_s(self, now: float) -> float:
+        """How long a commit takes now, as measured: the slowest of the writes that ended
+        within ``stale_s``, or the age of the one under way if that is longer (during a
+        stall no write ends, and this grows with it)."""
+        while self._commits and now - self._commits[0][0] > self.stale_s:
+            self._commits.popleft()
+        done = max((s for _, s in self._commits), default=0.0)
+        running = 0.0 if self._writing_since is None else now - self._writing_since
+        return max(done, running)
 
     def heard(self, now: float) -> None:
         self.heard_at = now
@@ -68,3 +90,25 @@ class DatabaseHealth:
         if self.timed_out_at is not None and (answered is None or self.timed_out_at >= answered):
             return "slow"
         return "ok"
+
+
+def report_window_s(stale_s: float, commit_s: float) -> float:
+    """How old a periodic report in the database may look before its writer counts as
+    gone, when commits take ``commit_s``: a report is stamped when its transaction
+    starts and shows one commit later, and its writer starts the next one only after
+    that commit, so between two that land its stamp ages by up to two commits more
+    than with instant commits. A report older than that was not written: its writer
+    is gone (decision 39)."""
+    return stale_s + 2 * commit_s
+
+
+def too_slow_to_store(deadline_s: float, commit_s: float, least_s: float) -> str | None:
+    """Why a request cannot be answered in time when storing its result alone takes
+    ``commit_s`` on top of the least the model takes (``least_s``); None when it can.
+    A slow commit that leaves time is no reason to refuse: the answer is only later."""
+    if commit_s <= 0 or deadline_s >= least_s + commit_s:
+        return None
+    return (
+        f"cannot finish within its deadline of {deadline_s * 1000:.0f} ms while the "
+        f"database takes {commit_s * 1000:.0f} ms to store a result; retry shortly"
+    )

@@ -74,6 +74,8 @@ class LoadWatch:
         while True:
             self.refreshes += 1
             t0 = time.monotonic()
+            if self.health is not None:
+                self.health.writing(t0)
             try:
                 await self.refresh(publish=(self.refreshes - 1) % every == 0)
             except asyncio.CancelledError:
@@ -83,5 +85,5 @@ class LoadWatch:
             else:
                 if self.health is not None:
                     now = time.monotonic()
-                    self.health.answered(now, now - t0)
+                    self.health.committed(now, now - t0)
             await asyncio.sleep(interval_s)
