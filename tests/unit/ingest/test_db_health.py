@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from ingest.db_health import DatabaseHealth
+import time
+
+import pytest
+
+from core.config import Settings
+from core.errors import Unavailable
+from ingest.db_health import DatabaseHealth, report_window_s, too_slow_to_store
+from ingest.load_watch import LoadWatch
+from ingest.policy import check_admission
+from ingest.ratelimit import TenantLimiter
+from results.tenants import Tenant
 
 
 def test_down_until_the_database_first_answers() -> None:
@@ -52,3 +62,47 @@ def test_latency_is_smoothed_over_answers() -> None:
     assert h.latency_ms is not None and 10 < h.latency_ms < 110
     h.answered(3.0)  # an answer without a time leaves the reading as it was
     assert h.latency_ms is not None and 10 < h.latency_ms < 110
+
+
+def test_commit_time_is_the_slowest_recent_write_or_the_one_under_way() -> None:
+    h = DatabaseHealth(stale_s=5.0)
+    assert h.commit_s(0.0) == 0.0
+    h.writing(1.0)
+    h.committed(1.004, 0.004)
+    h.writing(1.25)
+    h.committed(1.55, 0.3)  # a checkpoint's slow commit
+    assert h.commit_s(2.0) == pytest.approx(0.3)
+    h.writing(2.0)  # a stall: nothing comes back, and the measure grows with it
+    assert h.commit_s(4.5) == pytest.approx(2.5)
+    h.committed(9.0, 7.0)
+    assert h.commit_s(9.0) == pytest.approx(7.0)
+    assert h.commit_s(14.5) == 0.0  # older than the window: forgotten
+
+
+def test_reports_may_look_older_by_two_commits() -> None:
+    assert report_window_s(5.0, 0.0) == 5.0
+    assert report_window_s(5.0, 3.0) == 11.0
+
+
+def test_only_a_commit_that_alone_outlasts_the_deadline_refuses() -> None:
+    assert too_slow_to_store(1.0, 0.0, 0.12) is None
+    assert too_slow_to_store(1.0, 0.5, 0.12) is None  # slower, still in time: admitted
+    why = too_slow_to_store(1.0, 0.95, 0.12)
+    assert why is not None and "950 ms" in why and "1000 ms" in why
+    assert too_slow_to_store(5.0, 0.95, 0.12) is None  # a longer deadline still fits
+
+
+def test_admission_takes_the_commit_time_off_the_deadline() -> None:
+    settings = Settings()
+    watch = LoadWatch(None, settings, TenantLimiter())  # type: ignore[arg-type]
+    watch.health = DatabaseHealth(stale_s=settings.load_report_stale_s)
+    tenant = Tenant("t1", "t1", "enterprise", 1.0, None, None, None)
+    check_admission(watch, settings, tenant, "sim@1")  # nothing measured: admitted
+    now = time.monotonic()
+    watch.health.committed(now, 0.4)
+    check_admission(watch, settings, tenant, "sim@1")  # 400 ms of 1,000: admitted
+    watch.health.writing(now - 2.0)  # a write under way for 2 s: a stall
+    with pytest.raises(Unavailable) as err:
+        check_admission(watch, settings, tenant, "sim@1")
+    assert err.value.reason == "slow_database" and err.value.retry_after_s == pytest.approx(2, 0.1)
+    check_admission(watch, settings, tenant, "sim@1", timeout_ms=10_000)  # time enough
