@@ -8,6 +8,8 @@
 * ``broker``: SIGKILL of one of the three Kafka brokers; restarted after a while.
 * ``postgres``: a fast restart, or a crash (SIGKILL of every server process) and
   start; either way every connection breaks.
+* ``freeze-<kind>``: SIGSTOP and, after a short or a long pause, SIGCONT of one API
+  instance, scheduler, worker, broker or the PostgreSQL server (gristmill/chaos/freezes.py).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ import signal
 import time
 from dataclasses import dataclass
 
+from gristmill.chaos import freezes
 from gristmill.chaos.rig import Rig
 from gristmill.devservices.procs import alive, sigkill, wait_gone
 
-KINDS = ("scheduler", "worker", "api", "broker", "postgres")
+KILLS = ("scheduler", "worker", "api", "broker", "postgres")
+KINDS = (*KILLS, *freezes.FREEZE_KINDS)
 # How long the killed thing stays down before it is started again (seconds).
 DOWNTIME_S = {"scheduler": 1.0, "worker": 0.0, "api": 1.0, "broker": 3.0, "postgres": 1.0}
 
@@ -54,17 +58,22 @@ def plan(rounds: int, kinds: tuple[str, ...], rng: random.Random) -> list[str]:
     return out[:rounds]
 
 
-def available_kinds(rig: Rig) -> tuple[str, ...]:
+def available_kinds(rig: Rig, *, freezes_too: bool = True) -> tuple[str, ...]:
     kinds = ["scheduler", "worker", "api"]
     if rig.services.kafka is not None and rig.services.kafka.n_brokers >= 3:
         kinds.append("broker")  # one broker of a single-broker cluster is an outage
     if rig.services.postgres is not None:
         kinds.append("postgres")
+    if freezes_too:
+        kinds += [f"freeze-{k}" for k in kinds]
     return tuple(kinds)
 
 
 def inject(rig: Rig, kind: str, rnd: int, rng: random.Random) -> Fault:
-    """Kill, wait the kind's downtime, start again. Returns once restarted."""
+    """Kill, wait the kind's downtime, start again (or freeze and thaw). Returns once
+    restarted (thawed)."""
+    if kind in freezes.FREEZE_KINDS:
+        return _freeze(rig, kind, rnd, rng)
     down = DOWNTIME_S[kind]
     if kind == "scheduler":
         return _scheduler(rig, rnd, rng, down)
@@ -77,6 +86,17 @@ def inject(rig: Rig, kind: str, rnd: int, rng: random.Random) -> Fault:
     if kind == "postgres":
         return _postgres(rig, rnd, rng, down)
     raise ValueError(f"unknown fault kind {kind!r}")
+
+
+def _freeze(rig: Rig, kind: str, rnd: int, rng: random.Random) -> Fault:
+    seconds = freezes.pause_s(rng)
+    got = freezes.target(rig, kind, rng)
+    if got is None:
+        return Fault(rnd, kind, "-", time.time(), "nothing to freeze")
+    name, pids, group = got
+    f = Fault(rnd, kind, name, time.time(), f"SIGSTOP {seconds:g} s, pids {pids}")
+    freezes.freeze(pids, seconds, group=group)
+    return f
 
 
 def _scheduler(rig: Rig, rnd: int, rng: random.Random, down: float) -> Fault:

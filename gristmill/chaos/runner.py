@@ -21,6 +21,7 @@ from sqlalchemy import Engine
 
 from gristmill.chaos import faults as fault_mod
 from gristmill.chaos.audit import AuditResult, audit, fetch_job_ids, fetch_rows, unsettled
+from gristmill.chaos.chart import recovery_chart
 from gristmill.chaos.faults import Fault
 from gristmill.chaos.ledger import Ledger
 from gristmill.chaos.load import LoadGenerator
@@ -167,6 +168,7 @@ def _run(
     )
     ledger.write(workdir / "ledger.jsonl")
     (workdir / "faults.json").write_text(json.dumps([asdict(f) for f in done], indent=1))
+    recovery_chart([asdict(f) for f in done], workdir / "recovery.png")
     report = ChaosReport(
         faults=done,
         audit=result,

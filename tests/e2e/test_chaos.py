@@ -36,6 +36,31 @@ def test_short_chaos_run_loses_duplicates_and_corrupts_nothing(tmp_path: Path) -
     assert all(f.recovery_s is not None for f in report.faults)
 
 
+@pytest.mark.slow
+def test_short_chaos_run_with_freezes(tmp_path: Path) -> None:
+    # A frozen scheduler (past its consumer session: its partitions move while it
+    # sleeps, then it wakes with stale work), a frozen broker and a frozen database.
+    cfg = ChaosConfig(
+        rounds=3,
+        rate=20,
+        seed=11,
+        kinds=("freeze-scheduler", "freeze-broker", "freeze-postgres"),
+        workdir=tmp_path,
+        warmup_s=3,
+        calm_s=2,
+        progress=False,
+    )
+    report = run_chaos(cfg)
+    print(report.text())
+    t = report.audit.total
+    assert report.ok, report.text()
+    assert {f.kind for f in report.faults} == set(cfg.kinds)
+    assert all("SIGSTOP" in f.detail for f in report.faults)
+    assert t.accepted > 100 and t.persisted == t.accepted
+    assert all(f.recovery_s is not None for f in report.faults)
+    assert (report.workdir / "recovery.png").exists()
+
+
 # ---- the audit itself, on made-up ledgers (fast, no services) -------------------------
 
 
