@@ -61,6 +61,11 @@ class DatabaseHealth:
         self._commits.append((now, seconds))
         self.answered(now, seconds)
 
+    def stall_s(self, now: float) -> float:
+        """How long the write under way has waited so far (0 when none is): a lower
+        bound on what any commit takes now, certain rather than remembered."""
+        return 0.0 if self._writing_since is None else max(0.0, now - self._writing_since)
+
     def commit_s(self, now: float) -> float:
         """How long a commit takes now, as measured: the slowest of the writes that ended
         within ``stale_s``, or the age of the one under way if that is longer (during a
@@ -68,8 +73,7 @@ class DatabaseHealth:
         while self._commits and now - self._commits[0][0] > self.stale_s:
             self._commits.popleft()
         done = max((s for _, s in self._commits), default=0.0)
-        running = 0.0 if self._writing_since is None else now - self._writing_since
-        return max(done, running)
+        return max(done, self.stall_s(now))
 
     def heard(self, now: float) -> None:
         self.heard_at = now
@@ -105,7 +109,9 @@ def report_window_s(stale_s: float, commit_s: float) -> float:
 def too_slow_to_store(deadline_s: float, commit_s: float, least_s: float) -> str | None:
     """Why a request cannot be answered in time when storing its result alone takes
     ``commit_s`` on top of the least the model takes (``least_s``); None when it can.
-    A slow commit that leaves time is no reason to refuse: the answer is only later."""
+    A slow commit that leaves time is no reason to refuse: the answer is only later.
+    Admission passes the stall under way (``stall_s``), not the slowest recent commit:
+    a refusal must be for a loss that is certain, and ends with the stall."""
     if commit_s <= 0 or deadline_s >= least_s + commit_s:
         return None
     return (

@@ -70,10 +70,10 @@ def check_admission(
     cls_ = TIER_TO_CLASS[tenant.tier]
     timeout = timeout_ms or settings.tier_slo_ms.get(tenant.tier, settings.default_timeout_ms)
     now = time.monotonic()
-    # Storing the result is part of every request's time: the commit time this instance
-    # measures comes off the deadline, and refuses only what it alone makes late
-    # (ingest/db_health.py, decision 39).
-    commit_s = load.health.commit_s(now) if load.health is not None else 0.0
+    # Storing the result is part of every request's time: a commit of this instance
+    # stalled for longer than a deadline leaves refuses what it alone makes late; it
+    # comes off the deadline of the rest (ingest/db_health.py, decision 39).
+    commit_s = load.health.stall_s(now) if load.health is not None else 0.0
     if commit_s > 0:
         capacity = load.view.capacity.get(model_ref) if load.view is not None else None
         margin_s = settings.deadline_margin_ms / 1000

@@ -99,10 +99,14 @@ def test_admission_takes_the_commit_time_off_the_deadline() -> None:
     tenant = Tenant("t1", "t1", "enterprise", 1.0, None, None, None)
     check_admission(watch, settings, tenant, "sim@1")  # nothing measured: admitted
     now = time.monotonic()
-    watch.health.committed(now, 0.4)
+    watch.health.committed(now, 3.0)
+    check_admission(watch, settings, tenant, "sim@1")  # a past slow commit: admitted
+    watch.health.writing(now - 0.4)
     check_admission(watch, settings, tenant, "sim@1")  # 400 ms of 1,000: admitted
     watch.health.writing(now - 2.0)  # a write under way for 2 s: a stall
     with pytest.raises(Unavailable) as err:
         check_admission(watch, settings, tenant, "sim@1")
     assert err.value.reason == "slow_database" and err.value.retry_after_s == pytest.approx(2, 0.1)
     check_admission(watch, settings, tenant, "sim@1", timeout_ms=10_000)  # time enough
+    watch.health.committed(time.monotonic(), 2.1)  # the stall ends: admitted at once
+    check_admission(watch, settings, tenant, "sim@1")
