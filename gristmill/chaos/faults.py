@@ -10,6 +10,9 @@
   start; either way every connection breaks.
 * ``freeze-<kind>``: SIGSTOP and, after a short or a long pause, SIGCONT of one API
   instance, scheduler, worker, broker or the PostgreSQL server (gristmill/chaos/freezes.py).
+* ``cut-scheduler`` / ``cut-api``: the scheduler or API that runs in a network namespace
+  of its own is cut off from Kafka, PostgreSQL or both for ``CUT_S``, then joined again
+  (gristmill/chaos/netns.py; only where the machine allows namespaces).
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ from gristmill.chaos.rig import Rig
 from gristmill.devservices.procs import alive, sigkill, wait_gone
 
 KILLS = ("scheduler", "worker", "api", "broker", "postgres")
-KINDS = (*KILLS, *freezes.FREEZE_KINDS)
+# Partitions: a scheduler or API in a network namespace cut off from Kafka, PostgreSQL
+# or both for CUT_S (past the 6 s consumer session), then joined again (chaos/netns.py).
+CUTS = ("cut-scheduler", "cut-api")
+CUT_S = 8.0
+KINDS = (*KILLS, *freezes.FREEZE_KINDS, *CUTS)
 # How long the killed thing stays down before it is started again (seconds).
 DOWNTIME_S = {"scheduler": 1.0, "worker": 0.0, "api": 1.0, "broker": 3.0, "postgres": 1.0}
 
@@ -66,7 +73,16 @@ def available_kinds(rig: Rig, *, freezes_too: bool = True) -> tuple[str, ...]:
         kinds.append("postgres")
     if freezes_too:
         kinds += [f"freeze-{k}" for k in kinds]
+    for cut in CUTS:
+        if _isolated(rig, cut):
+            kinds.append(cut)
     return tuple(kinds)
+
+
+def _isolated(rig: Rig, kind: str) -> list[str]:
+    """The processes a ``cut-*`` fault of ``kind`` may cut off."""
+    names = rig.schedulers if kind == "cut-scheduler" else rig.apis
+    return [n for n in names if n in rig.nets]
 
 
 def inject(rig: Rig, kind: str, rnd: int, rng: random.Random) -> Fault:
@@ -74,6 +90,8 @@ def inject(rig: Rig, kind: str, rnd: int, rng: random.Random) -> Fault:
     restarted (thawed)."""
     if kind in freezes.FREEZE_KINDS:
         return _freeze(rig, kind, rnd, rng)
+    if kind in CUTS:
+        return _cut(rig, kind, rnd, rng)
     down = DOWNTIME_S[kind]
     if kind == "scheduler":
         return _scheduler(rig, rnd, rng, down)
@@ -96,6 +114,21 @@ def _freeze(rig: Rig, kind: str, rnd: int, rng: random.Random) -> Fault:
     name, pids, group = got
     f = Fault(rnd, kind, name, time.time(), f"SIGSTOP {seconds:g} s, pids {pids}")
     freezes.freeze(pids, seconds, group=group)
+    return f
+
+
+def _cut(rig: Rig, kind: str, rnd: int, rng: random.Random) -> Fault:
+    name = rng.choice(_isolated(rig, kind))
+    net = rig.nets[name]
+    services = rng.choice((("kafka",), ("postgres",), ("kafka", "postgres")))
+    f = Fault(rnd, kind, name, time.time(), f"cut from {'+'.join(services)} {CUT_S:g} s")
+    for service in services:
+        net.cut(service)
+    try:
+        time.sleep(CUT_S)
+    finally:
+        for service in services:
+            net.heal(service)
     return f
 
 

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,13 +165,15 @@ class System:
         port: int | None = None,
         processes: int = 1,
         cli: bool = False,
+        prefix: Sequence[str] = (),
     ) -> str:
         """Start an API process (``processes`` uvicorn processes on one port); ``port``
-        restarts one where clients expect it; ``cli``: by ``gristmill api``."""
+        restarts one where clients expect it; ``cli``: by ``gristmill api``; ``prefix``
+        runs the command (e.g. in a network namespace: gristmill/chaos/netns.py)."""
         port = port or free_port()
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
-            cli_api_command(port, processes) if cli else api_command(port, processes),
+            [*prefix, *(cli_api_command(port, processes) if cli else api_command(port, processes))],
             env={**self.env, **multiprocess_env(self.workdir / f"{name}.metrics"), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -199,6 +201,7 @@ class System:
         workers: int = 2,
         models: str = "sim,all-minilm-l6-v2",
         env: dict[str, str] | None = None,
+        prefix: Sequence[str] = (),
     ) -> None:
         run_dir = self.workdir / f"run-{name}"
         if len(str(run_dir / "workers.sock")) > 100:  # AF_UNIX socket paths are short
@@ -206,7 +209,7 @@ class System:
             self.tmp_dirs.append(run_dir)
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
-            scheduler_command(workers, models, run_dir),
+            [*prefix, *scheduler_command(workers, models, run_dir)],
             env={**self.env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,

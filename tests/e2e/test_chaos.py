@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from core.models.sim import sim_output
+from gristmill.chaos import netns
 from gristmill.chaos.audit import Row, audit
 from gristmill.chaos.ledger import JobOutcome, Outcome
 from gristmill.chaos.runner import ChaosConfig, run_chaos
@@ -59,6 +60,30 @@ def test_short_chaos_run_with_freezes(tmp_path: Path) -> None:
     assert t.accepted > 100 and t.persisted == t.accepted
     assert all(f.recovery_s is not None for f in report.faults)
     assert (report.workdir / "recovery.png").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not netns.available(), reason="no network namespaces here (root, iproute2)")
+def test_short_chaos_run_with_partitions(tmp_path: Path) -> None:
+    # The scheduler and the API that run in namespaces of their own are cut off from
+    # Kafka, PostgreSQL or both for 8 s each, then joined again.
+    cfg = ChaosConfig(
+        rounds=2,
+        rate=20,
+        seed=5,
+        kinds=("cut-scheduler", "cut-api"),
+        workdir=tmp_path,
+        warmup_s=3,
+        calm_s=2,
+        progress=False,
+    )
+    report = run_chaos(cfg)
+    print(report.text())
+    t = report.audit.total
+    assert report.ok, report.text()
+    assert {f.kind for f in report.faults} == set(cfg.kinds)
+    assert all(f.detail.startswith("cut from") for f in report.faults)
+    assert t.accepted > 100 and t.persisted == t.accepted
 
 
 # ---- the audit itself, on made-up ledgers (fast, no services) -------------------------
