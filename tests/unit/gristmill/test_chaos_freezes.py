@@ -43,11 +43,16 @@ def test_a_frozen_process_is_stopped_for_the_pause_and_runs_after() -> None:
 
 def test_every_kind_has_its_freeze_and_the_plan_stays_balanced() -> None:
     rig = SimpleNamespace(
-        services=SimpleNamespace(kafka=SimpleNamespace(n_brokers=3), postgres=object())
+        services=SimpleNamespace(kafka=SimpleNamespace(n_brokers=3), postgres=object()),
+        schedulers=["sched-a", "sched-b"],
+        apis=["api-a", "api-b"],
+        nets={},
     )
     kinds = faults.available_kinds(rig)  # type: ignore[arg-type]
     assert set(freezes.FREEZE_KINDS) <= set(kinds)
-    assert set(faults.KINDS) == set(kinds)
+    assert set(faults.KINDS) - set(kinds) == set(faults.CUTS)  # no namespaces: no cuts
+    rig.nets = {"sched-b": object(), "api-b": object()}
+    assert set(faults.KINDS) == set(faults.available_kinds(rig))  # type: ignore[arg-type]
     only_kills = faults.available_kinds(rig, freezes_too=False)  # type: ignore[arg-type]
     assert not set(only_kills) & set(freezes.FREEZE_KINDS)
     plan = faults.plan(50, kinds, random.Random(3))
