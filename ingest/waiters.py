@@ -137,7 +137,7 @@ class ResultWaiter:
         if self.on_heard is not None:
             self.on_heard(time.monotonic())
         try:
-            rows, ids = announce.parse(payload)
+            rows, ids = announce.parse(payload, self._waiting)
         except (ValueError, KeyError, TypeError) as exc:  # not ours: the poll covers it
             log.warning("unreadable result announcement (%s)", exc)
             return

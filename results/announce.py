@@ -15,7 +15,7 @@ See docs/decisions/0003-results-announced-by-notify.md.
 from __future__ import annotations
 
 import binascii
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -126,11 +126,17 @@ def payloads(results: Iterable[bytes], ids: Iterable[str]) -> list[str]:
     return out
 
 
-def parse(payload: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """(answers as rows, like a fetched row; ids to fetch) from one payload."""
+def parse(
+    payload: str, wanted: Container[str] | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """(answers as rows, like a fetched row; ids to fetch) from one payload. With
+    ``wanted``, only the answers whose request id it holds are made into rows: every API
+    process hears every announcement, and most answers are another process's."""
     data = orjson.loads(payload)
     rows = []
     for r in data["results"]:
+        if wanted is not None and r["request_id"] not in wanted:
+            continue
         for k in (*TIMES, "persisted_at"):
             v = r[k]
             r[k] = None if v is None else datetime.fromtimestamp(v, UTC)
