@@ -1,7 +1,8 @@
 """Recovery times of a chaos run, charted: one column of points per fault kind (each
 fault a point), the time until every loaded partition and every API served again.
-For a freeze the time runs from the SIGSTOP, so it holds the pause itself; the chart
-also marks what the recovery took after the SIGCONT.
+For a freeze or a cut the time runs from the SIGSTOP (the cut), so it holds the pause
+itself; the chart also marks what the recovery took after the SIGCONT (the heal): 0
+where the others served every partition and API while it was out.
 
     python -m gristmill.chaos.chart .gristmill/chaos/<run>/faults.json   # redraw
 
@@ -16,11 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-_PAUSE = re.compile(r"SIGSTOP ([\d.]+) s")
+_PAUSE = re.compile(r"(?:SIGSTOP|cut from \S+) ([\d.]+) s")
 
 
 def pause_s(detail: str) -> float:
-    """The freeze's pause, from its fault's detail; 0 for a kill. Pure."""
+    """How long a freeze or a cut lasted, from its fault's detail; 0 for a kill. Pure."""
     m = _PAUSE.search(detail)
     return float(m[1]) if m else 0.0
 
@@ -47,10 +48,13 @@ def recovery_chart(faults: list[dict[str, Any]], path: Path) -> bool:
             total = max(r for r in rec if r is not None)
             pause = pause_s(f.get("detail", ""))
             ax.scatter(x + jitter, total, color="tab:blue", s=14)
-            if pause:
-                ax.scatter(x + jitter, total - pause, color="tab:orange", s=10, marker="v")
+            if pause:  # 0: the others served on while it was frozen or cut off
+                after = max(0.0, total - pause)
+                ax.scatter(x + jitter, after, color="tab:orange", s=10, marker="v")
     ax.scatter([], [], color="tab:blue", s=14, label="recovery from the fault")
-    ax.scatter([], [], color="tab:orange", s=10, marker="v", label="freeze: after SIGCONT")
+    ax.scatter(
+        [], [], color="tab:orange", s=10, marker="v", label="freeze / cut: after SIGCONT / heal"
+    )
     ax.set_xticks(range(len(kinds)), kinds, rotation=30, ha="right")
     ax.set(ylabel="seconds until every partition and API served again")
     ax.grid(alpha=0.3)

@@ -70,6 +70,7 @@ def test_pauses_are_short_or_past_the_consumer_session() -> None:
 def test_the_recovery_chart_reads_a_freeze_pause(tmp_path: Path) -> None:
     assert pause_s("SIGSTOP 8 s, pids [12]") == 8.0
     assert pause_s("pid 12") == 0.0
+    assert pause_s("cut from kafka+postgres 8 s") == 8.0
     out = tmp_path / "recovery.png"
     rows = [
         {"kind": "api", "partitions_s": 1.0, "apis_s": 3.0, "detail": "pid 1"},
