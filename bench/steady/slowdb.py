@@ -28,7 +28,15 @@ from gristmill_client import Client
 from bench.steady import rig, slowdisk
 from bench.steady.report import minute_rows, save, window_rows
 from bench.steady.traffic import TrafficSpec, run_traffic
-from bench.steady.watch import Checkpoints, CommitProbe, Cpu, Readyz, Resources, Watchers
+from bench.steady.watch import (
+    Checkpoints,
+    CommitProbe,
+    Cpu,
+    PySpyDumps,
+    Readyz,
+    Resources,
+    Watchers,
+)
 from gristmill.devservices.stack import System
 
 FINAL = ("completed", "failed", "cancelled", "expired")
@@ -115,7 +123,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 samplers.append(checkpoints)
         job = JobRun(system, args.job_items, job_file)
         t0 = time.time()
-        with Watchers(*samplers):
+        dumps = [PySpyDumps(lambda: rig.roots(system), args.dump_at, work)] if args.dump_at else []
+        with Watchers(*samplers, *dumps):
             job.start()
             traffic = run_traffic(spec, processes=args.clients)
         lag.close()
@@ -178,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--api-processes", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--clients", type=int, default=1, help="load-generator processes")
+    ap.add_argument(
+        "--dump-at",
+        type=float,
+        action="append",
+        default=[],
+        help="seconds into the run for a py-spy dump of every Python process (repeatable)",
+    )
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -15,9 +15,13 @@ list of plain dicts, started and stopped with the run (``Watchers``).
 from __future__ import annotations
 
 import contextlib
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -70,6 +74,8 @@ class Readyz(Sampler):
             "t": t,
             "status": r.status_code,
             "database": body.get("checks", {}).get("database"),
+            "database_state": body.get("checks", {}).get("database_state"),
+            "database_ms": body.get("checks", {}).get("database_ms"),
             "answer_delay_ms": body.get("answer_delay_ms"),
             "loop_lag_ms": body.get("loop_lag_ms"),
         }
@@ -221,8 +227,40 @@ class Cpu(Sampler):
         return {"t": t, "cpu_s": {k: v["cpu_s"] for k, v in procs.items()}}
 
 
+class PySpyDumps(threading.Thread):
+    """``py-spy dump`` of every Python process of the system at the given seconds of the
+    run (what each thread was doing, for a diagnosis), into ``folder``."""
+
+    def __init__(self, roots: Callable[[], dict[str, int]], at_s: list[float], folder: Path):
+        super().__init__(name="py-spy", daemon=True)
+        self.roots, self.at_s, self.folder = roots, sorted(at_s), folder
+        self.start_mono = time.monotonic()
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        for at in self.at_s:
+            if self._halt.wait(max(0.0, self.start_mono + at - time.monotonic())):
+                return
+            out = []
+            for name, pid in self.roots().items():
+                if name.startswith(("kafka", "postgres")):
+                    continue
+                with contextlib.suppress(psutil.Error):
+                    for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+                        r = subprocess.run(
+                            [spy, "dump", "--pid", str(p.pid)], capture_output=True, text=True
+                        )
+                        out.append(f"=== {name} pid {p.pid} ===\n{r.stdout}{r.stderr}")
+            (self.folder / f"py-spy-{at:g}s.txt").write_text("\n".join(out))
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=60)
+
+
 class Watchers:
-    def __init__(self, *samplers: Sampler):
+    def __init__(self, *samplers: Sampler | PySpyDumps):
         self.samplers = list(samplers)
 
     def __enter__(self) -> Watchers:
