@@ -12,16 +12,33 @@ from typing import Any
 from bench.steady.charts import _latency, _plt, finish
 
 
+def _kind(label: str) -> str:
+    """A process's kind for the chart: its root, or the root's children as a group."""
+    root, _, child = label.partition("/")
+    if not child:
+        return root
+    return {"api": "API processes", "scheduler": "workers", "postgres": "PostgreSQL backends"}.get(
+        root, f"{root} children"
+    )
+
+
 def _rss(ax: Any, report: dict[str, Any]) -> None:
     start = report["start_wall"]
     res = report["resources"]
-    names = sorted({p for s in res for p in s["processes"]})
-    for name in names:
-        mine = [s for s in res if name in s["processes"]]
-        xs = [s["t"] - start for s in mine]
-        ax.plot(xs, [s["processes"][name]["rss_mb"] for s in mine], lw=0.9, label=name)
-    ax.set(ylabel="resident memory (MiB)", yscale="log")
-    ax.legend(fontsize=6, ncol=3, loc="upper left")
+    kinds = sorted({_kind(p) for s in res for p in s["processes"]})
+    xs = [s["t"] - start for s in res]
+    for kind in kinds:
+        ys = [
+            sum(
+                v.get("uss_mb") or v["rss_mb"]
+                for label, v in s["processes"].items()
+                if _kind(label) == kind
+            )
+            for s in res
+        ]
+        ax.plot(xs, ys, lw=0.9, label=kind)
+    ax.set(ylabel="private memory, USS (MiB, summed by kind)", yscale="log")
+    ax.legend(fontsize=7, ncol=3, loc="upper left")
     ax.grid(alpha=0.3)
 
 

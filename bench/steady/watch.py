@@ -163,8 +163,11 @@ class Resources(Sampler):
         dsn: str,
         lag: Callable[[], dict[str, int]] | None,
         period_s: float = 10.0,
+        private: bool = True,
     ):
+        """``private``: also each process's USS (reads /proc/PID/smaps: a few ms each)."""
         super().__init__(period_s, "resources")
+        self.private = private
         self.roots = roots
         self.dsn = dsn
         self.lag = lag
@@ -177,23 +180,27 @@ class Resources(Sampler):
             p = self._procs[pid] = psutil.Process(pid)
         return p
 
-    def processes(self) -> dict[str, dict[str, float]]:
-        """name -> rss_mb, cpu_s of each process; a root's children are "<name>/<n>"."""
+    def processes(self, private: bool | None = None) -> dict[str, dict[str, float]]:
         with self._lock:
-            return self._processes()
+            return self._processes(self.private if private is None else private)
 
-    def _processes(self) -> dict[str, dict[str, float]]:
+    def _processes(self, private: bool) -> dict[str, dict[str, float]]:
+        """Each process by "<root>" or "<root>/<pid>" (pids: labels stay the process's
+        own while others come and go): resident memory, private memory (USS: without the
+        shared pages - PostgreSQL's shared buffers count in every backend's RSS as it
+        touches them) and CPU seconds."""
         out: dict[str, dict[str, float]] = {}
         for name, pid in self.roots().items():
             with contextlib.suppress(psutil.Error):
                 root = self._proc(pid)
-                for i, p in enumerate([root, *root.children(recursive=True)]):
+                for p in [root, *root.children(recursive=True)]:
                     with contextlib.suppress(psutil.Error):
                         p = self._proc(p.pid)
                         cpu = p.cpu_times()
-                        label = name if i == 0 else f"{name}/{p.name()[:15]}-{i}"
-                        out[label] = {
-                            "rss_mb": round(p.memory_info().rss / 2**20, 1),
+                        mem = p.memory_full_info() if private else p.memory_info()
+                        out[name if p.pid == pid else f"{name}/{p.pid}"] = {
+                            "rss_mb": round(mem.rss / 2**20, 1),
+                            "uss_mb": round(getattr(mem, "uss", 0) / 2**20, 1),
                             "cpu_s": round(cpu.user + cpu.system, 2),
                         }
         return out
@@ -223,7 +230,7 @@ class Cpu(Sampler):
         self.resources = resources
 
     def sample(self, t: float) -> Sample:
-        procs = self.resources.processes()
+        procs = self.resources.processes(private=False)
         return {"t": t, "cpu_s": {k: v["cpu_s"] for k, v in procs.items()}}
 
 
