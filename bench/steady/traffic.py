@@ -1,7 +1,8 @@
 """Open-loop sync traffic for runs of minutes to hours, counted by the second.
 
-Like ``bench.openloop.run_load`` (requests start on schedule over bench/rawhttp.py and uvloop, latency from the intended
-send time, several client processes share one schedule), but what a long run needs to
+Like ``bench.openloop.run_load`` (requests start on schedule, over bench/rawhttp.py and
+uvloop; latency from the intended send time; several client processes share one
+schedule), but what a long run needs to
 show *when* something went wrong: every answer is counted in the second it was due, by
 outcome (``outcome``: 200, or the refusal's reason as the answer's message says it), and
 latencies of 200 answers go into one HdrHistogram per ``hist_s`` window. A client gives
