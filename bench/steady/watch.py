@@ -15,6 +15,7 @@ list of plain dicts, started and stopped with the run (``Watchers``).
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -245,7 +246,12 @@ class PySpyDumps(threading.Thread):
         self._halt = threading.Event()
 
     def run(self) -> None:
-        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        # On PATH, beside this interpreter, or in the bin/ of a venv on sys.path (a
+        # worktree's venv borrows the main one's packages).
+        bins = [str(Path(sys.executable).parent)]
+        bins += [str(Path(p).parents[2] / "bin") for p in sys.path if p.endswith("site-packages")]
+        path = os.pathsep.join([os.environ.get("PATH", ""), *bins])
+        spy = shutil.which("py-spy", path=path) or "py-spy"
         for at in self.at_s:
             if self._halt.wait(max(0.0, self.start_mono + at - time.monotonic())):
                 return
