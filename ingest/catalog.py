@@ -246,8 +246,14 @@ class ModelCatalog:
         """The spec of the version that answers ``name`` or ``name@version`` for this
         caller (ingest/routing.py). ``wait_for_workers``: a job's items may wait in Kafka
         for a version no worker serves yet (loading, or its upstream down), so only an
-        unknown or retired version is refused."""
-        await self.refresh()
+        unknown or retired version is refused.
+
+        Only a catalog never read waits for the registry here: otherwise the background
+        poll keeps it current (every ``refresh_s``, and on each announcement), and a
+        request never queues behind a registry read that a slow database holds up
+        (decision 39); a version the table does not serve still forces a fresh look."""
+        if self._fetched_at == float("-inf"):
+            await self.refresh()
         try:
             decision = self.decide(ref, tenant_id=tenant_id, idempotency_key=idempotency_key)
         except Unavailable:
