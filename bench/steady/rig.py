@@ -48,6 +48,10 @@ def dev_like_system(
         services = stack.enter_context(local_services(work, external=False, durable=True))
         env = {"GRISTMILL_TOPIC_PARTITIONS": str(partitions), **(extra_env or {})}
         system = build_system(services, work, sim_batch_ms=sim_batch_ms, extra_env=env)
+        with psycopg.connect(libpq_url(services.database_url), autocommit=True) as conn:
+            # Every autovacuum run in the server's log: a slow moment can be one.
+            conn.execute("ALTER SYSTEM SET log_autovacuum_min_duration = 0")
+            conn.execute("SELECT pg_reload_conf()")
         stack.callback(system.close)
         system.start_scheduler(workers=workers, models="sim")
         system.url = system.start_api(processes=api_processes)
@@ -206,18 +210,26 @@ _CHECKPOINT = re.compile(
 )
 
 
+_AUTOVACUUM = re.compile(
+    r"^(\S+ \S+) \S+ \[\d+\] LOG:  automatic (vacuum|analyze) of table \"([^\"]+)\""
+)
+
+
 def checkpoint_log(system: System) -> list[dict[str, Any]]:
-    """PostgreSQL's own record of each checkpoint (log_checkpoints is on by default)."""
+    """PostgreSQL's own record of each checkpoint (log_checkpoints is on by default) and
+    each autovacuum or autoanalyze run (when it ended)."""
     pg = system.services.postgres
     if pg is None or not pg.log_path.exists():
         return []
-    out = []
+    out: list[dict[str, Any]] = []
     for line in pg.log_path.read_text(errors="replace").splitlines():
         m = _CHECKPOINT.match(line)
         if m:
             out.append(
                 {"at": m[1], "write_s": float(m[2]), "sync_s": float(m[3]), "total_s": float(m[4])}
             )
+        elif a := _AUTOVACUUM.match(line):
+            out.append({"at": a[1], "auto": a[2], "table": a[3]})
     return out
 
 
