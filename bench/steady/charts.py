@@ -58,19 +58,14 @@ def _marks(axes: list[Any], report: dict[str, Any]) -> None:
             ax.axvline(job["submitted_at"] - start, color="black", lw=0.8, ls=":")
 
 
-def _latency(ax: Any, report: dict[str, Any], minute_s: float = 60.0) -> None:
-    rows = report["minutes_table"]
-    xs = [(r["minute"] - 0.5) * minute_s for r in rows]
+def _latency(ax: Any, report: dict[str, Any]) -> None:
+    rows = report.get("windows") or []
+    xs = [r["t0"] + r["seconds"] / 2 for r in rows]
     for key, style in (("p50_ms", ":"), ("p95_ms", "--"), ("p99_ms", "-")):
-        ax.plot(
-            xs,
-            [r[key] if r[key] is not None else float("nan") for r in rows],
-            style,
-            marker="o",
-            ms=3,
-            label=key[:-3],
-        )
-    ax.set(ylabel="sync latency of 200s (ms)", yscale="log")
+        ys = [r[key] if r[key] is not None else float("nan") for r in rows]
+        ax.plot(xs, ys, style, marker="o", ms=2, label=key[:-3])
+    step = rows[0]["seconds"] if rows else 0
+    ax.set(ylabel=f"sync latency of 200s per {step:g} s (ms)", yscale="log")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
 
@@ -101,7 +96,8 @@ def _database(ax: Any, report: dict[str, Any]) -> None:
     )
     down = [r["t"] - start for r in report.get("readyz", []) if r.get("status") != 200]
     if down:
-        ax.scatter(down, [1] * len(down), marker="x", color="tab:red", label="/readyz not 200")
+        label = "/readyz not 200 (or no answer in 2 s)"
+        ax.scatter(down, [1] * len(down), marker="x", color="tab:red", label=label)
     ax.set(ylabel="ms", yscale="symlog", xlabel="second of the run")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
