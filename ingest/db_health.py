@@ -56,6 +56,12 @@ class DatabaseHealth:
         """A write of this instance (the heartbeat) begins; ``committed`` ends it."""
         self._writing_since = now
 
+    def write_failed(self) -> None:
+        """The write under way failed: it is no longer under way (the probe, not the
+        heartbeat, judges whether the database fails: a heartbeat can fail for its own
+        reasons)."""
+        self._writing_since = None
+
     def committed(self, now: float, seconds: float) -> None:
         self._writing_since = None
         self._commits.append((now, seconds))

@@ -82,6 +82,8 @@ class LoadWatch:
                 raise
             except Exception as exc:  # keep the last view; PostgreSQL may be restarting
                 log.warning("load refresh failed: %s", exc)
+                if self.health is not None:
+                    self.health.write_failed()
             else:
                 if self.health is not None:
                     now = time.monotonic()

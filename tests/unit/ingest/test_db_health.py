@@ -79,6 +79,13 @@ def test_commit_time_is_the_slowest_recent_write_or_the_one_under_way() -> None:
     assert h.commit_s(14.5) == 0.0  # older than the window: forgotten
 
 
+def test_a_failed_write_is_not_a_stall() -> None:
+    h = DatabaseHealth(stale_s=5.0)
+    h.writing(1.0)
+    h.write_failed()
+    assert h.stall_s(9.0) == 0.0
+
+
 def test_reports_may_look_older_by_two_commits() -> None:
     assert report_window_s(5.0, 0.0) == 5.0
     assert report_window_s(5.0, 3.0) == 11.0
