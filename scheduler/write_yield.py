@@ -20,6 +20,7 @@ stays slow becomes the baseline within ``HISTORY`` sync writes, so jobs resume.
 from __future__ import annotations
 
 import statistics
+import threading
 from collections import deque
 
 # Sync writes whose durations make the baseline: a few seconds of traffic.
@@ -33,30 +34,38 @@ MIN_HISTORY = 8
 
 
 class WriteYield:
+    """Told by the persist threads; asked by the pool (its own lock: the threads run at
+    once)."""
+
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self._sync: deque[float] = deque(maxlen=HISTORY)
         self._baseline: float | None = None
         self._sync_since: float | None = None  # a sync write under way since (monotonic)
 
     def sync_started(self, now: float) -> None:
-        self._sync_since = now
+        with self._lock:
+            self._sync_since = now
 
     def sync_finished(self, seconds: float) -> None:
-        self._sync_since = None
-        self._sync.append(seconds)
-        if len(self._sync) >= MIN_HISTORY:
-            self._baseline = statistics.median(self._sync)
+        with self._lock:
+            self._sync_since = None
+            self._sync.append(seconds)
+            if len(self._sync) >= MIN_HISTORY:
+                self._baseline = statistics.median(self._sync)
 
     def sync_failed(self) -> None:
         """The write under way failed (it is retried, and timed again)."""
-        self._sync_since = None
+        with self._lock:
+            self._sync_since = None
 
     def slow(self, now: float) -> bool:
-        if self._baseline is None:
-            return False
-        last = self._sync[-1] if self._sync else 0.0
-        running = 0.0 if self._sync_since is None else now - self._sync_since
-        return max(last, running) > SLOW_FACTOR * self._baseline
+        with self._lock:
+            if self._baseline is None:
+                return False
+            last = self._sync[-1] if self._sync else 0.0
+            running = 0.0 if self._sync_since is None else now - self._sync_since
+            return max(last, running) > SLOW_FACTOR * self._baseline
 
     def hold_job(self, now: float, *, sync_busy: bool, jobs_running: int) -> bool:
         """Whether a job write must wait before it starts: only while commits are slow,
