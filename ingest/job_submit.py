@@ -20,7 +20,7 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -40,7 +40,7 @@ from ingest import job_quota
 from ingest.destinations import AllowList, check_addresses, parse_destination
 from ingest.job_pacing import PUBLISH_SLICE, Pacer
 from ingest.job_schemas import JobBody, JobOptions, check_metadata, validate
-from ingest.job_upload import ItemStager, Staged, body_chunks
+from ingest.job_upload import Item, ItemStager, Staged, body_chunks
 from ingest.webhook_client import NotResolved, resolve
 from results.db import make_engine
 from results.job_items import copy_items, unsent_page
@@ -357,9 +357,12 @@ class JobPublisher:
             )
         )
 
-    async def publish(self, job_id: str) -> int:
+    async def publish(self, job_id: str, staged: Staged | None = None) -> int:
+        """``staged``: the new job's staged file, read instead of its rows."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.publish_sync, job_id)
+        return await loop.run_in_executor(
+            self._executor, lambda: self.publish_sync(job_id, staged=staged)
+        )
 
     async def claim_stale(self) -> str | None:
         loop = asyncio.get_running_loop()
@@ -367,10 +370,17 @@ class JobPublisher:
             self._executor, claim_stale, self.engine, self.settings.submit_stale_s
         )
 
-    def publish_sync(self, job_id: str, *, progress: Callable[[int], None] | None = None) -> int:
+    def publish_sync(
+        self,
+        job_id: str,
+        *,
+        progress: Callable[[int], None] | None = None,
+        staged: Staged | None = None,
+    ) -> int:
         """Produce every item whose current attempt has no result yet (all of them for a
-        new job; the unfinished ones after a crash or a retry). Blocking. Returns how
-        many items were produced."""
+        new job; the unfinished ones after a crash or a retry). A new job's items come
+        from its staged file when given (the same rows the COPY wrote, none of them sent
+        yet), else from PostgreSQL. Blocking. Returns how many items were produced."""
         topic = request_topic(self.settings, "jobs")
         acks = _Deliveries()
         sent = 0
@@ -378,9 +388,17 @@ class JobPublisher:
             job = job_to_publish(conn, job_id)
         if job is None:
             return 0
+        # The same for every item (a million of them: worked out once).
+        tenant_id = str(job.tenant_id)
+        deadline, received_at = job.expires_at.timestamp(), job.created_at.timestamp()
         beat = sliced = time.monotonic()
-        after, rows = -1, _FIRST_PAGE_ROWS
-        while page := unsent_page(self.engine, job_id, after, rows):
+        sizes: list[int] = []  # bytes of messages in the page just sent: sizes the next
+        pages = (
+            staged.pages(_PAGE_BYTES)
+            if staged
+            else self._unsent_pages(job_id, int(job.total_items), sizes)
+        )
+        for page in pages:
             page_bytes = 0
             acks.sent(len(page))
             for index, value, request_id, job_attempt in page:
@@ -390,14 +408,14 @@ class JobPublisher:
                     sliced = time.monotonic()
                 msg = RequestMessage(
                     request_id=request_id,
-                    tenant_id=str(job.tenant_id),
+                    tenant_id=tenant_id,
                     priority="jobs",
                     model=job.model,
                     version=job.model_version,
                     input=orjson.Fragment(value),  # already JSON: written as it is
                     params=job.params,
-                    deadline=job.expires_at.timestamp(),
-                    received_at=job.created_at.timestamp(),
+                    deadline=deadline,
+                    received_at=received_at,
                     job_id=job_id,
                     item_index=index,
                     job_attempt=job_attempt,
@@ -411,12 +429,22 @@ class JobPublisher:
             if time.monotonic() - beat > _HEARTBEAT_S:
                 beat = time.monotonic()
                 heartbeat(self.engine, job_id)
-            after = page[-1][0]
-            # Pages of about _PAGE_BYTES whatever the items' size: memory stays bounded.
-            rows = max(100, min(10_000, _PAGE_BYTES * len(page) // max(1, page_bytes)))
+            sizes.append(page_bytes)
         self._await_acks(acks, sent)
         mark_submitted(self.engine, job_id)
         return sent
+
+    def _unsent_pages(self, job_id: str, total: int, sizes: list[int]) -> Iterator[Sequence[Item]]:
+        """The job's unsent items from PostgreSQL, a window of indexes at a time (each
+        its own short read), the window sized to about _PAGE_BYTES of messages from the
+        last page's ``sizes``: memory stays bounded whatever the items' size."""
+        after, width = -1, _FIRST_PAGE_ROWS
+        while after < total - 1:
+            page = unsent_page(self.engine, job_id, after, width)
+            after += width
+            if page:
+                yield page
+                width = max(100, min(10_000, _PAGE_BYTES * len(page) // max(1, sizes[-1])))
 
     def _produce(self, topic: str, msg: RequestMessage, acks: _Deliveries) -> int:
         """Produce one message (waiting while the producer's queue is full); its size."""

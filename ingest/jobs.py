@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -116,17 +117,23 @@ async def submit_job(
         )
     await job_quota.refuse_if_in_debt(st.engine, st.settings, tenant)  # before reading a byte
     async with slot(st.uploads, tenant.id, "uploads"):
+        t0 = time.monotonic()
         if json_body:
             sub = await stage_json(st, tenant, request.stream(), key)
         else:
             opts = jsonl_options(model, params, completion_window_s, webhook_url)
             sub = await stage_jsonl(st, tenant, request.stream(), opts, key)
+        t1 = time.monotonic()
         try:
             recorded = await record_job(st, sub)
+            t2 = time.monotonic()
+            if recorded.created:  # its items are read back from the staged file
+                await st.jobs.publish(recorded.job_id, sub.staged)
+                metrics.job_phase("stage", t1 - t0)
+                metrics.job_phase("record", t2 - t1)
+                metrics.job_phase("publish", time.monotonic() - t2)
         finally:
             sub.staged.close()
-        if recorded.created:
-            await st.jobs.publish(recorded.job_id)
     j = await own_job(st, tenant, recorded.job_id)
     if recorded.created:
         metrics.job_submitted(tenant.tier, int(j.total_items))

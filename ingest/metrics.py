@@ -94,6 +94,14 @@ JOB_ITEMS_SUBMITTED = Counter(
     ["tier"],
     registry=REGISTRY,
 )
+JOB_SUBMIT_SECONDS = Histogram(
+    "gristmill_job_submit_seconds",
+    "POST /v1/jobs by phase: stage (body read and validated into a temp file), record "
+    "(the COPY, budget and job row, one transaction), publish (every item into Kafka)",
+    ["phase"],
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320),
+    registry=REGISTRY,
+)
 # Written once a second by each process; "livemax"/"livesum" across the live processes.
 LOOP_LAG = Gauge(
     "gristmill_api_event_loop_lag_seconds",
@@ -184,6 +192,10 @@ def produced(seconds: float) -> None:
 
 def produce_failed(reason: str) -> None:
     PRODUCE_ERRORS.labels("api", reason).inc()
+
+
+def job_phase(phase: str, seconds: float) -> None:
+    JOB_SUBMIT_SECONDS.labels(phase).observe(seconds)
 
 
 def job_submitted(tier: str, items: int) -> None:

@@ -91,7 +91,8 @@ def job_to_publish(conn: Connection, job_id: str) -> Row[Any] | None:
     return conn.execute(
         text(
             "SELECT j.tenant_id, j.model, j.model_version, j.params, j.created_at, "
-            "j.expires_at, t.weight FROM jobs j JOIN tenants t ON t.id = j.tenant_id "
+            "j.expires_at, j.total_items, t.weight FROM jobs j "
+            "JOIN tenants t ON t.id = j.tenant_id "
             "WHERE j.job_id = :j"
         ),
         {"j": job_id},

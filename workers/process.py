@@ -297,8 +297,8 @@ def serve(
 
     def dial_again(lost: Connection) -> Connection | None:
         """A restarted scheduler listens on the same path with a new key (read again)."""
+        # The lost connection's lock stays: the finisher may still try a send on it.
         path = paths.pop(lost)
-        locks.pop(lost, None)
         while not shutdown.requested:
             try:
                 conn = dial(path, authkey_for(settings, path))

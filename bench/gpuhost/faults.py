@@ -13,7 +13,8 @@ Audit, by SQL once everything has drained:
 * sync: every request the API accepted (200, or 504 once accepted) has a row; the
   answers the clients got were the model's vectors (checked as they came).
 Recovery: rows persisted per second, by kind; for each fault, the seconds until the
-rate of the 5 s after is back to 80% of the median rate of the 10 s before.
+sync rows' rate over 5 s is back to 80% of its median over the 10 s before; what the API
+refused each second, by reason.
 """
 
 from __future__ import annotations
@@ -99,11 +100,13 @@ def faults_scenario(stack: Stack, work: Path, args: argparse.Namespace) -> dict[
         timeline = _timeline(conn, t0)
     for f in faults:
         if "error" not in f:
-            f["recovery_s"] = _recovery(timeline, float(f["at_s"]))
+            f["recovery_s"] = _recovery(timeline["sync"], float(f["at_s"]))
     accepted = sync.get("statuses", {}).get("200", 0) + sync.get("statuses", {}).get("504", 0)
     audit["sync_accepted"] = accepted
     audit["sync_lost"] = max(0, accepted - audit["sync_rows"])
+    refused = stack.refusals(t0, time.time(), by_second=True)
     result = {
+        "refused_by_second": refused,
         "faults": faults,
         "sync": sync,
         "job_id": job_id,
@@ -154,21 +157,16 @@ def _timeline(conn: psycopg.Connection[Any], t0: float) -> dict[str, list[int]]:
     return out
 
 
-def _recovery(timeline: dict[str, list[int]], at: float) -> float | None:
-    """Seconds after ``at`` until the job's and sync's 5 s rates are back to 80% of their
-    median rate over the 10 s before (a kind that was idle before does not count)."""
+def _recovery(series: list[int], at: float) -> float | None:
+    """Seconds after ``at`` until the sync rows' 5 s rate is back to 80% of its median
+    over the 10 s before (the sync load is offered at a constant rate throughout)."""
     k = int(at)
-    worst = 0.0
-    for series in timeline.values():
-        before = series[max(0, k - 10) : k]
-        if not before or statistics.median(before) <= 0:
-            continue
-        want = 0.8 * statistics.median(before)
-        for s in range(k, len(series)):
-            window = series[s : s + 5]
-            if window and statistics.mean(window) >= want:
-                worst = max(worst, float(s - k))
-                break
-        else:
-            return None  # never came back within the run
-    return worst
+    before = series[max(0, k - 10) : k]
+    if not before or statistics.median(before) <= 0:
+        return None
+    want = 0.8 * statistics.median(before)
+    for s in range(k + 1, len(series)):
+        window = series[s : s + 5]
+        if len(window) == 5 and statistics.mean(window) >= want:
+            return float(s - k)
+    return None  # not back within the run

@@ -79,13 +79,15 @@ def sync_scenario(
             spied: dict[str, Any] = {}
             timer: threading.Timer | None = None
             if args.profile and rate == max(float(r) for r in args.rates.split(",")):
-                kinds = {k: cpu.pids(k) for k in ("api", "scheduler", "worker")}
-                picks = {k: v[0] for k, v in kinds.items() if v}
-                # Sampled in the middle of the run, once the rate has settled.
+                # The busiest process of each kind (an API's children include
+                # multiprocessing's idle resource tracker), sampled mid-run.
                 timer = threading.Timer(
                     args.seconds / 3,
-                    lambda got=spied, pids=picks: got.update(
-                        profile(pids, min(10.0, args.seconds / 2))
+                    lambda got=spied: got.update(
+                        profile(
+                            {k: cpu.busiest(k) for k in KINDS if cpu.pids(k)},
+                            min(10.0, args.seconds / 2),
+                        )
                     ),
                 )
                 timer.start()
@@ -94,7 +96,9 @@ def sync_scenario(
             if timer is not None:
                 timer.join()
             summary = res.summary()
+            time.sleep(1.5)  # the API writes its refusal counts about once a second
             row = {
+                "refused": stack.refusals(t0, time.time()),
                 "wire": wire,
                 **summary,
                 "cpu": cpu_delta(a, b, summary["requests"]),
@@ -103,7 +107,7 @@ def sync_scenario(
             }
             rows.append(row)
             log(
-                f"sync {wire} {rate:.0f}/s: {summary['statuses']} p50/p95/p99 "
+                f"sync {wire} {rate:.0f}/s: {summary['statuses']} {row['refused']} p50/p95/p99 "
                 f"{summary['p50_ms']}/{summary['p95_ms']}/{summary['p99_ms']} ms, "
                 f"wrong {summary['wrong_outputs']}, cores {row['cpu']['cores']}"
             )

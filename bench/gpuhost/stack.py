@@ -136,6 +136,25 @@ class Stack:
             time.sleep(1)
         raise RuntimeError(f"{MODEL} not served in time: {last}")
 
+    def refusals(self, t0: float, t1: float, by_second: bool = False) -> Any:
+        """What the API refused between t0 and t1 (epoch s), by status and reason, from
+        the request log's refusal counts (written about once a second)."""
+        import psycopg
+
+        from results.db import libpq_url
+
+        second = "floor(extract(epoch FROM at) - %(t0)s)::int" if by_second else "0"
+        with psycopg.connect(libpq_url(settings_from_env(self.env).database_url)) as conn:
+            rows = conn.execute(
+                f"SELECT {second}, status, reason, sum(count) FROM refusals "
+                "WHERE at >= to_timestamp(%(t0)s) - interval '1 second' "
+                "AND at < to_timestamp(%(t1)s) GROUP BY 1, 2, 3 ORDER BY 1",
+                {"t0": t0, "t1": t1},
+            ).fetchall()
+        if not by_second:
+            return {f"{status} {reason}": int(n) for _, status, reason, n in rows}
+        return [(s, f"{status} {reason}", int(n)) for s, status, reason, n in rows]
+
     def headers(self, tier: str = "enterprise") -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[tier]}"}
 

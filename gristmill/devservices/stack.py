@@ -165,11 +165,13 @@ class System:
         port: int | None = None,
         processes: int = 1,
         cli: bool = False,
+        cwd: Path | None = None,
         prefix: Sequence[str] = (),
     ) -> str:
         """Start an API process (``processes`` uvicorn processes on one port); ``port``
-        restarts one where clients expect it; ``cli``: by ``gristmill api``; ``prefix``
-        runs the command (e.g. in a network namespace: gristmill/chaos/netns.py)."""
+        restarts one where clients expect it; ``cli``: by ``gristmill api``; ``cwd``: run
+        the code of another checkout (a benchmark's baseline); ``prefix`` runs the command
+        (e.g. in a network namespace: gristmill/chaos/netns.py)."""
         port = port or free_port()
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
@@ -177,7 +179,7 @@ class System:
             env={**self.env, **multiprocess_env(self.workdir / f"{name}.metrics"), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=REPO,
+            cwd=cwd or REPO,
             start_new_session=True,
         )
         self._hold(name, f"API {name} (port {port})")

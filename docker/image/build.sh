@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Build the Gristmill images on a machine without a Docker engine and without pulling any
-# base image: the base comes from Debian's packages (deploy/image/base.sh), buildah runs
+# base image: the base comes from Debian's packages (docker/image/base.sh), buildah runs
 # docker/Dockerfile itself (chroot isolation, no daemon), and the result is written as an
 # OCI layout that skopeo can push anywhere:
 #
-#   deploy/image/build.sh cpu|cuda [OUT]      (root; buildah, debootstrap, skopeo)
+#   docker/image/build.sh cpu|cuda [OUT]      (root; buildah, debootstrap, skopeo)
 #   skopeo copy docker-archive:build/images/gristmill-cpu.tar docker://REGISTRY/gristmill:cpu
 #
 # Python packages come from PyPI (pinned with hashes), Debian packages from its mirror.
@@ -15,7 +15,7 @@ OUT=${2:-$REPO/build/images}
 WORK=${GRISTMILL_IMAGE_WORK:-/var/tmp/gristmill-image}
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$REPO" log -1 --format=%ct)}
 
-"$REPO/deploy/image/base.sh" "$WORK"
+"$REPO/docker/image/base.sh" "$WORK"
 # Behind a TLS-inspecting proxy pip needs that proxy's CA: PIP_CERT names it here, and the
 # build stages see it (read-only, never copied into an image).
 ca_args=()

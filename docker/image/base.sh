@@ -2,9 +2,9 @@
 # The base image, made here from Debian's own packages instead of pulled from a registry:
 # a minbase Debian bookworm rootfs (debootstrap), imported into buildah's local storage as
 # localhost/gristmill-base:bookworm. docker/Dockerfile builds on it with
-# --build-arg BASE=localhost/gristmill-base:bookworm (deploy/image/build.sh).
+# --build-arg BASE=localhost/gristmill-base:bookworm (docker/image/build.sh).
 #
-#   deploy/image/base.sh [WORKDIR]      (root; needs debootstrap and buildah)
+#   docker/image/base.sh [WORKDIR]      (root; needs debootstrap and buildah)
 set -euo pipefail
 WORK=${1:-/var/tmp/gristmill-image}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}

@@ -5,8 +5,8 @@ tmpfs on /tmp and the home folder as the chart does, in its own mount and PID na
 (tini is PID 1), on the host's network so it reaches a throwaway Kafka and PostgreSQL on
 loopback (the project's own devservices).
 
-    sudo .venv/bin/python deploy/image/smoke.py build/images/gristmill-cpu [--work DIR]
-    sudo .venv/bin/python deploy/image/smoke.py build/images/gristmill-cuda \
+    sudo .venv/bin/python docker/image/smoke.py build/images/gristmill-cpu [--work DIR]
+    sudo .venv/bin/python docker/image/smoke.py build/images/gristmill-cuda \
         --model all-minilm-l6-v2      (the embedding model; on the CPU without a GPU)
 
 Checks: no compiler, pip or apt lists in the image; the processes run as uid 10001;
@@ -153,7 +153,7 @@ def exec_in(p: subprocess.Popen[bytes], image: Image, cmd: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("layout", type=Path, help="OCI layout folder (deploy/image/build.sh)")
+    ap.add_argument("layout", type=Path, help="OCI layout folder (docker/image/build.sh)")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument(
         "--model", default="sim", help="what the workers serve (all-minilm-l6-v2: cuda image)"
