@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -32,8 +33,10 @@ from ingest import (
 )
 from ingest.auth import Authenticator, AuthGate
 from ingest.catalog import ModelCatalog
+from ingest.db_health import DatabaseHealth
 from ingest.fast_path import InferFastPath
 from ingest.http import BodyLimit, ErrorGuard, install_error_handlers
+from ingest.job_pacing import Pacer, target_lag_ms
 from ingest.job_submit import JobPublisher
 from ingest.load_watch import LoadWatch
 from ingest.openai_wire import models_answer
@@ -52,6 +55,10 @@ from results.db import make_async_engine
 from results.durability import refusal
 
 log = logging.getLogger("gristmill.ingest")
+
+# How long a thread may hold the interpreter lock while the event loop waits for it (s;
+# Python's default is 5 ms).
+GIL_SWITCH_S = 0.0005
 
 
 async def finish_stale_submissions(state: AppState, interval_s: float = 5.0) -> None:
@@ -91,8 +98,12 @@ def create_app(settings: Settings) -> FastAPI:
         except Exception as exc:  # the API still starts; produce answers 503 until Kafka is back
             log.warning("could not check Kafka topics: %s", exc)
         await check_durability_at_start(settings)
+        # The event loop waits for the interpreter lock behind a job's intake threads;
+        # hand it over sooner (as the scheduler does, scheduler/runtime/service.py).
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         engine = make_async_engine(settings.database_url)
         limiter = TenantLimiter()
+        overload = Overload()
         waiter = ResultWaiter(
             engine, settings.database_url, poll_interval_s=settings.result_poll_interval_ms / 1000
         )
@@ -108,21 +119,31 @@ def create_app(settings: Settings) -> FastAPI:
                 deployment=settings.topic_prefix,
             ),
             waiter=waiter,
-            jobs=JobPublisher(settings),
+            jobs=JobPublisher(
+                settings,
+                Pacer(lambda: overload.lag.lag_ms, target_lag_ms(settings.loop_lag_shed_ms)),
+            ),
             limiter=limiter,
             inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
             load=LoadWatch(engine, settings, limiter),
-            overload=Overload(),
+            overload=overload,
             uploads=SlotLimiter(settings.max_uploads, settings.max_uploads_per_tenant),
             follows=SlotLimiter(
                 settings.max_follow_streams, settings.max_follow_streams_per_tenant
             ),
         )
+        # Every sign of the database feeds one judgement (ingest/db_health.py): the
+        # probe, the load watch's heartbeat commits, the result announcements heard.
+        health = DatabaseHealth(stale_s=settings.load_report_stale_s)
+        state.load.health = health
+        state.catalog.health = health
+        waiter.on_heard = health.heard
         readiness = Readiness(
             engine,
             refresh_s=settings.readyz_refresh_s,
             listening=waiter.listening.is_set,
             revocations=lambda: state.auth.listening,
+            health=health,
         )
         app.state.gristmill = state
         app.state.readiness = readiness

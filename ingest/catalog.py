@@ -31,6 +31,7 @@ from core.models.registry import (
     version_order,
 )
 from core.models.spec import ModelSpec
+from ingest.db_health import DatabaseHealth, report_window_s
 from ingest.routing import (
     STICKY_TENANT,
     Decision,
@@ -45,6 +46,7 @@ from ingest.routing import (
 from results.db import libpq_url
 from results.modelregistry import (
     MODELS_CHANNEL,
+    READINESS_STALE_S,
     readiness_stmt,
     record_from_row,
     versions_stmt,
@@ -83,6 +85,9 @@ class ModelCatalog:
         self.deployment = deployment
         self.engine = engine
         self.dsn = libpq_url(database_url) if database_url else None
+        # The commit time this instance measures (ingest/db_health.py), if set: while
+        # commits are slow, the schedulers' readiness reports land late, not never.
+        self.health: DatabaseHealth | None = None
         self.refresh_s = refresh_s
         # Until the registry is read: the built-in versions, served by nobody known.
         self.table = RouteTable(_table(builtin_records(settings), {}))
@@ -101,11 +106,18 @@ class ModelCatalog:
                 return
             await self._read()
 
+    def _stale_s(self) -> float:
+        if self.health is None:
+            return READINESS_STALE_S
+        return report_window_s(READINESS_STALE_S, self.health.commit_s(time.monotonic()))
+
     async def _read(self) -> None:
         try:
             async with self.engine.connect() as conn:
                 rows = (await conn.execute(versions_stmt())).all()
-                ready = (await conn.execute(readiness_stmt(self.deployment))).all()
+                ready = (
+                    await conn.execute(readiness_stmt(self.deployment, stale_s=self._stale_s()))
+                ).all()
         except Exception as exc:  # keep the last known state while PostgreSQL is away
             log.warning("model registry refresh failed: %s", type(exc).__name__)
             self._fetched_at = time.monotonic()  # and do not ask again at once
@@ -234,8 +246,14 @@ class ModelCatalog:
         """The spec of the version that answers ``name`` or ``name@version`` for this
         caller (ingest/routing.py). ``wait_for_workers``: a job's items may wait in Kafka
         for a version no worker serves yet (loading, or its upstream down), so only an
-        unknown or retired version is refused."""
-        await self.refresh()
+        unknown or retired version is refused.
+
+        Only a catalog never read waits for the registry here: otherwise the background
+        poll keeps it current (every ``refresh_s``, and on each announcement), and a
+        request never queues behind a registry read that a slow database holds up
+        (decision 39); a version the table does not serve still forces a fresh look."""
+        if self._fetched_at == float("-inf"):
+            await self.refresh()
         try:
             decision = self.decide(ref, tenant_id=tenant_id, idempotency_key=idempotency_key)
         except Unavailable:

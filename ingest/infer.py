@@ -26,6 +26,7 @@ from ingest.refusal_counts import TIMEOUTS, Timeout
 from ingest.schemas import ERROR_RESPONSES, InferAnswer, InferBody, RequestRecord, parse_infer
 from ingest.state import AppState, get_state
 from ingest.tracing import annotate
+from ingest.waiters import ARRIVED_AT
 from results.requests import fetch_request
 from results.tenants import Tenant
 from results.vectors import EncodingFormat, answer_output
@@ -251,8 +252,9 @@ async def _infer(
                 f"and its result can be fetched at /v1/requests/{rid}"
             ) from exc
         now = time.time()
-        if row.get("persisted_at") is not None:  # the overload guard's answer delay
-            st.overload.answer.observe((now - row["persisted_at"].timestamp()) * 1000)
+        arrived = row.get(ARRIVED_AT)
+        if arrived is not None:  # the overload guard's answer delay: this instance's own part
+            st.overload.answer.observe((now - arrived) * 1000)
         metrics.answered(msg, row, now)
         return ORJSONResponse(result_body(row, (now - received) * 1000), headers=limit_headers)
     finally:

@@ -38,6 +38,7 @@ from core.models.spec import ModelSpec
 from core.topics import request_topic
 from ingest import job_quota
 from ingest.destinations import AllowList, check_addresses, parse_destination
+from ingest.job_pacing import PUBLISH_SLICE, Pacer
 from ingest.job_schemas import JobBody, JobOptions, check_metadata, validate
 from ingest.job_upload import Item, ItemStager, Staged, body_chunks
 from ingest.webhook_client import NotResolved, resolve
@@ -233,7 +234,10 @@ async def stage_jsonl(
             what="a job upload",
             min_rate_bps=s.upload_min_bytes_per_s,
         ):
+            t0 = time.monotonic()
             await asyncio.to_thread(stager.feed, chunk)
+            if st.jobs.pacer is not None:  # staging gives way too (ingest/job_pacing.py)
+                await asyncio.sleep(st.jobs.pacer.after(time.monotonic() - t0))
         staged = await asyncio.to_thread(stager.finish)
     except BaseException:
         stager.close()
@@ -330,8 +334,10 @@ class JobPublisher:
     (thread-safe) and a small PostgreSQL pool; each waits only for its own messages'
     acknowledgements, so a million-item job never holds up a small one."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, pacer: Pacer | None = None):
         self.settings = settings
+        # Publishing gives way to the instance's sync requests (ingest/job_pacing.py).
+        self.pacer = pacer
         workers = settings.max_uploads + 2  # uploads' publishes, a retry, the stale finisher
         self.engine = make_engine(settings.database_url, pool_size=workers)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="job-publish")
@@ -385,7 +391,7 @@ class JobPublisher:
         # The same for every item (a million of them: worked out once).
         tenant_id = str(job.tenant_id)
         deadline, received_at = job.expires_at.timestamp(), job.created_at.timestamp()
-        beat = time.monotonic()
+        beat = sliced = time.monotonic()
         sizes: list[int] = []  # bytes of messages in the page just sent: sizes the next
         pages = (
             staged.pages(_PAGE_BYTES)
@@ -396,6 +402,10 @@ class JobPublisher:
             page_bytes = 0
             acks.sent(len(page))
             for index, value, request_id, job_attempt in page:
+                if self.pacer is not None and sent % PUBLISH_SLICE == PUBLISH_SLICE - 1:
+                    now = time.monotonic()
+                    time.sleep(self.pacer.after(now - sliced))  # no GIL held meanwhile
+                    sliced = time.monotonic()
                 msg = RequestMessage(
                     request_id=request_id,
                     tenant_id=tenant_id,

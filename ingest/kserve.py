@@ -61,7 +61,7 @@ async def ready(request: Request) -> dict[str, bool]:
     readiness: Readiness = request.app.state.readiness
     ok, checks = readiness.report(time.monotonic())
     if not ok:
-        failed = ", ".join(k for k, v in checks.items() if not v)
+        failed = ", ".join(k for k in Readiness.CONDITIONS if not checks[k])
         raise Unavailable(f"not ready: {failed}", retry_after_s=1, reason="not_ready")
     return {"ready": True}
 

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -35,6 +36,9 @@ from results.requests import RESULT_COLUMNS
 from results.schema import requests
 
 log = logging.getLogger("gristmill.ingest.waiters")
+
+# The key under which a delivered row carries the time it reached this instance.
+ARRIVED_AT = "arrived_at"
 
 
 # One statement for any number of ids (= ANY(array)), so it is compiled once and its
@@ -54,6 +58,8 @@ class ResultWaiter:
         self.listening = asyncio.Event()
         self._heard: list[str] = []  # announced ids with a waiter here, not yet fetched
         self._heard_event = asyncio.Event()
+        # Told of every announcement (monotonic time): someone's commit went through.
+        self.on_heard: Callable[[float], None] | None = None
 
     async def start(self) -> None:
         self._tasks = [
@@ -93,7 +99,11 @@ class ResultWaiter:
             return [dict(r._mapping) for r in rows]
 
     def _answer(self, rows: list[dict[str, Any]]) -> None:
+        # When each row reached this instance (epoch s): the overload guard's answer delay
+        # runs from here, so the database's commit time is not taken for the API's own.
+        arrived = time.time()
         for row in rows:
+            row[ARRIVED_AT] = arrived
             entry = self._waiting.pop(str(row["request_id"]), None)
             if entry is not None and not entry[0].done():
                 entry[0].set_result(row)
@@ -124,6 +134,8 @@ class ResultWaiter:
                 backoff = min(backoff * 2, 1.0)  # a restarted database is found fast
 
     def _hear(self, payload: str) -> None:
+        if self.on_heard is not None:
+            self.on_heard(time.monotonic())
         try:
             rows, ids = announce.parse(payload, self._waiting)
         except (ValueError, KeyError, TypeError) as exc:  # not ours: the poll covers it

@@ -275,11 +275,14 @@ def forget_readiness(conn: Connection, scheduler_id: str) -> None:
     conn.execute(delete(model_readiness).where(model_readiness.c.scheduler_id == scheduler_id))
 
 
-def readiness_stmt(deployment: str | None = None) -> Select[Any]:
+def readiness_stmt(
+    deployment: str | None = None, *, stale_s: float = READINESS_STALE_S
+) -> Select[Any]:
     """Fresh readiness summed over schedulers, per version; ``deployment``: only the
-    schedulers of that one (results/load.py ``process_id``: a topic prefix)."""
+    schedulers of that one (results/load.py ``process_id``: a topic prefix); ``stale_s``:
+    how old a report may be (longer while commits are slow: ingest/db_health.py)."""
     fresh = model_readiness.c.updated_at > func.now() - func.make_interval(
-        0, 0, 0, 0, 0, 0, READINESS_STALE_S
+        0, 0, 0, 0, 0, 0, stale_s
     )
     if deployment is not None:
         fresh = and_(fresh, model_readiness.c.scheduler_id.startswith(f"{deployment}:"))

@@ -1,7 +1,8 @@
 """The persist path: the core's planned writes into PostgreSQL, then their offsets.
 
 A small priority pool runs the writes, sync results first (one thread only ever
-writes sync results, so a sync row never waits behind a job batch's write). Each
+writes sync results, so a sync row never waits behind a job batch's write), and job
+writes step aside while commits are slow (scheduler/core/write_yield.py). Each
 write builds its rows in the pool thread (the receiver is free for the next result),
 stores them in one transaction, and only then reports the offsets done, so a commit
 never passes unsaved work.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, cast
 
@@ -34,6 +36,7 @@ from results.faults import Fault, classify, first_line
 from scheduler.core.batcher import Pending
 from scheduler.core.offsets import TopicPartition
 from scheduler.core.plans import BACKGROUND_RANK, Reject, Write
+from scheduler.core.write_yield import WriteYield
 from scheduler.runtime import metrics, tracing
 from scheduler.runtime.deadletter import DeadLetterSink, Letter, letter_for, source_headers
 from scheduler.runtime.priority_pool import PriorityPool
@@ -83,12 +86,17 @@ class Persister:
         self.dead_letters = dead_letters
         self.on_done = on_done
         self.stopping = stopping
+        # Job writes step aside while commits are slow (scheduler/core/write_yield.py).
+        self.pace = WriteYield()
         self.pool = PriorityPool(
             THREADS,
             name="persist",
             reserved=SYNC_ONLY,
             background_from=BACKGROUND_RANK,
             supervisor=supervisor,
+            hold_background=lambda busy, running: self.pace.hold_job(
+                time.monotonic(), sync_busy=busy, jobs_running=running
+            ),
         )
 
     def submit(self, plans: Iterable[Write | Reject]) -> None:
@@ -236,10 +244,11 @@ class Persister:
         """One transaction, retried while the fault is not the rows'; ``_Refused`` if it is,
         False if stopping first."""
         try:
+            sync = any(r["job_id"] is None for r in rows)
             for attempt in self._retrying(retry_if_exception(_not_refused)):
                 with attempt:
                     try:
-                        self.store(rows, brows)
+                        self._timed(rows, brows, sync)
                     except Exception as exc:
                         if classify(exc) is Fault.DATA:
                             raise _Refused(first_line(exc)) from exc
@@ -247,6 +256,20 @@ class Persister:
         except _Stopped:
             return False  # Kafka redelivers this work to the next owner
         return True
+
+    def _timed(self, rows: list[RequestRow], brows: list[Row], sync: bool) -> None:
+        """One attempt at the write; a sync write's time goes to the pace."""
+        if not sync:
+            self.store(rows, brows)
+            return
+        t0 = time.monotonic()
+        self.pace.sync_started(t0)
+        try:
+            self.store(rows, brows)
+        except BaseException:
+            self.pace.sync_failed()
+            raise
+        self.pace.sync_finished(time.monotonic() - t0)
 
     def _letters(self, letters: list[Letter]) -> bool:
         """Dead-letter copies, retried until confirmed; False if stopping first."""
