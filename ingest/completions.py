@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import and_, exists, select
 
 from core.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound
-from core.limits import canonical_uuid, check_text, shown
+from core.limits import ascii_decimal, canonical_uuid, check_text, shown
 from core.messages import RequestMessage, body_hash
 from core.models.causal_lm import CausalLMSpec, generation_params
 from core.models.token_ids import tokenized_input
@@ -123,17 +123,18 @@ def keyed_seed(tenant_id: str, key: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1  # 63 bits, as a drawn seed
 
 
+def _last_index(value: str, field: str) -> int:
+    """A token index a client sends back (``Last-Event-ID``): -1 or ASCII digits, below
+    2**20; else a 400 naming ``field``."""
+    last = -1 if value == "-1" else ascii_decimal(value, max_digits=7)
+    if last is None or not -1 <= last < 1 << 20:
+        raise InvalidInput(f"{field} must be a token index from -1 to {(1 << 20) - 1}", field=field)
+    return last
+
+
 def _resume_from(last_event_id: str | None) -> int:
     """The first token index a retried stream sends: after ``Last-Event-ID``, else 0."""
-    if last_event_id is None:
-        return 0
-    try:
-        last = int(last_event_id)
-    except ValueError as exc:
-        raise InvalidInput("Last-Event-ID must be a token index", field="Last-Event-ID") from exc
-    if not -1 <= last < 1 << 20:
-        raise InvalidInput("the last token index is out of range", field="Last-Event-ID")
-    return last + 1
+    return 0 if last_event_id is None else _last_index(last_event_id, "Last-Event-ID") + 1
 
 
 async def _resend(
@@ -425,12 +426,7 @@ async def get_completion(
         raise NotFound(f"no completion {shown(completion_id)}; ids are cmpl-<uuid>")
     last = after
     if last_event_id is not None:
-        try:
-            last = int(last_event_id)
-        except ValueError as exc:
-            raise InvalidInput(
-                "Last-Event-ID must be a token index", field="Last-Event-ID"
-            ) from exc
+        last = _last_index(last_event_id, "Last-Event-ID")
     if last is not None and not -1 <= last < 1 << 20:
         raise InvalidInput("the last token index is out of range", field="after")
     async with st.engine.connect() as conn:

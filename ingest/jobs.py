@@ -13,7 +13,7 @@ from fastapi.responses import ORJSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from core.errors import InvalidInput, NotFound, PayloadTooLarge
-from core.limits import canonical_uuid, shown
+from core.limits import ascii_decimal, canonical_uuid, shown
 from core.messages import job_item_request_ids
 from ingest import job_quota, metrics
 from ingest.idempotency import check_key
@@ -108,7 +108,7 @@ async def submit_job(
     json_body = ctype == "application/json"
     cap = st.settings.max_job_json_bytes if json_body else st.settings.max_job_bytes
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > cap:
+    if (ascii_decimal(declared) or 0) > cap:
         raise PayloadTooLarge(
             f"a JSON job body may be at most {cap} bytes; upload large jobs as JSONL"
             if json_body

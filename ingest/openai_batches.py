@@ -25,6 +25,7 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from core.errors import InvalidInput, NotFound, PayloadTooLarge
+from core.limits import ascii_decimal
 from core.models.causal_lm import CausalLMSpec
 from core.models.spec import ModelSpec
 from ingest import batch_wire as bw
@@ -98,7 +99,7 @@ async def create_file(
     if not ctype.startswith("multipart/form-data"):
         raise InvalidInput("POST /v1/files takes multipart/form-data", field="Content-Type")
     declared_len = request.headers.get("content-length", "")
-    if declared_len.isdigit() and int(declared_len) > st.settings.max_job_bytes:
+    if (ascii_decimal(declared_len) or 0) > st.settings.max_job_bytes:
         raise PayloadTooLarge(f"a file may be at most {st.settings.max_job_bytes} bytes")
     async with slot(st.uploads, tenant.id, "uploads"):
         # The parser spools the file part to disk past 1 MiB: memory stays bounded.
