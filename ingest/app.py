@@ -39,11 +39,12 @@ from ingest.load_watch import LoadWatch
 from ingest.openai_wire import models_answer
 from ingest.overload import Overload
 from ingest.producer import AsyncProducer
-from ingest.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
+from ingest.ratelimit import InflightLimiter, TenantLimiter
 from ingest.readiness import Readiness
 from ingest.refusal_log import RefusalLog
 from ingest.request_log_flush import flush_loop, flush_once
 from ingest.schemas import ERROR_RESPONSES, infer_request_schema
+from ingest.shared_slots import SharedSlots, slots_dir
 from ingest.state import AppState, get_state
 from ingest.tracing import traced
 from ingest.waiters import ResultWaiter
@@ -96,6 +97,7 @@ def create_app(settings: Settings) -> FastAPI:
         waiter = ResultWaiter(
             engine, settings.database_url, poll_interval_s=settings.result_poll_interval_ms / 1000
         )
+        shared = slots_dir()  # the instance's processes count their open work together
         state = AppState(
             settings=settings,
             engine=engine,
@@ -113,9 +115,23 @@ def create_app(settings: Settings) -> FastAPI:
             inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
             load=LoadWatch(engine, settings, limiter),
             overload=Overload(),
-            uploads=SlotLimiter(settings.max_uploads, settings.max_uploads_per_tenant),
-            follows=SlotLimiter(
-                settings.max_follow_streams, settings.max_follow_streams_per_tenant
+            uploads=SharedSlots(
+                shared,
+                "uploads",
+                total=settings.max_uploads,
+                per_key=settings.max_uploads_per_tenant,
+            ),
+            follows=SharedSlots(
+                shared,
+                "follows",
+                total=settings.max_follow_streams,
+                per_key=settings.max_follow_streams_per_tenant,
+            ),
+            read_streams=SharedSlots(
+                shared,
+                "streams",
+                total=settings.max_streams,
+                per_key=min(settings.tier_max_streams.values()),
             ),
         )
         readiness = Readiness(
@@ -153,6 +169,8 @@ def create_app(settings: Settings) -> FastAPI:
             await state.auth.stop()
             state.producer.close()
             state.jobs.close()
+            for slots in (state.uploads, state.follows, state.read_streams):
+                slots.close()
             await engine.dispose()
 
     app = FastAPI(

@@ -211,6 +211,18 @@ class ModelCatalog:
         name, version = parse_ref(ref)
         return self.spec(lookup(self.table, name, version))
 
+    def recorded(self, name: str, version: str) -> ModelSpec | None:
+        """The spec of ``name@version`` as registered, in any state (retired too), or
+        None when the registry has no such version or no spec can be made of it."""
+        routes = self.table.models.get(name)
+        record = routes.versions.get(version) if routes is not None else None
+        if record is None:
+            return None
+        try:
+            return self.spec(record)
+        except RecordError:
+            return None
+
     def versions(self, name: str) -> list[str]:
         """``name``'s versions that are not retired (NotFound if it has none)."""
         return open_versions(known_routes(self.table, name))

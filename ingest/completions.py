@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import ORJSONResponse, StreamingResponse
+from fastapi.responses import ORJSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import and_, exists, select
 
@@ -39,6 +39,8 @@ from core.vocab import TIER_TO_CLASS, RequestStatus
 from ingest.error_shapes import Shape, declared
 from ingest.idempotency import claim
 from ingest.infer import check_headers, send_claimed
+from ingest.job_limits import check_reads, hold_stream
+from ingest.jobs import HeldStream
 from ingest.policy import check_kv, check_rate
 from ingest.schemas import parse_body
 from ingest.state import AppState, get_state
@@ -219,31 +221,32 @@ async def create_completion(
     first_deadline = received + st.settings.default_timeout_ms / 1000
     check_kv(st.load, tenant, spec.ref, len(ids), params["max_tokens"], first_deadline)
     limit_headers = check_rate(st.limiter, st.settings, tenant)
-    rid = str(uuid.uuid4())  # with an Idempotency-Key, the claim may name an earlier one
-    msg = _message(st, spec, tenant, rid, tokenized_input(prompt, ids), params, received)
-    c = None
-    if idempotency_key is not None:
-        # What is generated, not how it is delivered: ``stream`` is not in the hash, so
-        # a dropped stream may be retried as a plain POST and the other way round.
-        msg.body_hash = body_hash(spec.ref, prompt, params)
-        c = await claim(
-            st.engine,
-            tenant_id=tenant.id,
-            key=idempotency_key,
-            request_id=rid,
-            body_hash=msg.body_hash,
-            deadline=msg.deadline,
-            received=received,
-            ttl_h=st.settings.idempotency_ttl_h,
-        )
-        rid = msg.request_id = c.request_id
-        if not c.first and c.first_received is not None:
-            # The first attempt's time: its row's key (the request log's partition).
-            msg.received_at = c.first_received.timestamp()
-    fut = st.waiter.register(rid)
-    start = 0
+    # A stream holds its connection while it generates: one of the key's stream slots,
+    # taken before anything is claimed or sent (a 429 here leaves nothing accepted).
+    release = hold_stream(st, tenant) if body.stream else None
+    rid, registered = str(uuid.uuid4()), False  # a claim may name an earlier request
     try:
-        send = True
+        msg = _message(st, spec, tenant, rid, tokenized_input(prompt, ids), params, received)
+        c = None
+        if idempotency_key is not None:
+            # What is generated, not how it is delivered: ``stream`` is not in the hash,
+            # so a dropped stream may be retried as a plain POST and the other way round.
+            msg.body_hash = body_hash(spec.ref, prompt, params)
+            c = await claim(
+                st.engine,
+                tenant_id=tenant.id,
+                key=idempotency_key,
+                request_id=rid,
+                body_hash=msg.body_hash,
+                deadline=msg.deadline,
+                received=received,
+                ttl_h=st.settings.idempotency_ttl_h,
+            )
+            rid = msg.request_id = c.request_id
+            if not c.first and c.first_received is not None:
+                # The first attempt's time: its row's key (the request log's partition).
+                msg.received_at = c.first_received.timestamp()
+        fut, registered, start, send = st.waiter.register(rid), True, 0, True
         if c is not None and not c.first:
             send = await _resend(st, rid, tenant.id, c.first_deadline, fut)
             start = resume
@@ -252,13 +255,17 @@ async def create_completion(
                 st, tenant, msg, first_claim=c is None or c.first, key=idempotency_key
             )
     except BaseException:
-        st.waiter.discard(rid)
+        if registered:
+            st.waiter.discard(rid)
+        if release is not None:
+            release()
         raise
     created = int(received)
-    if body.stream:
+    if release is not None:
         usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(
+        return HeldStream(
             _sse(st, rid, tenant.id, spec.name, created, start, fut, usage),
+            release,
             media_type="text/event-stream",
             headers={**limit_headers, "Cache-Control": "no-cache", "X-Request-Id": rid},
         )
@@ -421,6 +428,7 @@ async def get_completion(
     ``after``) names; without it, the finished completion."""
     st = get_state(request)
     tenant = await st.auth.authenticate(authorization)
+    limit_headers = check_reads(st.limiter, st.settings, tenant)
     rid = canonical_uuid(completion_id.removeprefix(ID_PREFIX))
     if rid is None:
         raise NotFound(f"no completion {shown(completion_id)}; ids are cmpl-<uuid>")
@@ -457,6 +465,14 @@ async def get_completion(
             f"no completion {ID_PREFIX}{rid} with tokens for this tenant "
             "(it may still be queued: retry shortly)"
         )
+    if row is not None and not generating:
+        # One of the tenant's requests, but not a completion: its answer is elsewhere.
+        spec = st.catalog.recorded(row.model, row.model_version)
+        if not isinstance(spec, CausalLMSpec):
+            raise NotFound(
+                f"{ID_PREFIX}{rid} is not a completion (model {row.model} does not generate "
+                f"text); its answer is at /v1/requests/{rid}"
+            )
     created = int(time.time())
     model = row.model if row is not None else "gristmill-lm"
     if not stream:
@@ -465,13 +481,17 @@ async def get_completion(
         data = dict(row._mapping)
         _raise_for(data)
         created = int(data["received_at"].timestamp())
-        return ORJSONResponse(completion_body(rid, created, data["model"], data["output"]))
+        return ORJSONResponse(
+            completion_body(rid, created, data["model"], data["output"]), headers=limit_headers
+        )
+    release = hold_stream(st, tenant)
     fut = st.waiter.register(rid)
     if row is not None and not fut.done():
         fut.set_result(dict(row._mapping))
     start = 0 if last is None else last + 1
-    return StreamingResponse(
+    return HeldStream(
         _sse(st, rid, tenant.id, model, created, start, fut, usage=False),
+        release,
         media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Request-Id": rid},
+        headers={**limit_headers, "Cache-Control": "no-cache", "X-Request-Id": rid},
     )

@@ -21,6 +21,7 @@ from core.topics import request_topic
 from core.vocab import TIER_TO_CLASS, RequestStatus
 from ingest import metrics
 from ingest.idempotency import check_key, claim, release
+from ingest.job_limits import check_reads
 from ingest.policy import check_admission, check_rate
 from ingest.refusal_counts import TIMEOUTS, Timeout
 from ingest.schemas import ERROR_RESPONSES, InferAnswer, InferBody, RequestRecord, parse_infer
@@ -271,6 +272,7 @@ async def get_request(
     """A request's result by id. Tenant-scoped: another tenant's id is a 404."""
     st: AppState = get_state(request)
     tenant = await st.auth.authenticate(authorization)
+    limit_headers = check_reads(st.limiter, st.settings, tenant)
     # Only the canonical form: PostgreSQL would take some others ({...}, bare hex) and
     # refuse the rest (urn:uuid:...) with an error that is not the client's to see.
     canonical = canonical_uuid(request_id)
@@ -284,5 +286,6 @@ async def get_request(
             "status": data["status"],
             "error": data["error"],
             **(result_body(data) if data["status"] == RequestStatus.SUCCEEDED else {}),
-        }
+        },
+        headers=limit_headers,
     )

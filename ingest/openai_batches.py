@@ -33,11 +33,11 @@ from ingest import job_quota
 from ingest.completions import completion_body
 from ingest.error_shapes import Shape, declared
 from ingest.idempotency import check_key
-from ingest.job_limits import slot
+from ingest.job_limits import hold_stream, slot
 from ingest.job_schemas import JobItem, check_metadata, parse_index, validate
 from ingest.job_submit import Submission, _stager, record_job
 from ingest.job_upload import ItemStager, LineSplitter, body_chunks
-from ingest.jobs import reader
+from ingest.jobs import HeldStream, reader
 from ingest.openai_wire import EncodingFormat, embeddings_answer, prompt_tokens
 from ingest.schemas import json_object
 from ingest.state import AppState, get_state
@@ -248,11 +248,10 @@ async def file_content(
     result = await _result_file(st, tenant, file_id)
     if result is not None:
         b, j, errors = result
-        return StreamingResponse(result_lines(st, b, j, errors), media_type="application/jsonl")
-    f = await _uploaded_file(st, tenant, file_id)
-    return StreamingResponse(
-        files_db.file_chunks(st.engine, f.file_id), media_type="application/jsonl"
-    )
+        lines = result_lines(st, b, j, errors)
+    else:
+        lines = files_db.file_chunks(st.engine, (await _uploaded_file(st, tenant, file_id)).file_id)
+    return HeldStream(lines, hold_stream(st, tenant), media_type="application/jsonl")
 
 
 def _answer(b: Any, j: Any, r: Any) -> dict[str, Any]:

@@ -118,7 +118,7 @@ def test_infer_bodies_nested_to_any_depth_are_refused_naming_it(depth: int, wher
 @FAST
 @given(body=json_values)
 def test_any_json_as_an_infer_body_is_answered_or_named(body: Any) -> None:
-    with contextlib.suppress(REFUSED):
+    with contextlib.suppress(*REFUSED):
         parse_infer(orjson.dumps(body), S)
 
 
@@ -132,7 +132,7 @@ def test_any_json_as_an_embeddings_body_is_answered_or_named(
         {"model": "m", "input": inputs},
         {"model": "m", "input": "x", "dimensions": dims},
     ):
-        with contextlib.suppress(REFUSED):
+        with contextlib.suppress(*REFUSED):
             parse_embeddings(orjson.dumps(b), S)
 
 
