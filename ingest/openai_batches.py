@@ -25,7 +25,7 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from core.errors import InvalidInput, NotFound, PayloadTooLarge
-from core.limits import ascii_decimal
+from core.limits import ascii_decimal, shown
 from core.models.causal_lm import CausalLMSpec
 from core.models.spec import ModelSpec
 from ingest import batch_wire as bw
@@ -535,17 +535,10 @@ async def list_batches(
 ) -> ORJSONResponse:
     st, tenant = await reader(request, authorization)
     n = parse_index(limit, "limit", default=20, low=1, high=MAX_BATCHES_PAGE)
-    mark = None
-    if after is not None:
-        mark = await files_db.get_batch(st.engine, tenant.id, after)
-        if mark is None:
-            raise NotFound(f"no batch {after[:80]!r} to page after", field="after")
-    rows = await files_db.list_batches(st.engine, tenant.id, mark, n + 1)
-    data = []
-    for b in rows[:n]:
-        j = await jobs_db.get_job(st.engine, tenant.id, str(b.job_id))
-        if j is not None:
-            data.append(_object(b, j))
+    rows = await files_db.batch_page(st.engine, tenant.id, after, n + 1)
+    if rows is None:
+        raise NotFound(f"no batch {shown(after)} to page after", field="after")
+    data = [_object(b, j) for b, j in rows[:n]]
     return ORJSONResponse(
         {
             "object": "list",

@@ -12,7 +12,14 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from results.job_items import page_with_results
-from results.schema import job_items, openai_batches, requests, stored_file_chunks, stored_files
+from results.schema import (
+    job_items,
+    jobs,
+    openai_batches,
+    requests,
+    stored_file_chunks,
+    stored_files,
+)
 
 # Bytes per stored chunk: an upload or a download holds one at a time (1 MiB: large
 # enough that a 1 GB file is ~1,000 rows, small enough to be nothing in memory).
@@ -130,23 +137,43 @@ async def get_batch(engine: AsyncEngine, tenant_id: str, batch_id: str) -> Row[A
         ).first()
 
 
-async def list_batches(
-    engine: AsyncEngine, tenant_id: str, after: Row[Any] | None, limit: int
-) -> Sequence[Row[Any]]:
-    """The tenant's batches, newest first, after ``after`` (OpenAI's cursor)."""
+async def batch_page(
+    engine: AsyncEngine, tenant_id: str, after: str | None, limit: int
+) -> list[tuple[Row[Any], Row[Any]]] | None:
+    """A page of the tenant's batches, newest first, after the batch ``after`` (OpenAI's
+    cursor), each with its job: three statements on one connection, however long the
+    page. None when the tenant has no batch ``after``."""
     b = openai_batches.c
     q = select(openai_batches).where(b.tenant_id == tenant_id)
-    if after is not None:
-        q = q.where(
-            or_(
-                b.created_at < after.created_at,
-                and_(b.created_at == after.created_at, b.batch_id < after.batch_id),
-            )
-        )
     async with engine.connect() as conn:
-        return (
+        if after is not None:
+            mark = (
+                await conn.execute(
+                    select(b.created_at, b.batch_id).where(
+                        b.batch_id == after, b.tenant_id == tenant_id
+                    )
+                )
+            ).first()
+            if mark is None:
+                return None
+            q = q.where(
+                or_(
+                    b.created_at < mark.created_at,
+                    and_(b.created_at == mark.created_at, b.batch_id < mark.batch_id),
+                )
+            )
+        rows = (
             await conn.execute(q.order_by(b.created_at.desc(), b.batch_id.desc()).limit(limit))
         ).all()
+        if not rows:
+            return []
+        found = await conn.execute(
+            select(jobs).where(
+                jobs.c.job_id.in_([r.job_id for r in rows]), jobs.c.tenant_id == tenant_id
+            )
+        )
+        by_id = {str(j.job_id): j for j in found}
+    return [(r, by_id[str(r.job_id)]) for r in rows if str(r.job_id) in by_id]
 
 
 async def result_page(engine: AsyncEngine, job_id: str, start: int, limit: int) -> Sequence[Any]:
