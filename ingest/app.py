@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Header, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import ORJSONResponse
 from starlette.types import ASGIApp
@@ -34,6 +34,7 @@ from ingest.auth import Authenticator, AuthGate
 from ingest.catalog import ModelCatalog
 from ingest.fast_path import InferFastPath
 from ingest.http import BodyLimit, ErrorGuard, install_error_handlers
+from ingest.job_limits import catalog_reader
 from ingest.job_submit import JobPublisher
 from ingest.load_watch import LoadWatch
 from ingest.openai_wire import models_answer
@@ -53,6 +54,17 @@ from results.db import make_async_engine
 from results.durability import refusal
 
 log = logging.getLogger("gristmill.ingest")
+
+# Routes a caller may read without a key (shown the live versions only).
+CATALOG_PATHS = frozenset(
+    {
+        "/v1/models",
+        "/v2/models/{model}",
+        "/v2/models/{model}/versions/{version}",
+        "/v2/models/{model}/ready",
+        "/v2/models/{model}/versions/{version}/ready",
+    }
+)
 
 
 async def finish_stale_submissions(state: AppState, interval_s: float = 5.0) -> None:
@@ -217,12 +229,16 @@ def create_app(settings: Settings) -> FastAPI:
             status_code=200 if ok else 503,
         )
 
-    @app.get("/v1/models", responses={500: ERROR_RESPONSES[500]})
-    async def list_models(request: Request) -> dict[str, object]:
-        # Gristmill's ``models`` and OpenAI's list (``object``, ``data``) in one body.
+    @app.get("/v1/models", responses={s: ERROR_RESPONSES[s] for s in (401, 429, 500, 503)})
+    async def list_models(
+        request: Request, authorization: str | None = Header(default=None)
+    ) -> dict[str, object]:
+        # Gristmill's ``models`` and OpenAI's list (``object``, ``data``) in one body: with
+        # a key every open version, without one the live versions only.
         st = get_state(request)
+        tenant = await catalog_reader(st, authorization)
         await st.catalog.refresh()
-        return models_answer(st.catalog.listing())
+        return models_answer(st.catalog.listing(every_version=tenant is not None))
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -251,7 +267,9 @@ def api_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
                 op["parameters"] = params
             else:
                 op.pop("parameters", None)
-            if (path.startswith("/v1/") and path != "/v1/models") or path.endswith("/infer"):
+            if path in CATALOG_PATHS:
+                op["security"] = [{"bearer": []}, {}]  # a key shows more; none is fine
+            elif path.startswith("/v1/") or path.endswith("/infer"):
                 op["security"] = [{"bearer": []}]
     # The built-in versions: those registered later are listed by GET /v1/models.
     specs = build_specs(settings)

@@ -25,6 +25,7 @@ from core.errors import Unavailable
 from core.models.registry import (
     RecordError,
     VersionRecord,
+    VersionState,
     builtin_records,
     parse_ref,
     spec_from_record,
@@ -174,12 +175,16 @@ class ModelCatalog:
             spec = self._specs[key] = spec_from_record(record, self.settings)
         return spec
 
-    def listing(self) -> list[dict[str, Any]]:
+    def listing(self, *, every_version: bool) -> list[dict[str, Any]]:
+        """The catalog as tenants see it: ``every_version`` (a caller with a key) or only
+        the live ones; never the worker counts (the admin API has those)."""
         out: list[dict[str, Any]] = []
         for name in sorted(self.table.models):
             routes = self.table.models[name]
             for version in sorted(routes.versions, key=version_order):
                 r = routes.versions[version]
+                if not every_version and r.state is not VersionState.LIVE:
+                    continue
                 served = self.table.served.get((name, version), Served())
                 try:
                     params = {p.name: p.default for p in self.spec(r).params}
@@ -194,12 +199,6 @@ class ModelCatalog:
                         "backend": r.backend,
                         "max_batch_size": r.max_batch_size,
                         "live": served.ready > 0,
-                        "workers": {
-                            "ready": served.ready,
-                            "loading": served.loading,
-                            "unavailable": served.unavailable,
-                            "failed": served.failed,
-                        },
                         "params": params,
                     }
                 )

@@ -50,6 +50,17 @@ def check_reads(limiter: TenantLimiter, settings: Settings, tenant: Tenant) -> d
     return headers
 
 
+async def catalog_reader(st: AppState, authorization: str | None) -> Tenant | None:
+    """Who reads a catalog route (``/v1/models``, ``/v2/models/...``): None without a key
+    (it is shown live versions only), else the tenant, within its read rate; a bad key
+    is a 401 as anywhere."""
+    if authorization is None:
+        return None
+    tenant = await st.auth.authenticate(authorization)
+    check_reads(st.limiter, st.settings, tenant)
+    return tenant
+
+
 def acquire(slots: SharedSlots, tenant_id: str, what: str, per_key: int | None = None) -> None:
     """Take a slot or raise: 429 when the tenant holds its share (``per_key``, else the
     slots' own), 503 when the instance is full."""
