@@ -163,6 +163,7 @@ def create_app(settings: Settings) -> FastAPI:
             asyncio.create_task(state.load.run()),
             asyncio.create_task(state.overload.lag.run()),
             asyncio.create_task(metrics.publish_loop(state)),
+            asyncio.create_task(metrics.job_gauges_loop(state)),
             asyncio.create_task(flush_loop(engine)),  # refusal counts, answer timeouts
             asyncio.create_task(state.catalog.run()),
         ]
