@@ -37,7 +37,7 @@ from core.models.causal_lm import CausalLMSpec, generation_params
 from core.models.token_ids import tokenized_input
 from core.vocab import TIER_TO_CLASS, RequestStatus
 from ingest.error_shapes import Shape, declared
-from ingest.idempotency import claim
+from ingest.idempotency import aim, claim, first_version
 from ingest.infer import check_headers, send_claimed
 from ingest.job_limits import check_reads, hold_stream
 from ingest.jobs import HeldStream
@@ -126,8 +126,7 @@ def keyed_seed(tenant_id: str, key: str) -> int:
 
 
 def _last_index(value: str, field: str) -> int:
-    """A token index a client sends back (``Last-Event-ID``): -1 or ASCII digits, below
-    2**20; else a 400 naming ``field``."""
+    """A token index a client sends back: -1 or ASCII digits below 2**20, else 400."""
     last = -1 if value == "-1" else ascii_decimal(value, max_digits=7)
     if last is None or not -1 <= last < 1 << 20:
         raise InvalidInput(f"{field} must be a token index from -1 to {(1 << 20) - 1}", field=field)
@@ -229,9 +228,9 @@ async def create_completion(
         msg = _message(st, spec, tenant, rid, tokenized_input(prompt, ids), params, received)
         c = None
         if idempotency_key is not None:
-            # What is generated, not how it is delivered: ``stream`` is not in the hash,
-            # so a dropped stream may be retried as a plain POST and the other way round.
-            msg.body_hash = body_hash(spec.ref, prompt, params)
+            # What is asked, not how it is delivered (``stream`` is not in the hash, so a
+            # dropped stream may be retried as a plain POST) nor where routing sent it.
+            msg.body_hash = body_hash(body.model, prompt, params)
             c = await claim(
                 st.engine,
                 tenant_id=tenant.id,
@@ -240,7 +239,9 @@ async def create_completion(
                 body_hash=msg.body_hash,
                 deadline=msg.deadline,
                 received=received,
+                model_version=spec.version,
                 ttl_h=st.settings.idempotency_ttl_h,
+                legacy_hash=lambda: body_hash(spec.ref, prompt, params),
             )
             rid = msg.request_id = c.request_id
             if not c.first and c.first_received is not None:
@@ -250,6 +251,8 @@ async def create_completion(
         if c is not None and not c.first:
             send = await _resend(st, rid, tenant.id, c.first_deadline, fut)
             start = resume
+            if send and (first := await first_version(st.catalog, spec, c)) is not spec:
+                aim(msg, first, prompt)  # to the version the first attempt was routed to
         if send:
             await send_claimed(
                 st, tenant, msg, first_claim=c is None or c.first, key=idempotency_key

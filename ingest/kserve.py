@@ -168,6 +168,7 @@ async def infer(
             received=received,
             timeout_ms=req.timeout_ms,
             idempotency_key=idempotency_key,
+            asked=_ref(model, version),
             tier=tier_for_priority(tenant.tier, req.priority),
         )
     finally:
