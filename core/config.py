@@ -355,6 +355,38 @@ class JobSettings(_Concern):
         return self
 
 
+class FileSettings(_Concern):
+    """OpenAI's Files on a budget (ingest/file_budget.py, decision 42): the bytes live in
+    PostgreSQL, so what one tenant may keep there is bounded by its tier."""
+
+    # Bytes of unexpired files a tenant may keep, and how many files.
+    tier_file_bytes: dict[str, Annotated[int, Field(ge=1)]] = {
+        "free": 100_000_000,
+        "paid": 10_000_000_000,
+        "enterprise": 100_000_000_000,
+    }
+    tier_file_count: dict[str, Annotated[int, Field(ge=1)]] = {
+        "free": 100,
+        "paid": 1_000,
+        "enterprise": 10_000,
+    }
+    # Uploads a tenant may start per minute (a minute's worth at once).
+    tier_file_uploads_per_min: dict[str, Annotated[float, Field(gt=0)]] = {
+        "free": 10.0,
+        "paid": 60.0,
+        "enterprise": 600.0,
+    }
+    # A file's life when its upload names none (s): OpenAI's for purpose=batch, 30 days.
+    file_default_expiry_s: int = Field(30 * 86_400, ge=3_600, le=30 * 86_400)
+
+    @model_validator(mode="after")
+    def _file_tiers_in_order(self) -> Self:
+        _check_tier_order("tier_file_bytes", self.tier_file_bytes, rises=True)
+        _check_tier_order("tier_file_count", self.tier_file_count, rises=True)
+        _check_tier_order("tier_file_uploads_per_min", self.tier_file_uploads_per_min, rises=True)
+        return self
+
+
 class RetentionSettings(_Concern):
     """How long the request log keeps what, and how it is cut (results/retention.py,
     results/sweeper.py; docs/decisions/0029-compact-results-and-a-partitioned-request-log.md)."""
@@ -516,6 +548,7 @@ class Settings(
     EdgeSettings,
     TierSettings,
     JobSettings,
+    FileSettings,
     RetentionSettings,
     SchedulerSettings,
     WorkerSettings,

@@ -12,6 +12,7 @@ Errors are in OpenAI's shape (ingest/error_shapes.py).
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime
@@ -29,6 +30,7 @@ from core.limits import ascii_decimal, shown
 from core.models.causal_lm import CausalLMSpec
 from core.models.spec import ModelSpec
 from ingest import batch_wire as bw
+from ingest import file_budget as fb
 from ingest import job_quota
 from ingest.completions import completion_body
 from ingest.error_shapes import Shape, declared
@@ -77,12 +79,12 @@ def file_object(f: Any) -> dict[str, Any]:
 # --- files ------------------------------------------------------------------------------
 
 
-async def _capped(request: Request, st: AppState) -> AsyncGenerator[bytes, None]:
+async def _capped(request: Request, st: AppState, cap: int) -> AsyncGenerator[bytes, None]:
     s = st.settings
     async for chunk in body_chunks(
         request.stream(),
         idle_timeout_s=s.upload_idle_timeout_s,
-        max_bytes=s.max_job_bytes,
+        max_bytes=cap,
         what="a file upload",
         min_rate_bps=s.upload_min_bytes_per_s,
     ):
@@ -101,13 +103,28 @@ async def create_file(
     declared_len = request.headers.get("content-length", "")
     if (ascii_decimal(declared_len) or 0) > st.settings.max_job_bytes:
         raise PayloadTooLarge(f"a file may be at most {st.settings.max_job_bytes} bytes")
+    # The budget before a byte is read (decision 42): the upload rate, the files kept and
+    # the room left, which also caps what this upload may spool.
+    headers = fb.check_upload_rate(st.limiter, st.settings, tenant, time.monotonic())
+    budget, used = (
+        fb.Budget.of(st.settings, tenant.tier),
+        await files_db.usage(st.engine, tenant.id),
+    )
+    budget.check(used, 1)
+    cap = min(st.settings.max_job_bytes, budget.room(used) + fb.MULTIPART_SLACK)
     async with slot(st.uploads, tenant.id, "uploads"):
         # The parser spools the file part to disk past 1 MiB: memory stays bounded.
-        parser = MultiPartParser(request.headers, _capped(request, st), max_files=1, max_fields=4)
+        parser = MultiPartParser(
+            request.headers, _capped(request, st, cap), max_files=1, max_fields=8
+        )
         try:
             form = await parser.parse()
         except MultiPartException as exc:
             raise InvalidInput(f"the multipart body is malformed: {exc.message}") from exc
+        except PayloadTooLarge:
+            if cap < st.settings.max_job_bytes:
+                budget.check(used, budget.room(used) + 1)  # the quota, not the cap: 403
+            raise
         try:
             purpose = form.get("purpose")
             upload = form.get("file")
@@ -124,6 +141,15 @@ async def create_file(
             size = upload.size or 0
             if size == 0:
                 raise InvalidInput("the file is empty", field="file")
+            s = st.settings
+            expires = fb.expiry(
+                form.get(fb.ANCHOR),
+                form.get(fb.SECONDS),
+                datetime.now(UTC),
+                s.file_default_expiry_s,
+            )
+            if purpose == "batch":  # JSONL, or nothing of it is stored
+                await asyncio.to_thread(fb.check_jsonl, upload.file, s.max_body_bytes)
             fid = bw.new_file_id()
             await files_db.store_file(
                 st.engine,
@@ -133,12 +159,13 @@ async def create_file(
                 filename=name,
                 staged=upload.file,
                 size=size,
-                expires_at=None,
+                expires_at=expires,
+                admit=lambda now_used: budget.check(now_used, size),
             )
         finally:
             await form.close()
     f = await files_db.get_file(st.engine, tenant.id, fid)
-    return ORJSONResponse(file_object(f))
+    return ORJSONResponse(file_object(f), headers=headers)
 
 
 @router.get("/v1/files", responses=ERRORS)
