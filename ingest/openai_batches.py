@@ -91,7 +91,38 @@ async def _capped(request: Request, st: AppState, cap: int) -> AsyncGenerator[by
         yield chunk
 
 
-@router.post("/v1/files", responses=ERRORS, summary="Upload a JSONL file (purpose=batch)")
+# The form OpenAI's SDK sends (``expires_after`` as bracketed fields), for the schema.
+_FILE_FORM = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "purpose": {"type": "string", "enum": list(PURPOSES)},
+                        fb.ANCHOR: {"type": "string", "enum": ["created_at"]},
+                        fb.SECONDS: {
+                            "type": "integer",
+                            "minimum": bw.MIN_OUTPUT_EXPIRY_S,
+                            "maximum": bw.MAX_OUTPUT_EXPIRY_S,
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "/v1/files",
+    responses=ERRORS,
+    summary="Upload a JSONL file (purpose=batch)",
+    openapi_extra=_FILE_FORM,
+)
 async def create_file(
     request: Request, authorization: str | None = Header(default=None)
 ) -> ORJSONResponse:
