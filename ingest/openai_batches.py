@@ -131,17 +131,15 @@ async def create_file(
     ctype = request.headers.get("content-type", "")
     if not ctype.startswith("multipart/form-data"):
         raise InvalidInput("POST /v1/files takes multipart/form-data", field="Content-Type")
-    declared_len = request.headers.get("content-length", "")
-    if (ascii_decimal(declared_len) or 0) > st.settings.max_job_bytes:
+    declared = ascii_decimal(request.headers.get("content-length", "")) or 0
+    if declared > st.settings.max_job_bytes:
         raise PayloadTooLarge(f"a file may be at most {st.settings.max_job_bytes} bytes")
     # The budget before a byte is read (decision 42): the upload rate, the files kept and
-    # the room left, which also caps what this upload may spool.
+    # the room left (for what the body announces), which also caps what it may spool.
     headers = fb.check_upload_rate(st.limiter, st.settings, tenant, time.monotonic())
-    budget, used = (
-        fb.Budget.of(st.settings, tenant.tier),
-        await files_db.usage(st.engine, tenant.id),
-    )
-    budget.check(used, 1)
+    budget = fb.Budget.of(st.settings, tenant.tier)
+    used = await files_db.usage(st.engine, tenant.id)
+    budget.check(used, max(1, declared - fb.MULTIPART_SLACK))
     cap = min(st.settings.max_job_bytes, budget.room(used) + fb.MULTIPART_SLACK)
     async with slot(st.uploads, tenant.id, "uploads"):
         # The parser spools the file part to disk past 1 MiB: memory stays bounded.
