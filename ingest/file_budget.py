@@ -18,11 +18,11 @@ from typing import IO, Any
 import orjson
 
 from core.config import Settings
-from core.errors import InvalidInput, QuotaExceeded, RateLimited
+from core.errors import InvalidInput, QuotaExceeded
 from core.limits import ascii_decimal
 from ingest.batch_wire import MAX_OUTPUT_EXPIRY_S, MIN_OUTPUT_EXPIRY_S
 from ingest.job_upload import LineSplitter
-from ingest.policy import ratelimit_headers
+from ingest.policy import enforce
 from ingest.ratelimit import TenantLimiter
 from results.files import FileUsage
 from results.tenants import Tenant
@@ -70,14 +70,7 @@ def check_upload_rate(
     with Retry-After past it. Returns RateLimit-* headers."""
     per_min = settings.tier_file_uploads_per_min[tenant.tier]
     v = limiter.check(tenant.id, "files", rate=per_min / 60, burst=per_min, n=1, now=now)
-    headers = ratelimit_headers(v)
-    if not v.allowed:
-        raise RateLimited(
-            f"this key may start {per_min:g} file uploads a minute",
-            retry_after_s=v.retry_after_s,
-            headers=headers,
-        )
-    return headers
+    return enforce(v, f"this key may start {per_min:g} file uploads a minute")
 
 
 def expiry(anchor: Any, seconds: Any, now: datetime, default_s: int) -> datetime:

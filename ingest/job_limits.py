@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from core.config import Settings
 from core.errors import RateLimited, Unavailable
-from ingest.policy import ratelimit_headers
+from ingest.policy import enforce
 from ingest.ratelimit import TenantLimiter
 from ingest.shared_slots import SharedSlots
 from results.tenants import Tenant
@@ -40,14 +40,7 @@ def check_reads(limiter: TenantLimiter, settings: Settings, tenant: Tenant) -> d
         n=1,
         now=time.monotonic(),
     )
-    headers = ratelimit_headers(v)
-    if not v.allowed:
-        raise RateLimited(
-            f"read rate of {v.limit:g} requests/s exceeded for this key",
-            retry_after_s=v.retry_after_s,
-            headers=headers,
-        )
-    return headers
+    return enforce(v, f"read rate of {v.limit:g} requests/s exceeded for this key")
 
 
 async def catalog_reader(st: AppState, authorization: str | None) -> Tenant | None:

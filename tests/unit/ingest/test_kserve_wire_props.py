@@ -22,24 +22,10 @@ from ingest.kserve_wire import (
     encode_bytes_tensor,
     parse_infer,
 )
+from tests.unit.json_strategies import json_values
 
 S = Settings()
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
-
-json_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**63), max_value=2**64 - 1),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=20),
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=30,
-)
 
 
 def parse(body: Any, header: str | None = None) -> Any:

@@ -19,6 +19,7 @@ from ingest.completions import _resume_from
 from ingest.job_schemas import parse_index
 from ingest.openai_wire import parse_embeddings, parse_prefer
 from ingest.schemas import parse_infer
+from tests.unit.json_strategies import json_values
 
 S = Settings()
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
@@ -27,20 +28,6 @@ REFUSED = (InvalidInput, SchemaViolation)
 # Digits of many scripts (Nd), superscripts and other numerals (No), ASCII, signs, spaces.
 digitish = st.text(
     st.characters(categories=["Nd", "No"]) | st.sampled_from("0123456789+-_ .e"), max_size=24
-)
-json_scalars = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(2**63), max_value=2**64 - 1),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.text(max_size=20),
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=30,
 )
 
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from ingest.waiters import ResultWaiter
 from results import announce
+from tests.unit.json_strategies import json_values
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -159,17 +160,6 @@ def test_an_out_of_range_time_is_fetched_by_id_and_the_listener_goes_on() -> Non
         assert w._heard == [bad]  # fetched by its id (the resolver's next query)
 
     asyncio.run(go())
-
-
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.floats()
-    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
-    | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner),
-    max_leaves=20,
-)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
