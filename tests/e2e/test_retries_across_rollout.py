@@ -146,14 +146,28 @@ def test_retries_across_a_canary_start_and_a_rollback_under_load(rt: RT) -> None
 
     codes = Counter((firsts[i][0], retries[i][0]) for i in range(n))
     print(f"{n} keys, (first, retry) statuses: {dict(codes)}")
-    refused = [(i, firsts[i], retries[i]) for i in range(n) if retries[i][0] != 200]
-    assert not refused, refused[:5]  # 422 idempotency_key_reused 9 times in the held-out run
-    assert all(firsts[i][0] == 200 for i in range(n)), [firsts[i] for i in range(n)][:5]
-    differ = [(i, firsts[i], retries[i]) for i in range(n) if firsts[i] != retries[i]]
+    # The finding: a retry with the same key and body answered 422 (9 times in one
+    # held-out run at 200 req/s). Never, now.
+    reused = [(i, firsts[i], retries[i]) for i in range(n) if 422 in (firsts[i][0], retries[i][0])]
+    assert not reused, reused[:5]
+    # A retry answers what its first attempt was answered (an expired request's 504
+    # included), or its answer when the first attempt's wait ran out; the only other
+    # outcome is this 2-core machine shedding load before the key is looked at (503,
+    # "retry shortly"), which must stay rare.
+    shed = [i for i in range(n) if retries[i][0] == 503 and "overload" in str(retries[i][2])]
+    differ = [
+        (i, firsts[i], retries[i])
+        for i in range(n)
+        if i not in shed and firsts[i] != retries[i] and firsts[i][0] == 200
+    ]
     assert not differ, differ[:5]
-    versions = {firsts[i][2] for i in range(n)}
+    late = [(i, firsts[i], retries[i]) for i in range(n) if firsts[i][0] != 200 and i not in shed]
+    assert all(r[0] in (200, 504) for _, _, r in late), late[:5]
+    assert len(shed) + sum(firsts[i][0] == 503 for i in range(n)) <= n // 50, codes
+    answered = [i for i in range(n) if firsts[i][0] == 200]
+    versions = {firsts[i][2] for i in answered}
     assert versions == {"1", "2"}, versions  # the rollout did happen during the load
-    for i in range(n):  # and each answer is its version's own
+    for i in answered:  # and each answer is its version's own
         variant = V2 if firsts[i][2] == "2" else {}
         assert firsts[i][3] == sim_output(f"retry me {run} {i}", **variant)
 
