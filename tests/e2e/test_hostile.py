@@ -106,6 +106,13 @@ def head(method: str, path: str, key: str, extra: str = "", length: int | None =
     return "\r\n".join(lines) + "\r\n" + extra + "\r\n"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def embedding_served(system: System) -> None:
+    """Cases below name the embedding model: a fresh session may still be loading it
+    (a 503 with Retry-After, not the 4xx a case expects)."""
+    system.wait_until_serving("all-minilm-l6-v2", timeout_s=300)
+
+
 @pytest.fixture(scope="module")
 def db_password() -> str:
     return "pw-" + secrets.token_hex(12)
