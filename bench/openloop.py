@@ -17,6 +17,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from bench.rawhttp import HttpError, RawPool
+
 
 @dataclass
 class Sample:
@@ -162,6 +164,16 @@ class LoadSpec:
     model: str = "sim"
     timeout_s: float = 15.0
     max_inflight: int = 6000  # per process; beyond it a request counts as client_overflow
+    # A corpus (bench/corpus.py: texts and the model's own vectors for them): request j
+    # sends text j mod n and its answer is checked against that text's vector. Empty:
+    # sim inputs named by ``tag``, checked against sim's output.
+    corpus: str = ""
+    # "infer": the native route's body; "embeddings": OpenAI's, vectors in base64 as
+    # the openai SDK asks for them.
+    wire: str = "infer"
+    # "aiohttp", or "raw" (bench/rawhttp.py: about a tenth of the client CPU a request,
+    # for rates where the generator shares the measured host's cores).
+    client: str = "aiohttp"
 
 
 @dataclass
@@ -233,8 +245,9 @@ def run_load(spec: LoadSpec, processes: int = 2) -> LoadResult:
     import multiprocessing as mp
 
     processes = max(1, processes)
-    # Spawned children take ~1 s to import; start the shared schedule after that.
-    start_mono = time.monotonic() + 2.0
+    # Spawned children take 1-2 s to import and read a corpus; start the shared schedule
+    # after that, or its first seconds go out as one burst.
+    start_mono = time.monotonic() + 3.0
     start_wall = time.time() + (start_mono - time.monotonic())
     ctx = mp.get_context("spawn")
     with cf.ProcessPoolExecutor(processes, mp_context=ctx) as pool:
@@ -277,13 +290,16 @@ def _child(args: tuple[LoadSpec, int, int, float]) -> dict[str, Any]:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     spec, index, n, start = args
-    return asyncio.run(_drive(spec, index, n, start))
+    try:  # the event loop the API itself runs on: less client CPU a request
+        import uvloop
+
+        return uvloop.run(_drive(spec, index, n, start))
+    except ImportError:
+        return asyncio.run(_drive(spec, index, n, start))
 
 
 async def _drive(spec: LoadSpec, index: int, n: int, start: float) -> dict[str, Any]:
     import resource
-
-    from core.models.sim import sim_output
 
     lat, lat_all, lag = new_hist(), new_hist(), new_hist()
     stages = {name: new_hist() for name in STAGES + DERIVED}
@@ -297,23 +313,31 @@ async def _drive(spec: LoadSpec, index: int, n: int, start: float) -> dict[str, 
     def rec(h: Any, ms: float) -> None:
         h.record_value(min(HDR_MAX_US, max(1, round(ms * 1000))))
 
+    check = answer_check(spec)
+    raw_pool = RawPool(spec.url, spec.headers, spec.timeout_s) if spec.client == "raw" else None
+
     async def one(j: int, due: float) -> None:
         nonlocal last_done
-        text = f"{spec.tag}-{j}"
+        text = check.text(j)
         rec(lag, (time.monotonic() - due) * 1000)
         body: dict[str, Any] | None = None
         try:
-            payload = orjson.dumps({"model": spec.model, "input": text})
-            async with client.post(spec.url, data=payload) as r:
-                key = str(r.status)
-                raw = await r.read()
-                if r.status in (429, 503) and "Retry-After" in r.headers:
-                    acc["retry_after"] += 1
-            if r.status == 200:
+            payload = orjson.dumps(check.body(text))
+            if raw_pool is not None:
+                answer = await raw_pool.post(payload)
+                status, raw, shed_after = answer.status, answer.body, answer.retry_after
+            else:
+                async with client.post(spec.url, data=payload) as r:
+                    status, raw = r.status, await r.read()
+                    shed_after = "Retry-After" in r.headers
+            key = str(status)
+            if status in (429, 503) and shed_after:
+                acc["retry_after"] += 1
+            if status == 200:
                 body = orjson.loads(raw)
         except TimeoutError:
             key = "client_timeout"
-        except aiohttp.ClientError:
+        except (aiohttp.ClientError, HttpError, OSError):
             key = "client_error"
         done = time.monotonic()
         last_done = max(last_done, done)
@@ -323,7 +347,7 @@ async def _drive(spec: LoadSpec, index: int, n: int, start: float) -> dict[str, 
         if body is None:
             return
         rec(lat, ms)
-        if body.get("output") != sim_output(text):
+        if not check.right(j, body):
             acc["wrong"] += 1
         if body.get("batch_size"):
             acc["batch_sum"] += body["batch_size"]
@@ -366,3 +390,30 @@ async def _drive(spec: LoadSpec, index: int, n: int, start: float) -> dict[str, 
         "cpu_s": (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime),
         **acc,
     }
+
+
+class SimCheck:
+    """Inputs ``<tag>-<j>``; the answer is sim's digest of the input."""
+
+    def __init__(self, spec: LoadSpec) -> None:
+        from core.models.sim import sim_output
+
+        self.spec = spec
+        self._out = sim_output
+
+    def text(self, j: int) -> str:
+        return f"{self.spec.tag}-{j}"
+
+    def body(self, text: str) -> dict[str, Any]:
+        return {"model": self.spec.model, "input": text}
+
+    def right(self, j: int, body: dict[str, Any]) -> bool:
+        return bool(body.get("output") == self._out(self.text(j)))
+
+
+def answer_check(spec: LoadSpec) -> Any:
+    if not spec.corpus:
+        return SimCheck(spec)
+    from bench.corpus import VectorCheck
+
+    return VectorCheck(spec.corpus, spec.model, spec.wire)

@@ -154,7 +154,7 @@ class ResultWaiter:
 
     def _hear(self, payload: str) -> None:
         try:
-            rows, ids = announce.parse(payload)
+            rows, ids = announce.parse(payload, self._waiting)
             self._answer(rows)
         except Exception as exc:  # not ours: the poll covers it; the listener goes on
             log.warning("unreadable result announcement (%s)", type(exc).__name__)

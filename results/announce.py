@@ -15,7 +15,7 @@ See docs/decisions/0003-results-announced-by-notify.md.
 from __future__ import annotations
 
 import binascii
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -140,8 +140,12 @@ def _row(r: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
-def parse(payload: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """(answers as rows, like a fetched row; ids to fetch) from one payload. An answer
+def parse(
+    payload: str, wanted: Container[str] | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """(answers as rows, like a fetched row; ids to fetch) from one payload. With
+    ``wanted``, only the answers whose request id it holds are made into rows: every API
+    process hears every announcement, and most answers are another process's. An answer
     that cannot be read (a time out of range, say) is fetched by its id instead; a
     payload that is not an announcement at all raises ValueError."""
     data = orjson.loads(payload)
@@ -150,10 +154,11 @@ def parse(payload: str) -> tuple[list[dict[str, Any]], list[str]]:
         raise ValueError("not a result announcement")
     rows, fetch = [], [i for i in ids if isinstance(i, str)]
     for r in results:
+        rid = r.get("request_id") if isinstance(r, dict) else None
+        if not isinstance(rid, str) or (wanted is not None and rid not in wanted):
+            continue
         try:
             rows.append(_row(r))
         except _UNREADABLE:
-            rid = r.get("request_id") if isinstance(r, dict) else None
-            if isinstance(rid, str):
-                fetch.append(rid)
+            fetch.append(rid)
     return rows, fetch

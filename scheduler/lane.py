@@ -1,10 +1,11 @@
 """One Kafka consumer and the thread that drives it: a lane of the scheduler.
 
-The scheduler reads sync traffic and job items through two lanes, each with its
-own consumer, consumer group, fetch queue and thread (decision 0011). librdkafka
-keeps fetched messages in one FIFO per consumer whatever their topic, so with a
-single consumer a sync request could sit behind a prefetch of job items; in its
-own lane it is fetched and queued the moment it lands.
+The scheduler reads each sync class and the job items through lanes of their own,
+each with its own consumer, fetch queue and thread (decision 0011); job items in a
+consumer group of their own. librdkafka keeps fetched messages in one FIFO per
+consumer whatever their topic, so with a single consumer a sync request could sit
+behind a prefetch of job items; in its own lane it is fetched and queued the moment
+it lands.
 
 A lane alone touches its Consumer: it polls, pauses and resumes its classes'
 partitions, commits the offsets of its partitions and answers rebalances. What
@@ -59,41 +60,51 @@ class LaneSpec:
         return [request_topic(settings, PRIORITY_CLASSES[r]) for r in sorted(self.ranks)]
 
 
+# Short prefetch: a paused class must stop adding to the queue quickly, and an
+# enterprise request never sits behind much fetched traffic. Refill at once when it
+# drains: librdkafka otherwise backs a partition's fetches off for a second after the
+# queue was full, which held a burst in Kafka at ~800 messages/s while the workers could
+# take 2,000/s.
+SYNC_FETCH: dict[str, Any] = {
+    "queued.max.messages.kbytes": 256,
+    "max.partition.fetch.bytes": 65536,
+    "fetch.queue.backoff.ms": 5,
+}
+
+
 def lane_specs(settings: Settings) -> list[LaneSpec]:
-    """Sync classes in one lane, job items in the other."""
-    jobs = PriorityClass.JOBS.rank
-    return [
-        LaneSpec(
-            "sync",
-            settings.consumer_group,
-            frozenset(r for r in range(len(PRIORITY_CLASSES)) if r != jobs),
-            # Short prefetch: a paused class must stop adding to the queue quickly, and
-            # an enterprise request never sits behind much fetched free traffic. Refill
-            # at once when it drains: librdkafka otherwise backs a partition's fetches
-            # off for a second after the queue was full, which held a burst in Kafka at
-            # ~800 messages/s while the workers could take 2,000/s.
-            {
-                "queued.max.messages.kbytes": 256,
-                "max.partition.fetch.bytes": 65536,
-                "fetch.queue.backoff.ms": 5,
-            },
-        ),
+    """A lane per sync class, all in one consumer group, and job items in their own.
+
+    One consumer subscribed to every sync topic is balanced by partition count: the
+    group's assignor may give one scheduler all of a class's partitions (seen on a GPU
+    host: all six enterprise partitions on one of three schedulers, which then carried
+    every enterprise request). A consumer per class subscribes to one topic, so the
+    assignor spreads each topic's partitions evenly over the schedulers whatever order
+    they join in; committed offsets stay under the same group."""
+    jobs = PriorityClass.JOBS
+    lanes = [
+        LaneSpec(c.value, settings.consumer_group, frozenset({c.rank}), SYNC_FETCH)
+        for c in PRIORITY_CLASSES
+        if c is not jobs
+    ]
+    lanes.append(
         LaneSpec(
             "jobs",
             f"{settings.consumer_group}-jobs",
-            frozenset({jobs}),
+            frozenset({jobs.rank}),
             # A deep backlog is read in large fetches; nothing waits behind it here.
             {
                 "queued.max.messages.kbytes": 4096,
                 "max.partition.fetch.bytes": 1 << 20,
                 "fetch.queue.backoff.ms": 50,
             },
-        ),
-    ]
+        )
+    )
+    return lanes
 
 
 class ConsumerLane:
-    def __init__(self, settings: Settings, spec: LaneSpec, host: LaneHost):
+    def __init__(self, settings: Settings, spec: LaneSpec, host: LaneHost, member: str = ""):
         self.settings = settings
         self.spec = spec
         self.host = host
@@ -109,7 +120,10 @@ class ConsumerLane:
                 settings,
                 spec.group_id,
                 **{
-                    "client.id": f"gristmill-scheduler-{spec.name}",
+                    # Names the scheduler process in the group's description (tools,
+                    # the balance test) beside the lane.
+                    "client.id": f"gristmill-scheduler-{spec.name}"
+                    + (f"-{member}" if member else ""),
                     "enable.auto.commit": False,
                     "auto.offset.reset": "earliest",
                     "partition.assignment.strategy": "cooperative-sticky",

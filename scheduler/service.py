@@ -160,7 +160,9 @@ class SchedulerService:
                 on_ready=self.gen.on_worker,
             )
         # Sync traffic and job items are read by separate consumers (decision 0011).
-        self.lanes = [ConsumerLane(settings, spec, self) for spec in lane_specs(settings)]
+        self.lanes = [
+            ConsumerLane(settings, spec, self, self.scheduler_id) for spec in lane_specs(settings)
+        ]
 
     @property
     def specs(self) -> dict[str, dict[str, ModelSpec]]:

@@ -63,6 +63,7 @@ from workers.metrics import DeviceSampler
 from workers.models.base import Launched, Model, ModelUnavailable
 from workers.models.loader import boot_records, load_record
 
+REDIAL_S = 0.5  # how often a worker looks for a scheduler that went away
 log = logging.getLogger("gristmill.worker")
 
 # Batches launched and not yet finished: the running one and up to two queued behind
@@ -236,6 +237,7 @@ def serve(
     worker_id: str | None = None,
     *,
     preload: bool = True,
+    redial: bool = False,
 ) -> None:
     """Serve every scheduler in ``schedulers`` (socket path, key). One worker per GPU may
     serve several scheduler processes of the host (decision 0014): their batches run on
@@ -243,7 +245,11 @@ def serve(
 
     ``model_names`` are the models it may serve; with ``preload`` it loads and warms up
     their built-in versions before it connects (a worker that serves alone), else it
-    waits for its schedulers to say which versions to load (the registry's)."""
+    waits for its schedulers to say which versions to load (the registry's).
+
+    With ``redial`` (a worker that a host supervisor keeps, ``gristmill host``) a
+    scheduler that goes away is dialled again until it is back, and the worker keeps
+    serving the others meanwhile; without it the worker exits with its last scheduler."""
     shutdown = _Shutdown()
     tracing.setup(settings, "gristmill-worker")
     if _spawned_by_scheduler(settings):
@@ -263,22 +269,47 @@ def serve(
         for record in boot_records(settings, model_names):
             holder.add(load_record(record, settings))
     wid = worker_id or f"{socket.gethostname()}-{os.getpid()}"
-    hello = Hello(
-        worker_id=wid,
-        pid=os.getpid(),
-        device=settings.cuda_visible_devices,
-        models=list(holder.infos.values()),
-        worker_class=worker_class(settings),
-        memory_budget_bytes=settings.worker_memory_mb * 1_000_000,
-        accepts=tuple(sorted({n.partition("@")[0] for n in model_names})),
-    )
-    conns = []
-    for path, authkey in schedulers:
+
+    def dial(path: str, authkey: bytes) -> Connection:
+        """Join one scheduler: the hello names what this worker holds now."""
         conn = Client(path, family="AF_UNIX", authkey=authkey)
         locks[conn] = threading.Lock()
-        conn.send(hello)
+        conn.send(
+            Hello(
+                worker_id=wid,
+                pid=os.getpid(),
+                device=settings.cuda_visible_devices,
+                models=list(holder.infos.values()),
+                worker_class=worker_class(settings),
+                memory_budget_bytes=settings.worker_memory_mb * 1_000_000,
+                accepts=tuple(sorted({n.partition("@")[0] for n in model_names})),
+            )
+        )
+        return conn
+
+    paths = {}
+    conns = []
+    for path, authkey in schedulers:
+        conn = dial(path, authkey)
+        paths[conn] = path
         conns.append(conn)
     holder.attach(conns)
+
+    def dial_again(lost: Connection) -> Connection | None:
+        """A restarted scheduler listens on the same path with a new key (read again)."""
+        # The lost connection's lock stays: the finisher may still try a send on it.
+        path = paths.pop(lost)
+        while not shutdown.requested:
+            try:
+                conn = dial(path, authkey_for(settings, path))
+            except (OSError, EOFError, ValueError):  # not listening yet, or key not written
+                time.sleep(REDIAL_S)
+                continue
+            paths[conn] = path
+            holder.attach([conn])
+            log.info("worker %s joined the scheduler at %s again", wid, path)
+            return conn
+        return None
     threading.Thread(target=holder.run, name="loader", daemon=True).start()
     try:
         _serve_batches(
@@ -289,6 +320,7 @@ def serve(
             settings.worker_stats,
             send,
             DeviceSampler(settings.cuda_visible_devices),
+            dial_again if redial else None,
         )
     finally:
         holder.stop()
@@ -302,9 +334,11 @@ def _serve_batches(
     report_stats: bool,
     send: Callable[[Connection, WorkResult | GenStepResult | ModelStatus], None],
     gpu: DeviceSampler | None = None,
+    redial: Callable[[Connection], Connection | None] | None = None,
 ) -> None:
     """Read batches in a thread per scheduler, launch them here in arrival order, finish
-    them and send each result to its scheduler in a second thread."""
+    them and send each result to its scheduler in a second thread. ``redial``: a lost
+    scheduler's reader waits for it to come back instead of ending."""
     # The finisher must get the GIL as soon as the device is done, even while this
     # thread packs the next batch (Python's default switch interval is 5 ms).
     sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
@@ -330,7 +364,12 @@ def _serve_batches(
             incoming.put((conn, batch))  # None: that scheduler went away or stops us
             if batch is None:
                 holder.forget(conn)
-                return
+                again = redial(conn) if redial is not None else None
+                if again is None:
+                    return
+                with sent:
+                    serving.add(again)
+                conn = again
 
     def finisher() -> None:
         prev_end = 0.0
@@ -355,7 +394,7 @@ def _serve_batches(
                     serving.discard(started.to)
                     left = len(serving)
                 log.info("a scheduler went away mid-batch; %d left for worker %s", left, wid)
-                if not left:
+                if not left and redial is None:
                     os._exit(0)
             with sent:
                 unsent[0] -= 1
@@ -379,7 +418,7 @@ def _serve_batches(
                 if batch is None:
                     serving.discard(conn)
                     _forget(holder.models, conn)
-                if not serving:
+                if not serving and redial is None:
                     log.info("no scheduler left; worker %s exits", wid)
                     return
                 if batch is None or conn not in serving or shutdown.requested:

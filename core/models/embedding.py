@@ -35,8 +35,8 @@ class EmbedSpec(ModelSpec):
     def message_input(self, value: Any) -> Any:
         if not self.tokenize_in_api:
             return value
-        from core.models.text_tokenizer import shared_tokenizer
+        from core.models.text_tokenizer import shared_encoder
         from core.models.token_ids import tokenized_input
 
-        tok = shared_tokenizer(self.tokenizer_dir or None, self.max_tokens)
-        return value if tok is None else tokenized_input(value, tok.encode(value).ids)
+        encode = shared_encoder(self.tokenizer_dir or None, self.max_tokens)
+        return value if encode is None else tokenized_input(value, encode(value))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ log = logging.getLogger("gristmill.tokenizer")
 
 _lock = threading.Lock()
 _cache: dict[tuple[str | None, int], Any] = {}
+_encoders: dict[tuple[str | None, int], Callable[[str], list[int]] | None] = {}
 
 
 def model_files_dir(configured: str | None = None) -> Path:
@@ -53,3 +55,22 @@ def shared_tokenizer(model_dir: str | None, max_tokens: int) -> Any | None:
                 log.warning("no tokenizer in this process (%s); sending text to workers", exc)
                 _cache[key] = None
         return _cache[key]
+
+
+def shared_encoder(model_dir: str | None, max_tokens: int) -> Callable[[str], list[int]] | None:
+    """text -> the model's token ids: the fast WordPiece path where the tokenizer's rules
+    allow it (core/models/wordpiece.py), else the tokenizer itself; None where no
+    tokenizer loads here."""
+    key = (model_dir, max_tokens)
+    with _lock:
+        if key in _encoders:
+            return _encoders[key]
+    tok = shared_tokenizer(model_dir, max_tokens)
+    encoder: Callable[[str], list[int]] | None = None
+    if tok is not None:
+        from core.models.wordpiece import FastWordPiece
+
+        fast = FastWordPiece.from_tokenizer(tok, max_tokens)
+        encoder = fast.encode if fast is not None else (lambda text: list(tok.encode(text).ids))
+    with _lock:
+        return _encoders.setdefault(key, encoder)

@@ -129,6 +129,11 @@ def worker(
         help="load the built-in versions of --models before connecting (a worker whose "
         "schedulers have no registry); by default the schedulers say what to load",
     ),
+    redial: bool = typer.Option(
+        False,
+        help="dial a scheduler that went away again until it is back (a supervised host); "
+        "by default the worker exits with its last scheduler",
+    ),
 ) -> None:
     """Run one worker (one per GPU) that joins running schedulers of this host."""
     from workers.process import authkey_for, serve
@@ -136,7 +141,49 @@ def worker(
     _logging()
     settings = load_settings()
     schedulers = [(str(s), authkey_for(settings, str(s))) for s in socket]
-    serve(settings, schedulers, models.split(","), worker_id, preload=preload)
+    serve(settings, schedulers, models.split(","), worker_id, preload=preload, redial=redial)
+
+
+@app.command()
+def host(
+    models: str = typer.Option(
+        "all-minilm-l6-v2", help="models the host serves (its schedulers and workers)"
+    ),
+    api_processes: int | None = typer.Option(
+        None, help="uvicorn processes of the API (default: from cores, GPUs and costs)"
+    ),
+    schedulers: int | None = typer.Option(
+        None, help="scheduler processes (default: from cores, GPUs and costs)"
+    ),
+    colocated: bool = typer.Option(
+        False, help="Kafka and PostgreSQL run on this host too: leave them their cores"
+    ),
+    reserve_cores: float = typer.Option(0.0, help="cores kept for something else"),
+    costs: Path | None = typer.Option(
+        None, help="measured CPU costs per request (JSON, as bench.gpuhost writes them)"
+    ),
+    port: int | None = typer.Option(None, help="API port (default GRISTMILL_API_PORT)"),
+    run_dir: Path = typer.Option(Path(".gristmill/host"), help="sockets and logs"),
+    plan: bool = typer.Option(False, help="print the shape and exit"),
+) -> None:
+    """Run every process one GPU host needs (API, schedulers, a worker per GPU), shaped
+    from its cores, GPUs and measured costs, and restart any that dies."""
+    from gristmill.cli.host import load_costs, run_host
+
+    _logging()
+    sys.exit(
+        run_host(
+            models=models,
+            run_dir=run_dir.resolve(),
+            api_processes=api_processes,
+            schedulers=schedulers,
+            colocated=colocated,
+            reserve_cores=reserve_cores,
+            costs=load_costs(costs),
+            api_port=port,
+            plan_only=plan,
+        )
+    )
 
 
 @tenants_app.command("add")

@@ -112,7 +112,7 @@ def _dead_letters(system: System, source_topic: str) -> list[tuple[dict[str, str
 
 def _committed_vs_end(system: System) -> dict[tuple[str, int], tuple[int, int]]:
     s = system.settings
-    (sync,) = [spec for spec in lane_specs(s) if spec.name == "sync"]
+    (sync,) = [spec for spec in lane_specs(s) if spec.name == "paid"]
     c = Consumer({"bootstrap.servers": s.kafka_bootstrap, "group.id": sync.group_id})
     try:
         tps = [TopicPartition(request_topic(s, "paid"), p) for p in range(PARTITIONS)]

@@ -145,3 +145,15 @@ def test_a_request_id_in_another_spelling_still_counts_as_written() -> None:
     rows = [{"request_id": str(rid).upper()}, {"request_id": str(uuid.UUID(int=8))}]
     assert is_written(rows, [str(rid)]) == [True, False]
     assert is_written(rows, []) == [False, False]
+
+
+def test_a_listener_makes_rows_only_of_the_answers_it_waits_for() -> None:
+    """Every API process hears every announcement: the others' answers are skipped before
+    their times and vectors are decoded."""
+    rs = [row(300 + i) for i in range(6)]
+    vector = from_floats([0.5] * 384)
+    payloads = announcements(rs, [None] * 6, [vector] * 6, [True] * 6, T0)
+    wanted = {rs[1]["request_id"], rs[4]["request_id"]}
+    got = [g for p in payloads for g in announce.parse(p, wanted)[0]]
+    assert sorted(g["request_id"] for g in got) == sorted(wanted)
+    assert all(g["output_vector"] == vector for g in got)

@@ -1,0 +1,260 @@
+"""What the whole-system run measures of the host: CPU by process kind, GPU busy from
+NVML, and py-spy samples of a busy process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from gristmill.devservices import PostgresServer
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"cores": len(os.sched_getaffinity(0))}
+    with contextlib.suppress(Exception):
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        info["gpus"] = [line.strip() for line in out.splitlines() if line.strip()]
+    info["python"] = sys.version.split()[0]
+    with contextlib.suppress(Exception):
+        import torch
+
+        info["torch"] = torch.__version__
+    return info
+
+
+class GpuBusy:
+    """NVML's utilization.gpu (share of each sample period with a kernel running),
+    sampled every 100 ms over every GPU."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._nvml: Any = None
+        with contextlib.suppress(Exception):
+            import pynvml
+
+            pynvml.nvmlInit()
+            n = pynvml.nvmlDeviceGetCount()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+            self._nvml = pynvml
+        if self._nvml is not None:
+            threading.Thread(target=self._loop, daemon=True, name="nvml").start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.1):
+            us = [self._nvml.nvmlDeviceGetUtilizationRates(h).gpu for h in self._handles]
+            self.samples.append((time.time(), statistics.mean(us) / 100))
+
+    def mean(self, t0: float, t1: float) -> float | None:
+        xs = [u for t, u in self.samples if t0 + 0.5 <= t <= t1]
+        return round(statistics.mean(xs), 3) if xs else None
+
+    def series(self, t0: float, t1: float) -> list[tuple[float, float]]:
+        return [(round(t - t0, 2), u) for t, u in self.samples if t0 <= t <= t1]
+
+
+class Cpu:
+    """CPU seconds by process kind: the host's children by role, Kafka, PostgreSQL and
+    the load generator (this process and its pool)."""
+
+    def __init__(self, host_pid: int, kafka_pids: list[int], pg: PostgresServer) -> None:
+        self.host_pid = host_pid
+        self.kafka_pids = kafka_pids
+        self.pg = pg
+
+    @staticmethod
+    def _tree(pid: int) -> list[psutil.Process]:
+        try:
+            p = psutil.Process(pid)
+            return [p, *p.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    @staticmethod
+    def _seconds(procs: list[psutil.Process]) -> float:
+        total = 0.0
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                t = p.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+        return total
+
+    def kind(self, p: psutil.Process) -> str:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            cmd = " ".join(p.cmdline())
+            for k in ("api", "scheduler", "worker"):
+                if f"gristmill {k}" in cmd:
+                    return k
+        return "host"
+
+    def sample(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        try:
+            host = psutil.Process(self.host_pid)
+            top = host.children()
+        except psutil.NoSuchProcess:
+            top = []
+        for child in top:
+            k = self.kind(child)
+            out[k] = out.get(k, 0.0) + self._seconds(self._tree(child.pid))
+        out["kafka"] = sum(self._seconds(self._tree(p)) for p in self.kafka_pids)
+        pg_pid = self.pg.pid
+        out["postgres"] = self._seconds(self._tree(pg_pid)) if pg_pid else 0.0
+        # This process and its load-generating children; the services it started are
+        # its children too, and counted above.
+        counted = {p.pid for c in top for p in self._tree(c.pid)}
+        counted |= {p.pid for k in self.kafka_pids for p in self._tree(k)}
+        counted |= {p.pid for p in self._tree(pg_pid)} if pg_pid else set()
+        counted.add(self.host_pid)
+        me = self._tree(os.getpid())
+        out["load_generator"] = self._seconds([p for p in me if p.pid not in counted])
+        out["t"] = time.time()
+        return out
+
+    def busiest(self, kind: str) -> int:
+        return busiest(self.pids(kind))
+
+    def pids(self, kind: str) -> list[int]:
+        """Live processes of one kind (API processes are the uvicorn children)."""
+        try:
+            top = psutil.Process(self.host_pid).children()
+        except psutil.NoSuchProcess:
+            return []
+        found = []
+        for child in top:
+            if self.kind(child) == kind:
+                kids = self._tree(child.pid)
+                found += [p.pid for p in (kids[1:] if kind == "api" and len(kids) > 1 else kids)]
+        return found
+
+
+def busiest(pids: list[int], over_s: float = 1.0) -> int:
+    """The pid that used the most CPU over ``over_s``."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p = psutil.Process(pid)
+            p.cpu_percent(None)
+            procs.append(p)
+    time.sleep(over_s)
+    best, most = pids[0], -1.0
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            use = p.cpu_percent(None)
+            if use > most:
+                best, most = p.pid, use
+    return best
+
+
+def _top(counts: dict[str, int], total: int, n: int = 25) -> list[tuple[str, float]]:
+    ranked = sorted(counts.items(), key=lambda x: -x[1])[:n]
+    return [(f, round(c / total, 3)) for f, c in ranked]
+
+
+def profile(pids: dict[str, int], seconds: float) -> dict[str, Any]:
+    """py-spy samples of one process of each kind: the functions holding the most
+    samples (own time, and with what they call), so a saturated process shows where its
+    CPU goes."""
+    spy = shutil.which("py-spy")
+    if spy is None:
+        return {"error": "py-spy not found"}
+    procs = {}
+    for kind, pid in pids.items():
+        raw = Path(tempfile.mkstemp(prefix=f"spy-{kind}-", suffix=".txt")[1])
+        procs[kind] = (
+            subprocess.Popen(
+                [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
+                 "--rate", "200", "--format", "raw", "--nonblocking", "--output", str(raw)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ),
+            raw,
+        )  # fmt: skip
+    out: dict[str, Any] = {}
+    for kind, (proc, raw) in procs.items():
+        proc.wait(seconds + 30)
+        own: dict[str, int] = {}
+        inclusive: dict[str, int] = {}
+        total = 0
+        for line in raw.read_text(errors="replace").splitlines():
+            stack, _, count = line.rpartition(" ")
+            if not count.isdigit():
+                continue
+            n = int(count)
+            frames = [f.split(" (")[0] + " " + f.rsplit("/", 1)[-1] for f in stack.split(";")]
+            total += n
+            own[frames[-1]] = own.get(frames[-1], 0) + n
+            for f in set(frames):
+                inclusive[f] = inclusive.get(f, 0) + n
+
+        if total:
+            out[kind] = {
+                "samples": total,
+                "own": _top(own, total),
+                "inclusive": _top(inclusive, total),
+            }
+        raw.unlink(missing_ok=True)
+    return out
+
+
+def cpu_delta(a: dict[str, float], b: dict[str, float], requests: int) -> dict[str, Any]:
+    wall = b["t"] - a["t"]
+    kinds = [k for k in b if k != "t"]
+    return {
+        "cores": {k: round((b[k] - a.get(k, 0.0)) / wall, 2) for k in kinds},
+        "ms_per_request": {
+            k: round((b[k] - a.get(k, 0.0)) / max(1, requests) * 1e3, 4) for k in kinds
+        },
+    }
+
+
+def tokenizer_costs(texts: dict[str, list[str]], model_dir: str) -> dict[str, Any]:
+    """µs a text on one core: the model's tokenizer one text at a time (what the API ran
+    before), its batch call on every core (what a worker runs), and the fast WordPiece
+    path (core/models/wordpiece.py) warm; each set timed twice, interleaved."""
+    from core.models.text_tokenizer import load_tokenizer
+    from core.models.wordpiece import FastWordPiece
+
+    tok = load_tokenizer(Path(model_dir), 256)
+    fast = FastWordPiece.from_tokenizer(tok, 256)
+    assert fast is not None
+    out: dict[str, Any] = {}
+    for name, xs in texts.items():
+        assert [fast.encode(x) for x in xs[:2000]] == [list(tok.encode(x).ids) for x in xs[:2000]]
+        runs: dict[str, list[float]] = {"tokenizer_one": [], "fast_one": [], "tokenizer_batch": []}
+        for _ in range(2):
+            t = time.perf_counter()
+            for x in xs:
+                tok.encode(x)
+            runs["tokenizer_one"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            for x in xs:
+                fast.encode(x)
+            runs["fast_one"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            tok.encode_batch_fast(xs)
+            runs["tokenizer_batch"].append(time.perf_counter() - t)
+        out[name] = {
+            k: {
+                "us_per_text": round(min(v) / len(xs) * 1e6, 2),
+                "texts_per_s": round(len(xs) / min(v)),
+            }
+            for k, v in runs.items()
+        }
+        out[name]["texts"] = len(xs)
+    return out

@@ -1,0 +1,139 @@
+"""Charts of a whole-system GPU host run (``bench.gpuhost.run``'s JSON).
+
+    .venv/bin/python -m bench.gpuhost.plot gpuhost.json --out docs/bench/gpuhost
+
+Writes, for what the run holds: ``sync.png`` (latency percentiles and refusals against
+the offered rate, per route), ``cpu.png`` (CPU milliseconds a request by process kind at
+each rate), ``job.png`` (GPU busy through the job, against the raw ceiling) and
+``faults.png`` (rows persisted each second, the faults marked).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+KIND_ORDER = ("api", "scheduler", "worker", "kafka", "postgres", "load_generator")
+
+
+def sync_chart(res: dict[str, Any], out: Path, plt: Any) -> None:
+    rows = res["sync"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    for wire in sorted({r["wire"] for r in rows}):
+        rs = [r for r in rows if r["wire"] == wire]
+        x = [r["offered_rps"] for r in rs]
+        for q, style in (("p50_ms", "-"), ("p95_ms", "--"), ("p99_ms", ":")):
+            ax.plot(x, [r[q] for r in rs], style, marker="o", label=f"{wire} {q[:3]}")
+        refused = [
+            100 * (r["requests"] - r["statuses"].get("200", 0)) / max(1, r["requests"]) for r in rs
+        ]
+        bx.plot(x, refused, marker="o", label=wire)
+    ax.set(xlabel="offered requests/s", ylabel="ms (answered)", yscale="log")
+    ax.axhline(300, color="grey", lw=0.8)
+    ax.legend(fontsize=7)
+    bx.set(xlabel="offered requests/s", ylabel="% not answered 200")
+    bx.legend(fontsize=7)
+    fig.suptitle(_title(res, "sync requests, open loop"))
+    fig.tight_layout()
+    fig.savefig(out / "sync.png", dpi=110)
+    plt.close(fig)
+
+
+def cpu_chart(res: dict[str, Any], out: Path, plt: Any) -> None:
+    rows = [r for r in res["sync"] if r["wire"] == res["sync"][0]["wire"]]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(rows)
+    labels = [f"{r['offered_rps']:.0f}/s" for r in rows]
+    for kind in KIND_ORDER:
+        vals = [r["cpu"]["ms_per_request"].get(kind, 0.0) for r in rows]
+        ax.bar(labels, vals, bottom=bottom, label=kind)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set(ylabel="CPU ms a request", xlabel="offered rate")
+    ax.legend(fontsize=7)
+    fig.suptitle(_title(res, "CPU a request by process kind"))
+    fig.tight_layout()
+    fig.savefig(out / "cpu.png", dpi=110)
+    plt.close(fig)
+
+
+def job_chart(res: dict[str, Any], out: Path, plt: Any) -> None:
+    job = res["job"]
+    series = job.get("gpu_busy_series") or []
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    if series:
+        ax.plot([t for t, _ in series], [100 * u for _, u in series], lw=0.8)
+    ax.axvline(job["accept_s"], color="grey", ls="--", lw=0.8, label="202 (all items durable)")
+    ax.set(xlabel="s from the first byte", ylabel="GPU busy %", ylim=(0, 105))
+    ax.legend(fontsize=7)
+    fig.suptitle(
+        _title(
+            res,
+            f"job of {job['items']:,} items: {job['items_per_s']:,} items/s = "
+            f"{100 * (job.get('of_ceiling') or 0):.0f}% of the raw ceiling",
+        )
+    )
+    fig.tight_layout()
+    fig.savefig(out / "job.png", dpi=110)
+    plt.close(fig)
+
+
+def faults_chart(res: dict[str, Any], out: Path, plt: Any) -> None:
+    f = res["faults"]
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    for kind, series in f["timeline"].items():
+        ax.plot(range(len(series)), series, lw=0.9, label=f"{kind} rows/s")
+    for fault in f["faults"]:
+        if "error" in fault:
+            continue
+        ax.axvline(fault["at_s"], color="red", lw=0.8)
+        rec = fault.get("recovery_s")
+        ax.text(
+            fault["at_s"], ax.get_ylim()[1] * 0.9, f" kill {fault['kind']}\n {rec} s", fontsize=7
+        )
+    ax.set(xlabel="s", ylabel="rows persisted / s")
+    ax.legend(fontsize=7)
+    audit = f["audit"]
+    fig.suptitle(
+        _title(
+            res,
+            f"faults: job items missing {audit.get('job_items_missing')}, "
+            f"sync lost {audit.get('sync_lost')}",
+        )
+    )
+    fig.tight_layout()
+    fig.savefig(out / "faults.png", dpi=110)
+    plt.close(fig)
+
+
+def _title(res: dict[str, Any], what: str) -> str:
+    gpus = ", ".join(res.get("machine", {}).get("gpus", [])) or "no GPU"
+    return f"{what}\n{gpus.split(',')[0]}, {res.get('machine', {}).get('cores')} cores"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("result", type=Path)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    res = json.loads(args.result.read_text())
+    args.out.mkdir(parents=True, exist_ok=True)
+    for key, draw in (
+        ("sync", sync_chart),
+        ("sync", cpu_chart),
+        ("job", job_chart),
+        ("faults", faults_chart),
+    ):
+        if res.get(key):
+            draw(res, args.out, plt)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,308 @@
+"""The whole system on one GPU host, measured end to end (issue 28).
+
+Runs on the GPU machine after ``bench/gpuhost/device.sh`` unpacked the bundle: three
+Kafka brokers (KRaft, replication 3, min ISR 2), PostgreSQL with fsync and synchronous
+commits, then ``gristmill host`` (the command a user runs: API processes, schedulers and
+one worker per GPU, shaped from the host's cores), and load from an open-loop generator
+on the same host, its CPU counted. Nothing is stubbed.
+
+Scenarios (``--scenarios``, in order):
+  sync   open-loop sync requests at each ``--rates`` for ``--seconds``, on each route of
+         ``--wires`` (/v1/infer, /v1/embeddings): every answer checked against the
+         model's own vector for its input, latency percentiles, refused and late counts,
+         CPU per request by process kind, GPU busy (NVML)
+  job    a ``--job-items`` embedding job (JSONL upload) of mixed lengths: items/s from the
+         first byte to the last row, against the model's raw ceiling for the same inputs
+         measured in this process first; GPU busy; sampled answers checked
+  mixed  the same job with sync traffic at ``--beside-rate`` beside it: sync p95 against
+         its value alone
+  faults the job and sync traffic while the GPU worker, then a scheduler, then an API
+         process are killed (SIGKILL; ``gristmill host`` starts each again): nothing
+         lost or duplicated, answers right, the time each took to recover its rate
+         (bench/gpuhost/faults.py)
+
+    python3 -m bench.gpuhost.run --out $OUT --scenarios sync,job
+    # then, here: .venv/bin/python -m bench.gpuhost.plot gpuhost.json --out docs/bench/gpuhost
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import corpus
+from bench.gpuhost.corpora import MODEL, build_corpora
+from bench.gpuhost.faults import faults_scenario
+from bench.gpuhost.measure import GpuBusy, cpu_delta, machine, profile, tokenizer_costs
+from bench.gpuhost.stack import Stack, log
+from bench.openloop import LoadSpec, run_load
+from core.config import settings_from_env
+from results.db import libpq_url
+
+ROUTES = {"infer": "/v1/infer", "embeddings": "/v1/embeddings"}
+KINDS = ("api", "scheduler", "worker")
+
+
+def sync_scenario(
+    stack: Stack, work: Path, args: argparse.Namespace, gpu: GpuBusy
+) -> list[dict[str, Any]]:
+    rows = []
+    cpu = stack.cpu()
+    for wire in args.wires.split(","):
+        for rate in [float(r) for r in args.rates.split(",")]:
+            spec = LoadSpec(
+                url=stack.url + ROUTES[wire],
+                headers=stack.headers(),
+                rate=rate,
+                duration_s=args.seconds,
+                tag=uuid.uuid4().hex[:6],
+                model=MODEL,
+                timeout_s=30.0,
+                corpus=str(work / "short"),
+                wire=wire,
+                client="raw",
+            )
+            procs = max(2, min(args.loadgen_cores * 2, round(rate / 2500) + 1))
+            a, t0 = cpu.sample(), time.time()
+            spied: dict[str, Any] = {}
+            timer: threading.Timer | None = None
+            if args.profile and rate == max(float(r) for r in args.rates.split(",")):
+                # The busiest process of each kind (an API's children include
+                # multiprocessing's idle resource tracker), sampled mid-run.
+                timer = threading.Timer(
+                    args.seconds / 3,
+                    lambda got=spied: got.update(
+                        profile(
+                            {k: cpu.busiest(k) for k in KINDS if cpu.pids(k)},
+                            min(10.0, args.seconds / 2),
+                        )
+                    ),
+                )
+                timer.start()
+            res = run_load(spec, processes=procs)
+            b, t1 = cpu.sample(), time.time()
+            if timer is not None:
+                timer.join()
+            summary = res.summary()
+            time.sleep(1.5)  # the API writes its refusal counts about once a second
+            row = {
+                "refused": stack.refusals(t0, time.time()),
+                "wire": wire,
+                **summary,
+                "cpu": cpu_delta(a, b, summary["requests"]),
+                "gpu_busy": gpu.mean(t0, t1),
+                "profile": spied,
+            }
+            rows.append(row)
+            log(
+                f"sync {wire} {rate:.0f}/s: {summary['statuses']} {row['refused']} p50/p95/p99 "
+                f"{summary['p50_ms']}/{summary['p95_ms']}/{summary['p99_ms']} ms, "
+                f"wrong {summary['wrong_outputs']}, cores {row['cpu']['cores']}"
+            )
+            time.sleep(2)
+    return rows
+
+
+def job_scenario(
+    stack: Stack,
+    work: Path,
+    gpu: GpuBusy,
+    ceiling: dict[str, Any],
+    beside: Callable[[], dict[str, Any]] | None = None,
+    spy: bool = False,
+) -> dict[str, Any]:
+    import numpy as np
+    import psycopg
+    from gristmill_client import Client
+
+    path = work / "job.jsonl"
+    n = sum(1 for _ in path.open("rb"))
+    client = Client(stack.url, stack.keys["paid"], timeout_s=3600)
+    cpu = stack.cpu()
+    a, t0 = cpu.sample(), time.time()
+    side: dict[str, Any] = {}
+    spied: dict[str, Any] = {}
+    timer = None
+    if spy:  # the busiest process of each kind, once the upload is well under way
+        timer = threading.Timer(
+            8.0, lambda: spied.update(profile({k: cpu.busiest(k) for k in KINDS}, 10.0))
+        )
+        timer.start()
+    th = None
+    if beside is not None:
+        th = threading.Thread(target=lambda: side.update(beside()), daemon=True)
+        th.start()
+    job = client.submit_job(MODEL, path)
+    accepted_s = time.time() - t0
+    log(f"job {job['job_id']}: {n} items accepted in {accepted_s:.1f} s")
+    dsn = libpq_url(settings_from_env(stack.env).database_url)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT finished_at FROM jobs WHERE job_id = %s", (job["job_id"],)
+            ).fetchone()
+            if row and row[0]:
+                break
+            time.sleep(0.5)
+        first, last, done = conn.execute(
+            "SELECT min(consumed_at), max(persisted_at), count(*) FROM requests "
+            "WHERE job_id = %s AND status = 'succeeded'",
+            (job["job_id"],),
+        ).fetchone()  # type: ignore[misc]
+        batches, mean_batch = conn.execute(
+            "SELECT count(*), avg(size) FROM batches WHERE formed_at >= to_timestamp(%s)", (t0,)
+        ).fetchone()  # type: ignore[misc]
+    b = cpu.sample()
+    if th is not None:
+        th.join()
+    if timer is not None:
+        timer.join()
+    t_last = last.timestamp()
+    wall = t_last - t0
+    sample = np.load(work / "job.sample.npy")
+    refs = np.load(work / "job.vectors.npy")
+    wrong = 0
+    for k, idx in enumerate(sample.tolist()):
+        items = client._request(
+            "GET", f"/v1/jobs/{job['job_id']}/items", params={"cursor": idx, "limit": 1}
+        ).json()["items"]
+        got = items[0].get("output") if items else None
+        vec = np.asarray(got if got is not None else [], dtype=np.float32)
+        if vec.shape != refs[k].shape or corpus.cosine(vec, refs[k]) < corpus.MIN_COSINE:
+            wrong += 1
+    checked = len(sample)
+    result = {
+        "items": n,
+        "succeeded": done,
+        "accept_s": round(accepted_s, 1),
+        "first_byte_to_last_row_s": round(wall, 1),
+        "items_per_s": round(n / wall),
+        "flowing_items_per_s": round(done / max(1e-3, t_last - first.timestamp())),
+        "ceiling_items_per_s": ceiling.get("items_per_s"),
+        "of_ceiling": round(n / wall / ceiling["items_per_s"], 3) if ceiling else None,
+        "gpu_busy": gpu.mean(t0 + accepted_s, t_last),
+        "gpu_busy_series": gpu.series(t0, t_last),
+        "batches": batches,
+        "mean_batch": round(float(mean_batch or 0), 1),
+        "checked": checked,
+        "wrong": wrong,
+        "cpu": cpu_delta(a, b, n),
+    }
+    if side:
+        result["beside"] = side
+    if spied:
+        result["profile"] = spied
+    log(f"job: {json.dumps({k: v for k, v in result.items() if k != 'gpu_busy_series'})}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "bench-out")))
+    ap.add_argument("--scenarios", default="sync,job")
+    ap.add_argument("--rates", default="1000,2500,5000,10000")
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--wires", default="infer,embeddings")
+    ap.add_argument("--job-items", type=int, default=1_000_000)
+    ap.add_argument("--sync-texts", type=int, default=20_000)
+    ap.add_argument("--ceiling-items", type=int, default=65_536)
+    ap.add_argument("--beside-rate", type=float, default=2000.0)
+    ap.add_argument("--brokers", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=6)
+    ap.add_argument("--loadgen-cores", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="py-spy at the top rate and in the job")
+    ap.add_argument("--fault-at", default="20,50,80", help="seconds: worker, scheduler, API")
+    ap.add_argument("--fault-seconds", type=float, default=110.0, help="sync load under faults")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gmhost-"))
+    work.chmod(0o755)
+    result: dict[str, Any] = {
+        "machine": machine(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
+    out_file = args.out / "gpuhost.json"
+
+    def save() -> None:
+        out_file.write_text(json.dumps(result, indent=1, default=str))
+
+    scenarios = args.scenarios.split(",")
+    gpu = GpuBusy()
+    stack = Stack(work, args)
+    try:
+        result.update(build_corpora(work, args))
+        log(f"corpora and ceiling: {result['ceiling']}")
+        result["tokenizer"] = tokenizer_costs(
+            {
+                "short": corpus.read_texts(work / "short")[:20000],
+                "job": [json.loads(x)["input"] for x in (work / "job.jsonl").open()][:20000],
+            },
+            os.environ["GRISTMILL_EMBED_MODEL_DIR"],
+        )
+        log(f"tokenizer: {result['tokenizer']}")
+        save()
+        result["system"] = stack.start()
+        save()
+        if "sync" in scenarios:
+            result["sync"] = sync_scenario(stack, work, args, gpu)
+            save()
+        if "job" in scenarios:
+            result["job"] = job_scenario(stack, work, gpu, result["ceiling"], spy=args.profile)
+            save()
+        if "mixed" in scenarios:
+            alone = _sync_at(stack, work, args, args.beside_rate)
+            result["mixed"] = {
+                "alone": alone,
+                "job": job_scenario(
+                    stack, work, gpu, result["ceiling"],
+                    beside=lambda: _sync_at(stack, work, args, args.beside_rate),
+                ),
+            }  # fmt: skip
+            save()
+        if "faults" in scenarios:
+            result["faults"] = faults_scenario(stack, work, args)
+            save()
+    finally:
+        stack.stop()
+        save()
+        logs = args.out / "logs.tar.gz"
+        with contextlib.suppress(Exception):
+            subprocess.run(
+                ["tar", "-czf", str(logs), "-C", str(work), "--exclude=*.jsonl",
+                 "--exclude=*.npy", "--exclude=data", "."],
+                check=False,
+            )  # fmt: skip
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _sync_at(stack: Stack, work: Path, args: argparse.Namespace, rate: float) -> dict[str, Any]:
+    spec = LoadSpec(
+        url=stack.url + ROUTES["infer"],
+        headers=stack.headers(),
+        rate=rate,
+        duration_s=args.seconds,
+        tag=uuid.uuid4().hex[:6],
+        model=MODEL,
+        timeout_s=30.0,
+        corpus=str(work / "short"),
+        wire="infer",
+        client="raw",
+    )
+    return run_load(spec, processes=3).summary()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

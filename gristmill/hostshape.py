@@ -1,0 +1,139 @@
+"""How many API, scheduler and worker processes one host runs. Pure.
+
+A GPU host runs one worker per GPU (it owns the device), several scheduler processes
+per GPU (one Python process cannot feed a fast GPU: decision 14) and enough API
+processes for the share of traffic the host takes. The numbers come from what each
+process costs per request, measured on a GPU host (``bench/gpuhost``,
+docs/bench/gpu-host.md), and from the host's cores and GPUs:
+
+1. Workers: one per GPU; with no GPU, ``cpu_workers`` (the model runs on the CPU).
+2. Cores for the request path: the host's cores less each worker's cores and, where
+   Kafka and PostgreSQL share the host, the cores they take per request.
+3. The sync rate those cores carry: cores / (API + scheduler CPU per request) at the
+   target utilization (a process kept busier than that queues: latency grows past it).
+4. API processes for that rate, at least one. Each uvicorn process is one event loop
+   (one core at most).
+5. Schedulers: per GPU enough to feed its batches (``feeders_per_gpu``), and enough
+   for the sync rate's CPU within the cores the API leaves.
+
+Everything is in ``HostCosts`` so a measurement file can replace the defaults.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """CPU milliseconds per sync request by process kind, and what one process feeds.
+
+    Defaults: the whole system on one H200 host at 6,000-10,000 sync req/s
+    (issue 28's measurement; bench/gpuhost rewrites them from its own runs)."""
+
+    api_ms: float = 0.74
+    scheduler_ms: float = 0.105
+    kafka_ms: float = 0.15  # counted only where the brokers share the host
+    postgres_ms: float = 0.15  # likewise the database
+    worker_cores: float = 1.0  # a GPU worker's own CPU: packing, launching, results
+    feeders_per_gpu: int = 3  # schedulers that keep one GPU's batches coming back to back
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HostCosts:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown cost fields: {', '.join(sorted(unknown))}")
+        costs = cls(**data)
+        for name, value in asdict(costs).items():
+            if value < 0 or (name in ("api_ms", "scheduler_ms") and value <= 0):
+                raise ValueError(f"{name} must be positive, got {value}")
+        return costs
+
+
+@dataclass(frozen=True)
+class HostShape:
+    api_processes: int
+    schedulers: int
+    workers: int
+    gpus: int
+    sync_capacity_rps: float  # what the chosen API and scheduler processes carry
+    reasons: list[str] = field(default_factory=list)
+
+
+def shape_host(
+    cores: int,
+    gpus: int,
+    costs: HostCosts | None = None,
+    *,
+    colocated: bool = False,
+    reserve_cores: float = 0.0,
+    utilization: float = 0.8,
+    cpu_workers: int = 2,
+    api_processes: int | None = None,
+    schedulers: int | None = None,
+) -> HostShape:
+    """The processes for a host of ``cores`` and ``gpus``; explicit counts are kept.
+
+    ``colocated``: Kafka and PostgreSQL run on this host too (a single-host deployment,
+    the benchmark). ``reserve_cores``: cores kept for something else (a load generator).
+    """
+    if cores < 1:
+        raise ValueError("cores must be at least 1")
+    if gpus < 0:
+        raise ValueError("gpus must be 0 or more")
+    if not 0 < utilization <= 1:
+        raise ValueError("utilization must be in (0, 1]")
+    c = costs or HostCosts()
+    reasons: list[str] = []
+    workers = gpus if gpus else cpu_workers
+    worker_cores = gpus * c.worker_cores if gpus else 0.0
+    reasons.append(
+        f"{workers} worker(s): one per GPU" if gpus else f"{workers} CPU worker(s), no GPU"
+    )
+    per_request_ms = c.api_ms + c.scheduler_ms
+    shared_ms = c.kafka_ms + c.postgres_ms if colocated else 0.0
+    free = max(1.0, cores - worker_cores - reserve_cores)
+    # The request path's cores, with Kafka and PostgreSQL's share of each request taken out.
+    path_cores = free * per_request_ms / (per_request_ms + shared_ms)
+    rate = path_cores * utilization * 1000 / per_request_ms
+    reasons.append(
+        f"{free:g} cores for the request path"
+        + (f" ({free - path_cores:.1f} of them for Kafka and PostgreSQL)" if colocated else "")
+        + f": {rate:,.0f} sync req/s at {utilization:.0%} busy"
+    )
+    if api_processes is None:
+        api_processes = max(1, math.ceil(rate * c.api_ms / 1000 / utilization))
+        reasons.append(f"{api_processes} API process(es) at {c.api_ms} ms of CPU a request")
+    else:
+        reasons.append(f"{api_processes} API process(es), as asked")
+    if schedulers is None:
+        for_rate = math.ceil(rate * c.scheduler_ms / 1000 / utilization)
+        for_gpus = gpus * c.feeders_per_gpu
+        # What the API's busy cores leave of the path's cores (an API process is busy
+        # ``utilization`` of its time at the rate, not a whole core).
+        room = max(1, int(path_cores - rate * c.api_ms / 1000))
+        # Feeding a GPU comes first (a job keeps each feeder busy while the API idles);
+        # the sync rate's need is capped by the cores the API leaves.
+        schedulers = max(1, for_gpus, min(for_rate, room))
+        reasons.append(
+            f"{schedulers} scheduler(s): {for_gpus} to feed {gpus} GPU(s), "
+            f"{for_rate} for the sync rate (at most {room} by the cores the API leaves)"
+        )
+    else:
+        reasons.append(f"{schedulers} scheduler(s), as asked")
+    capacity = min(
+        api_processes * utilization * 1000 / c.api_ms,
+        schedulers * utilization * 1000 / c.scheduler_ms,
+    )
+    return HostShape(api_processes, schedulers, workers, gpus, round(capacity), reasons)
+
+
+def partitions_for(schedulers: int, minimum: int = 3) -> int:
+    """Partitions per topic so every scheduler holds the same number of each topic's
+    partitions (a multiple of the scheduler count), at least ``minimum``."""
+    if schedulers < 1:
+        raise ValueError("schedulers must be at least 1")
+    return schedulers * max(1, math.ceil(minimum / schedulers))

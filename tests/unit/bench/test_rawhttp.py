@@ -1,0 +1,74 @@
+"""The load generator's lean HTTP client against a server on loopback: keep-alive
+reuse, Content-Length and chunked answers, Retry-After, a server that hangs up."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bench.rawhttp import HttpError, RawPool
+
+
+async def _server(answers: list[bytes]) -> tuple[asyncio.Server, int, list[bytes]]:
+    seen: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while answers:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            seen.append(head + await reader.readexactly(length))
+            answer = answers.pop(0)
+            writer.write(answer)
+            await writer.drain()
+            if answer.endswith(b"CLOSE"):
+                writer.close()
+                return
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], seen
+
+
+def _ok(body: bytes, extra: bytes = b"") -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n%s\r\n%s" % (len(body), extra, body)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_answers_come_back_over_one_kept_connection(loop: str) -> None:
+    async def run() -> None:
+        chunked = (
+            b"HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n"
+            b"Retry-After: 2\r\n\r\n4\r\nbusy\r\n3\r\n!!!\r\n0\r\n\r\n"
+        )
+        server, port, seen = await _server([_ok(b'{"a":1}'), chunked, _ok(b"x" * 70000)])
+        pool = RawPool(f"http://127.0.0.1:{port}/v1/infer", {"Authorization": "Bearer k"}, 5.0)
+        a = await pool.post(b'{"input":"one"}')
+        b = await pool.post(b"{}")
+        c = await pool.post(b"{}")
+        assert (a.status, a.body, a.retry_after) == (200, b'{"a":1}', False)
+        assert (b.status, b.body, b.retry_after) == (503, b"busy!!!", True)
+        assert c.status == 200 and len(c.body) == 70000
+        assert seen[0].startswith(b"POST /v1/infer HTTP/1.1\r\n")
+        assert b"Authorization: Bearer k" in seen[0] and seen[0].endswith(b'{"input":"one"}')
+        assert len(seen) == 3
+        pool.close()
+        server.close()
+
+    if loop == "uvloop":  # the generator's own loop: its transports are not asyncio's
+        import uvloop
+
+        uvloop.run(run())
+    else:
+        asyncio.run(run())
+
+
+def test_a_server_that_hangs_up_is_a_client_error() -> None:
+    async def run() -> None:
+        server, port, _ = await _server([b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nCLOSE"])
+        pool = RawPool(f"http://127.0.0.1:{port}/x", {}, 5.0)
+        with pytest.raises(HttpError):
+            await pool.post(b"{}")
+        server.close()
+
+    asyncio.run(run())

@@ -1,0 +1,83 @@
+"""The host shape: one worker per GPU, API processes for the rate the cores carry,
+enough schedulers to feed each GPU, explicit counts kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from gristmill.hostshape import HostCosts, partitions_for, shape_host
+
+
+def test_a_gpu_host_gets_a_worker_per_gpu_and_feeders_for_each() -> None:
+    s = shape_host(16, 1, colocated=True, reserve_cores=3)
+    assert s.workers == 1
+    assert s.schedulers == 3  # HostCosts.feeders_per_gpu
+    assert 6 <= s.api_processes <= 10
+    assert s.api_processes + s.schedulers + s.workers <= 16
+
+
+def test_more_cores_more_api_processes_and_never_fewer() -> None:
+    counts = [shape_host(c, 1).api_processes for c in (4, 8, 16, 32, 64)]
+    assert counts == sorted(counts)
+    assert counts[-1] > counts[0]
+
+
+def test_colocated_services_take_their_share_of_the_cores() -> None:
+    alone = shape_host(16, 1)
+    shared = shape_host(16, 1, colocated=True)
+    assert shared.api_processes < alone.api_processes
+    assert shared.sync_capacity_rps < alone.sync_capacity_rps
+
+
+def test_several_gpus_get_several_workers_and_more_schedulers() -> None:
+    one, four = shape_host(64, 1), shape_host(64, 4)
+    assert (one.workers, four.workers) == (1, 4)
+    assert four.schedulers >= 4 * HostCosts().feeders_per_gpu
+
+
+def test_a_cpu_host_runs_cpu_workers() -> None:
+    s = shape_host(2, 0, cpu_workers=2)
+    assert s.workers == 2 and s.gpus == 0
+    assert s.api_processes >= 1 and s.schedulers >= 1
+
+
+def test_explicit_counts_are_kept_and_said() -> None:
+    s = shape_host(16, 1, api_processes=3, schedulers=5)
+    assert (s.api_processes, s.schedulers) == (3, 5)
+    assert any("as asked" in r for r in s.reasons)
+
+
+def test_cheaper_api_requests_need_fewer_api_processes_per_request() -> None:
+    dear = shape_host(16, 1, HostCosts(api_ms=0.74))
+    cheap = shape_host(16, 1, HostCosts(api_ms=0.25))
+    assert cheap.sync_capacity_rps > dear.sync_capacity_rps
+    assert (
+        cheap.api_processes / cheap.sync_capacity_rps < dear.api_processes / dear.sync_capacity_rps
+    )
+
+
+def test_costs_from_a_measurement_file_are_checked() -> None:
+    assert HostCosts.from_dict({"api_ms": 0.3}).api_ms == 0.3
+    with pytest.raises(ValueError, match="unknown cost fields: apims"):
+        HostCosts.from_dict({"apims": 0.3})
+    with pytest.raises(ValueError, match="api_ms must be positive"):
+        HostCosts.from_dict({"api_ms": 0})
+
+
+@pytest.mark.parametrize(
+    ("schedulers", "minimum", "expected"), [(1, 3, 3), (3, 6, 6), (4, 6, 8), (5, 3, 5)]
+)
+def test_partitions_are_a_multiple_of_the_schedulers(
+    schedulers: int, minimum: int, expected: int
+) -> None:
+    assert partitions_for(schedulers, minimum) == expected
+    assert partitions_for(schedulers, minimum) % schedulers == 0
+
+
+def test_bad_inputs_are_refused() -> None:
+    with pytest.raises(ValueError):
+        shape_host(0, 1)
+    with pytest.raises(ValueError):
+        shape_host(4, -1)
+    with pytest.raises(ValueError):
+        shape_host(4, 1, utilization=0)
