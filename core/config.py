@@ -133,7 +133,7 @@ class ApiSettings(_Concern):
     max_inflight: int = Field(1000, ge=1)
     # Streamed answers one API instance (all its processes) holds open at once; a key's
     # own share is tier_max_streams.
-    max_streams: int = Field(400, ge=1)
+    max_streams: int = Field(1000, ge=1)
     # API instances and schedulers report every second; older reports are ignored.
     load_report_stale_s: float = Field(5.0, gt=0)
     # Proxies (comma-separated addresses or CIDRs, "*" for any) whose X-Forwarded-For and
@@ -259,9 +259,9 @@ class TierSettings(_Concern):
     # completion's stream, posted or resumed, a file's content, a job's results (a
     # follow=true stream counts against max_follow_streams_per_tenant instead).
     tier_max_streams: dict[str, Annotated[int, Field(ge=1)]] = {
-        "free": 4,
-        "paid": 16,
-        "enterprise": 64,
+        "free": 8,
+        "paid": 64,
+        "enterprise": 256,
     }
 
     @model_validator(mode="after")
