@@ -210,15 +210,22 @@ def test_streams_are_capped_per_key_and_a_resume_outlives_the_stream_it_shares(
         assert first.status_code == 200, first.read()
         rid = first.headers["x-request-id"]
         next(_events(first.iter_lines()))  # generating: its tokens are in the database
-        resume = client.build_request(
-            "GET", f"{url}/v1/completions/cmpl-{rid}?stream=true", headers=headers
-        )
-        resumed = [client.send(resume, stream=True) for _ in range(per_key - 1)]
-        assert [r.status_code for r in resumed] == [200] * (per_key - 1)
-        over = client.get(f"{url}/v1/completions/cmpl-{rid}?stream=true", headers=headers)
-        assert over.status_code == 429 and int(over.headers["Retry-After"]) >= 1, over.text
-        assert over.json()["error"]["type"] == "rate_limit_error"
-        first.close()  # the first caller goes; the others wait on the future it shared
+        # Frozen mid-generation, so every stream stays open however fast the model is.
+        group = lm_system.procs["scheduler"].pid
+        os.killpg(group, signal.SIGSTOP)
+        try:
+            resume = client.build_request(
+                "GET", f"{url}/v1/completions/cmpl-{rid}?stream=true", headers=headers
+            )
+            resumed = [client.send(resume, stream=True) for _ in range(per_key - 1)]
+            assert [r.status_code for r in resumed] == [200] * (per_key - 1)
+            over = client.get(f"{url}/v1/completions/cmpl-{rid}?stream=true", headers=headers)
+            assert over.status_code == 429 and int(over.headers["Retry-After"]) >= 1, over.text
+            assert over.json()["error"]["type"] == "rate_limit_error"
+            first.close()  # the first caller goes; the others wait on the future it shared
+            time.sleep(0.5)
+        finally:
+            os.killpg(group, signal.SIGCONT)
         deadline = time.monotonic() + 120
         for r in resumed:
             text, ended = [], False
