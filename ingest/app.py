@@ -11,7 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Header, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import ORJSONResponse
 from starlette.types import ASGIApp
@@ -36,17 +36,19 @@ from ingest.catalog import ModelCatalog
 from ingest.db_health import DatabaseHealth
 from ingest.fast_path import InferFastPath
 from ingest.http import BodyLimit, ErrorGuard, install_error_handlers
+from ingest.job_limits import catalog_reader
 from ingest.job_pacing import Pacer, target_lag_ms
 from ingest.job_submit import JobPublisher
 from ingest.load_watch import LoadWatch
 from ingest.openai_wire import models_answer
 from ingest.overload import Overload
 from ingest.producer import AsyncProducer
-from ingest.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
+from ingest.ratelimit import InflightLimiter, TenantLimiter
 from ingest.readiness import Readiness
 from ingest.refusal_log import RefusalLog
 from ingest.request_log_flush import flush_loop, flush_once
 from ingest.schemas import ERROR_RESPONSES, infer_request_schema
+from ingest.shared_slots import SharedSlots, slots_dir
 from ingest.state import AppState, get_state
 from ingest.tracing import traced
 from ingest.waiters import ResultWaiter
@@ -59,6 +61,17 @@ log = logging.getLogger("gristmill.ingest")
 # How long a thread may hold the interpreter lock while the event loop waits for it (s;
 # Python's default is 5 ms).
 GIL_SWITCH_S = 0.0005
+
+# Routes a caller may read without a key (shown the live versions only).
+CATALOG_PATHS = frozenset(
+    {
+        "/v1/models",
+        "/v2/models/{model}",
+        "/v2/models/{model}/versions/{version}",
+        "/v2/models/{model}/ready",
+        "/v2/models/{model}/versions/{version}/ready",
+    }
+)
 
 
 async def finish_stale_submissions(state: AppState, interval_s: float = 5.0) -> None:
@@ -107,6 +120,7 @@ def create_app(settings: Settings) -> FastAPI:
         waiter = ResultWaiter(
             engine, settings.database_url, poll_interval_s=settings.result_poll_interval_ms / 1000
         )
+        shared = slots_dir()  # the instance's processes count their open work together
         state = AppState(
             settings=settings,
             engine=engine,
@@ -127,9 +141,23 @@ def create_app(settings: Settings) -> FastAPI:
             inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
             load=LoadWatch(engine, settings, limiter),
             overload=overload,
-            uploads=SlotLimiter(settings.max_uploads, settings.max_uploads_per_tenant),
-            follows=SlotLimiter(
-                settings.max_follow_streams, settings.max_follow_streams_per_tenant
+            uploads=SharedSlots(
+                shared,
+                "uploads",
+                total=settings.max_uploads,
+                per_key=settings.max_uploads_per_tenant,
+            ),
+            follows=SharedSlots(
+                shared,
+                "follows",
+                total=settings.max_follow_streams,
+                per_key=settings.max_follow_streams_per_tenant,
+            ),
+            read_streams=SharedSlots(
+                shared,
+                "streams",
+                total=settings.max_streams,
+                per_key=min(settings.tier_max_streams.values()),
             ),
         )
         # Every sign of the database feeds one judgement (ingest/db_health.py): the
@@ -156,6 +184,7 @@ def create_app(settings: Settings) -> FastAPI:
             asyncio.create_task(state.load.run()),
             asyncio.create_task(state.overload.lag.run()),
             asyncio.create_task(metrics.publish_loop(state)),
+            asyncio.create_task(metrics.job_gauges_loop(state)),
             asyncio.create_task(flush_loop(engine)),  # refusal counts, answer timeouts
             asyncio.create_task(state.catalog.run()),
         ]
@@ -174,6 +203,8 @@ def create_app(settings: Settings) -> FastAPI:
             await state.auth.stop()
             state.producer.close()
             state.jobs.close()
+            for slots in (state.uploads, state.follows, state.read_streams):
+                slots.close()
             await engine.dispose()
 
     app = FastAPI(
@@ -220,12 +251,16 @@ def create_app(settings: Settings) -> FastAPI:
             status_code=200 if ok else 503,
         )
 
-    @app.get("/v1/models", responses={500: ERROR_RESPONSES[500]})
-    async def list_models(request: Request) -> dict[str, object]:
-        # Gristmill's ``models`` and OpenAI's list (``object``, ``data``) in one body.
+    @app.get("/v1/models", responses={s: ERROR_RESPONSES[s] for s in (401, 429, 500, 503)})
+    async def list_models(
+        request: Request, authorization: str | None = Header(default=None)
+    ) -> dict[str, object]:
+        # Gristmill's ``models`` and OpenAI's list (``object``, ``data``) in one body: with
+        # a key every open version, without one the live versions only.
         st = get_state(request)
+        tenant = await catalog_reader(st, authorization)
         await st.catalog.refresh()
-        return models_answer(st.catalog.listing())
+        return models_answer(st.catalog.listing(every_version=tenant is not None))
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -254,7 +289,9 @@ def api_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
                 op["parameters"] = params
             else:
                 op.pop("parameters", None)
-            if (path.startswith("/v1/") and path != "/v1/models") or path.endswith("/infer"):
+            if path in CATALOG_PATHS:
+                op["security"] = [{"bearer": []}, {}]  # a key shows more; none is fine
+            elif path.startswith("/v1/") or path.endswith("/infer"):
                 op["security"] = [{"bearer": []}]
     # The built-in versions: those registered later are listed by GET /v1/models.
     specs = build_specs(settings)

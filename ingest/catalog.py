@@ -25,6 +25,7 @@ from core.errors import Unavailable
 from core.models.registry import (
     RecordError,
     VersionRecord,
+    VersionState,
     builtin_records,
     parse_ref,
     spec_from_record,
@@ -186,12 +187,16 @@ class ModelCatalog:
             spec = self._specs[key] = spec_from_record(record, self.settings)
         return spec
 
-    def listing(self) -> list[dict[str, Any]]:
+    def listing(self, *, every_version: bool) -> list[dict[str, Any]]:
+        """The catalog as tenants see it: ``every_version`` (a caller with a key) or only
+        the live ones; never the worker counts (the admin API has those)."""
         out: list[dict[str, Any]] = []
         for name in sorted(self.table.models):
             routes = self.table.models[name]
             for version in sorted(routes.versions, key=version_order):
                 r = routes.versions[version]
+                if not every_version and r.state is not VersionState.LIVE:
+                    continue
                 served = self.table.served.get((name, version), Served())
                 try:
                     params = {p.name: p.default for p in self.spec(r).params}
@@ -206,12 +211,6 @@ class ModelCatalog:
                         "backend": r.backend,
                         "max_batch_size": r.max_batch_size,
                         "live": served.ready > 0,
-                        "workers": {
-                            "ready": served.ready,
-                            "loading": served.loading,
-                            "unavailable": served.unavailable,
-                            "failed": served.failed,
-                        },
                         "params": params,
                     }
                 )
@@ -222,6 +221,18 @@ class ModelCatalog:
         holds it, served or not (metadata); NotFound naming it if unknown or retired."""
         name, version = parse_ref(ref)
         return self.spec(lookup(self.table, name, version))
+
+    def recorded(self, name: str, version: str) -> ModelSpec | None:
+        """The spec of ``name@version`` as registered, in any state (retired too), or
+        None when the registry has no such version or no spec can be made of it."""
+        routes = self.table.models.get(name)
+        record = routes.versions.get(version) if routes is not None else None
+        if record is None:
+            return None
+        try:
+            return self.spec(record)
+        except RecordError:
+            return None
 
     def versions(self, name: str) -> list[str]:
         """``name``'s versions that are not retired (NotFound if it has none)."""

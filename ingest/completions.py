@@ -26,19 +26,21 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import ORJSONResponse, StreamingResponse
+from fastapi.responses import ORJSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import and_, exists, select
 
 from core.errors import DeadlineExceeded, InvalidInput, ModelError, NotFound
-from core.limits import canonical_uuid, check_text, shown
+from core.limits import ascii_decimal, canonical_uuid, check_text, shown
 from core.messages import RequestMessage, body_hash
 from core.models.causal_lm import CausalLMSpec, generation_params
 from core.models.token_ids import tokenized_input
 from core.vocab import TIER_TO_CLASS, RequestStatus
 from ingest.error_shapes import Shape, declared
-from ingest.idempotency import claim
+from ingest.idempotency import aim, claim, first_version
 from ingest.infer import check_headers, send_claimed
+from ingest.job_limits import check_reads, hold_stream
+from ingest.jobs import HeldStream
 from ingest.policy import check_kv, check_rate
 from ingest.schemas import parse_body
 from ingest.state import AppState, get_state
@@ -123,17 +125,17 @@ def keyed_seed(tenant_id: str, key: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1  # 63 bits, as a drawn seed
 
 
+def _last_index(value: str, field: str) -> int:
+    """A token index a client sends back: -1 or ASCII digits below 2**20, else 400."""
+    last = -1 if value == "-1" else ascii_decimal(value, max_digits=7)
+    if last is None or not -1 <= last < 1 << 20:
+        raise InvalidInput(f"{field} must be a token index from -1 to {(1 << 20) - 1}", field=field)
+    return last
+
+
 def _resume_from(last_event_id: str | None) -> int:
     """The first token index a retried stream sends: after ``Last-Event-ID``, else 0."""
-    if last_event_id is None:
-        return 0
-    try:
-        last = int(last_event_id)
-    except ValueError as exc:
-        raise InvalidInput("Last-Event-ID must be a token index", field="Last-Event-ID") from exc
-    if not -1 <= last < 1 << 20:
-        raise InvalidInput("the last token index is out of range", field="Last-Event-ID")
-    return last + 1
+    return 0 if last_event_id is None else _last_index(last_event_id, "Last-Event-ID") + 1
 
 
 async def _resend(
@@ -218,46 +220,55 @@ async def create_completion(
     first_deadline = received + st.settings.default_timeout_ms / 1000
     check_kv(st.load, tenant, spec.ref, len(ids), params["max_tokens"], first_deadline)
     limit_headers = check_rate(st.limiter, st.settings, tenant)
-    rid = str(uuid.uuid4())  # with an Idempotency-Key, the claim may name an earlier one
-    msg = _message(st, spec, tenant, rid, tokenized_input(prompt, ids), params, received)
-    c = None
-    if idempotency_key is not None:
-        # What is generated, not how it is delivered: ``stream`` is not in the hash, so
-        # a dropped stream may be retried as a plain POST and the other way round.
-        msg.body_hash = body_hash(spec.ref, prompt, params)
-        c = await claim(
-            st.engine,
-            tenant_id=tenant.id,
-            key=idempotency_key,
-            request_id=rid,
-            body_hash=msg.body_hash,
-            deadline=msg.deadline,
-            received=received,
-            ttl_h=st.settings.idempotency_ttl_h,
-        )
-        rid = msg.request_id = c.request_id
-        if not c.first and c.first_received is not None:
-            # The first attempt's time: its row's key (the request log's partition).
-            msg.received_at = c.first_received.timestamp()
-    fut = st.waiter.register(rid)
-    start = 0
+    # A stream holds its connection while it generates: one of the key's stream slots,
+    # taken before anything is claimed or sent (a 429 here leaves nothing accepted).
+    release = hold_stream(st, tenant) if body.stream else None
+    rid, registered = str(uuid.uuid4()), False  # a claim may name an earlier request
     try:
-        send = True
+        msg = _message(st, spec, tenant, rid, tokenized_input(prompt, ids), params, received)
+        c = None
+        if idempotency_key is not None:
+            # What is asked, not how it is delivered (``stream`` is not in the hash, so a
+            # dropped stream may be retried as a plain POST) nor where routing sent it.
+            msg.body_hash = body_hash(body.model, prompt, params)
+            c = await claim(
+                st.engine,
+                tenant_id=tenant.id,
+                key=idempotency_key,
+                request_id=rid,
+                body_hash=msg.body_hash,
+                deadline=msg.deadline,
+                received=received,
+                model_version=spec.version,
+                ttl_h=st.settings.idempotency_ttl_h,
+                legacy_hash=lambda: body_hash(spec.ref, prompt, params),
+            )
+            rid = msg.request_id = c.request_id
+            if not c.first and c.first_received is not None:
+                # The first attempt's time: its row's key (the request log's partition).
+                msg.received_at = c.first_received.timestamp()
+        fut, registered, start, send = st.waiter.register(rid), True, 0, True
         if c is not None and not c.first:
             send = await _resend(st, rid, tenant.id, c.first_deadline, fut)
             start = resume
+            if send and (first := await first_version(st.catalog, spec, c)) is not spec:
+                aim(msg, first, prompt)  # to the version the first attempt was routed to
         if send:
             await send_claimed(
                 st, tenant, msg, first_claim=c is None or c.first, key=idempotency_key
             )
     except BaseException:
-        st.waiter.discard(rid)
+        if registered:
+            st.waiter.discard(rid)
+        if release is not None:
+            release()
         raise
     created = int(received)
-    if body.stream:
+    if release is not None:
         usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(
+        return HeldStream(
             _sse(st, rid, tenant.id, spec.name, created, start, fut, usage),
+            release,
             media_type="text/event-stream",
             headers={**limit_headers, "Cache-Control": "no-cache", "X-Request-Id": rid},
         )
@@ -420,17 +431,13 @@ async def get_completion(
     ``after``) names; without it, the finished completion."""
     st = get_state(request)
     tenant = await st.auth.authenticate(authorization)
+    limit_headers = check_reads(st.limiter, st.settings, tenant)
     rid = canonical_uuid(completion_id.removeprefix(ID_PREFIX))
     if rid is None:
         raise NotFound(f"no completion {shown(completion_id)}; ids are cmpl-<uuid>")
     last = after
     if last_event_id is not None:
-        try:
-            last = int(last_event_id)
-        except ValueError as exc:
-            raise InvalidInput(
-                "Last-Event-ID must be a token index", field="Last-Event-ID"
-            ) from exc
+        last = _last_index(last_event_id, "Last-Event-ID")
     if last is not None and not -1 <= last < 1 << 20:
         raise InvalidInput("the last token index is out of range", field="after")
     async with st.engine.connect() as conn:
@@ -461,6 +468,14 @@ async def get_completion(
             f"no completion {ID_PREFIX}{rid} with tokens for this tenant "
             "(it may still be queued: retry shortly)"
         )
+    if row is not None and not generating:
+        # One of the tenant's requests, but not a completion: its answer is elsewhere.
+        spec = st.catalog.recorded(row.model, row.model_version)
+        if not isinstance(spec, CausalLMSpec):
+            raise NotFound(
+                f"{ID_PREFIX}{rid} is not a completion (model {row.model} does not generate "
+                f"text); its answer is at /v1/requests/{rid}"
+            )
     created = int(time.time())
     model = row.model if row is not None else "gristmill-lm"
     if not stream:
@@ -469,13 +484,17 @@ async def get_completion(
         data = dict(row._mapping)
         _raise_for(data)
         created = int(data["received_at"].timestamp())
-        return ORJSONResponse(completion_body(rid, created, data["model"], data["output"]))
+        return ORJSONResponse(
+            completion_body(rid, created, data["model"], data["output"]), headers=limit_headers
+        )
+    release = hold_stream(st, tenant)
     fut = st.waiter.register(rid)
     if row is not None and not fut.done():
         fut.set_result(dict(row._mapping))
     start = 0 if last is None else last + 1
-    return StreamingResponse(
+    return HeldStream(
         _sse(st, rid, tenant.id, model, created, start, fut, usage=False),
+        release,
         media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Request-Id": rid},
+        headers={**limit_headers, "Cache-Control": "no-cache", "X-Request-Id": rid},
     )

@@ -8,9 +8,10 @@ partition), acknowledged once Kafka has every one, and waited for together; the
 answer holds them in input order.
 
 An ``Idempotency-Key`` names the whole request: the key is claimed once, for input
-0's id and with a fingerprint of every input; input ``i``'s id is derived from input
-0's, so a retry names the same rows (and waits for those still running); the same key
-with other inputs is a 422.
+0's id and with a fingerprint of the model as the caller named it and every input;
+input ``i``'s id is derived from input 0's, so a retry names the same rows (and waits
+for those still running), sent again (if at all) to the version the first attempt was
+routed to; the same key with other inputs is a 422.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from core.models.spec import ModelSpec
 from core.topics import request_topic
 from core.vocab import TIER_TO_CLASS
 from ingest import metrics
-from ingest.idempotency import claim, release
+from ingest.idempotency import aim, claim, first_version, release
 from ingest.infer import request_message
 from ingest.policy import check_admission, check_rate
 from ingest.state import AppState
@@ -82,15 +83,18 @@ async def submit_many(
     received: float,
     timeout_ms: int | None,
     idempotency_key: str | None,
+    asked: str,
     wait_s: float | None = None,
     tier: str | None = None,
 ) -> Submitted:
     """Admit, make durable and wait for ``inputs`` (validated by the caller).
 
-    ``timeout_ms``: the deadline (None: the tier's SLO); ``wait_s``: how long to wait
-    at most, which may be shorter (a ``Prefer: wait``); ``tier``: the tier the
-    messages are scheduled in, never above the key's own (a client may lower its
-    priority, not raise it). Raises 429/503 before anything is produced."""
+    ``timeout_ms``: the deadline (None: the tier's SLO); ``asked``: the model as the
+    caller named it (what an Idempotency-Key fingerprints, with the inputs);
+    ``wait_s``: how long to wait at most, which may be shorter (a ``Prefer: wait``);
+    ``tier``: the tier the messages are scheduled in, never above the key's own (a
+    client may lower its priority, not raise it). Raises 429/503 before anything is
+    produced."""
     s = st.settings
     limit_headers = check_rate(st.limiter, s, tenant, items=len(inputs))
     if timeout_ms is None:
@@ -106,10 +110,12 @@ async def submit_many(
             tenant_id=tenant.id,
             key=idempotency_key,
             request_id=first,
-            body_hash=body_hash(spec.ref, inputs, params),
+            body_hash=body_hash(asked, inputs, {}),
             deadline=deadline,
             received=received,
+            model_version=spec.version,
             ttl_h=s.idempotency_ttl_h,
+            legacy_hash=lambda: body_hash(spec.ref, inputs, params),
         )
         first = c.request_id  # a retry: the first attempt's
     ids = [item_request_id(first, i) for i in range(len(inputs))]
@@ -122,7 +128,6 @@ async def submit_many(
             request_id=rid,
             received=received,
             timeout_ms=timeout_ms,
-            idempotency_key=None,  # the claim above fingerprints the whole request
         )
         for rid, value in zip(ids, inputs, strict=True)
     ]
@@ -148,8 +153,11 @@ async def submit_many(
             pending = [i for i in pending if not futs[i].done()]
             # Still running: wait for the first attempt, unless its caller gave up, in
             # which case some may never have reached Kafka: send those again (same
-            # ids, so at most one result row each either way).
+            # ids, so at most one result row each either way), to the first's version.
             send = c.first_deadline is not None and c.first_deadline < datetime.now(UTC)
+            if send and pending and (v := await first_version(st.catalog, spec, c)) is not spec:
+                for i in pending:
+                    aim(msgs[i], v, inputs[i])
         if send and pending:
             produced, error = await _produce_all(st, [msgs[i] for i in pending], tenant.tier)
             if error is not None:

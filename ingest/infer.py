@@ -20,7 +20,8 @@ from core.models.spec import ModelSpec
 from core.topics import request_topic
 from core.vocab import TIER_TO_CLASS, RequestStatus
 from ingest import metrics
-from ingest.idempotency import check_key, claim, release
+from ingest.idempotency import aim, check_key, claim, first_version, release
+from ingest.job_limits import check_reads
 from ingest.policy import check_admission, check_rate
 from ingest.refusal_counts import TIMEOUTS, Timeout
 from ingest.schemas import ERROR_RESPONSES, InferAnswer, InferBody, RequestRecord, parse_infer
@@ -89,9 +90,10 @@ def request_message(
     request_id: str,
     received: float,
     timeout_ms: int,
-    idempotency_key: str | None,
+    fingerprint: str = "",
 ) -> RequestMessage:
-    """The Kafka message for an accepted request. Pure."""
+    """The Kafka message for an accepted request. Pure. ``fingerprint``: what its
+    Idempotency-Key claim recorded of the body (ingest/idempotency.py), if it has one."""
     return RequestMessage(
         request_id=request_id,
         tenant_id=tenant.id,
@@ -102,8 +104,7 @@ def request_message(
         params=params,
         deadline=received + timeout_ms / 1000,
         received_at=received,
-        # Only an Idempotency-Key needs the fingerprint; skip the hashing otherwise.
-        body_hash=body_hash(spec.ref, input_, params) if idempotency_key else "",
+        body_hash=fingerprint,
         weight=tenant.weight,
     )
 
@@ -198,6 +199,23 @@ async def _infer(
     )
     check_admission(st.load, st.settings, tenant, spec.ref, timeout_ms)
     rid = str(uuid.uuid4())  # with an Idempotency-Key, the claim may name an earlier one
+    c, fingerprint = None, ""
+    if idempotency_key is not None:
+        # What the caller sent, not the version routing picked (decision 44).
+        fingerprint = body_hash(body.model, body.input, body.params or {})
+        c = await claim(
+            st.engine,
+            tenant_id=tenant.id,
+            key=idempotency_key,
+            request_id=rid,
+            body_hash=fingerprint,
+            deadline=received + timeout_ms / 1000,
+            received=received,
+            model_version=spec.version,
+            ttl_h=st.settings.idempotency_ttl_h,
+            legacy_hash=lambda: body_hash(spec.ref, body.input, params),
+        )
+        rid = c.request_id
     msg = request_message(
         spec,
         body.input,
@@ -206,25 +224,12 @@ async def _infer(
         request_id=rid,
         received=received,
         timeout_ms=timeout_ms,
-        idempotency_key=idempotency_key,
+        fingerprint=fingerprint,
     )
     deadline = msg.deadline
-    c = None
-    if idempotency_key is not None:
-        c = await claim(
-            st.engine,
-            tenant_id=tenant.id,
-            key=idempotency_key,
-            request_id=rid,
-            body_hash=msg.body_hash,
-            deadline=deadline,
-            received=received,
-            ttl_h=st.settings.idempotency_ttl_h,
-        )
-        rid = msg.request_id = c.request_id
-        if not c.first and c.first_received is not None:
-            # The first attempt's time: its row's key (the request log's partition).
-            msg.received_at = c.first_received.timestamp()
+    if c is not None and not c.first and c.first_received is not None:
+        # The first attempt's time: its row's key (the request log's partition).
+        msg.received_at = c.first_received.timestamp()
     annotate(rid, spec.ref, tenant.tier)
     fut = st.waiter.register(rid)
     try:
@@ -235,8 +240,12 @@ async def _infer(
                 return ORJSONResponse(result_body(done[0]), headers=limit_headers)
             # Still in flight: wait for the first attempt, unless its caller already
             # gave up, in which case it may never have reached Kafka: send it again
-            # (same request id, so at most one result row either way).
+            # (same request id, so at most one result row either way), to the version
+            # the first attempt was routed to.
             send = c.first_deadline is not None and c.first_deadline < datetime.now(UTC)
+            if send and (first := await first_version(st.catalog, spec, c)) is not spec:
+                msg.params = accept(first, body)
+                aim(msg, first, body.input)
         if send:
             await send_claimed(
                 st, tenant, msg, first_claim=c is None or c.first, key=idempotency_key
@@ -273,6 +282,7 @@ async def get_request(
     """A request's result by id. Tenant-scoped: another tenant's id is a 404."""
     st: AppState = get_state(request)
     tenant = await st.auth.authenticate(authorization)
+    limit_headers = check_reads(st.limiter, st.settings, tenant)
     # Only the canonical form: PostgreSQL would take some others ({...}, bare hex) and
     # refuse the rest (urn:uuid:...) with an error that is not the client's to see.
     canonical = canonical_uuid(request_id)
@@ -286,5 +296,6 @@ async def get_request(
             "status": data["status"],
             "error": data["error"],
             **(result_body(data) if data["status"] == RequestStatus.SUCCEEDED else {}),
-        }
+        },
+        headers=limit_headers,
     )

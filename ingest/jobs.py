@@ -14,11 +14,11 @@ from fastapi.responses import ORJSONResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from core.errors import InvalidInput, NotFound, PayloadTooLarge
-from core.limits import canonical_uuid, shown
+from core.limits import ascii_decimal, canonical_uuid, shown
 from core.messages import job_item_request_ids
 from ingest import job_quota, metrics
 from ingest.idempotency import check_key
-from ingest.job_limits import acquire, check_reads, slot
+from ingest.job_limits import acquire, check_reads, hold_stream, slot
 from ingest.job_schemas import MAX_INDEX, JobOptions, parse_index, validate
 from ingest.job_submit import record_job, stage_json, stage_jsonl
 from ingest.job_views import item_view, job_summary
@@ -109,7 +109,7 @@ async def submit_job(
     json_body = ctype == "application/json"
     cap = st.settings.max_job_json_bytes if json_body else st.settings.max_job_bytes
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > cap:
+    if (ascii_decimal(declared) or 0) > cap:
         raise PayloadTooLarge(
             f"a JSON job body may be at most {cap} bytes; upload large jobs as JSONL"
             if json_body
@@ -202,8 +202,14 @@ class HeldStream(StreamingResponse):
     """A streamed answer that gives its slot back however the stream ends (finished,
     client gone, server stopping)."""
 
-    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None]):
-        super().__init__(content, media_type="application/x-ndjson")
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        release: Callable[[], None],
+        media_type: str = "application/x-ndjson",
+        headers: dict[str, str] | None = None,
+    ):
+        super().__init__(content, media_type=media_type, headers=headers)
         self._release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -243,7 +249,7 @@ async def stream_results(
             job = await own_job(st, tenant, job_id)
 
     if not follow:
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+        return HeldStream(lines(), hold_stream(st, tenant))
     # A follow stream is open as long as the job runs: bounded per tenant and instance.
     acquire(st.follows, tenant.id, "follow=true streams")
     return HeldStream(lines(), lambda: st.follows.release(tenant.id))

@@ -10,7 +10,8 @@ Without that variable (one process, tests) the values live in this process.
 Per request the hot path does a few counter increments and histogram observations
 on label children cached here (no label lookup per request). The gauges (event-loop
 lag, answer delay, in-flight requests) are written once a second by ``publish_loop``,
-not per request; job gauges come from PostgreSQL at scrape time.
+not per request; job gauges are read from PostgreSQL every ``JOB_GAUGES_S`` by
+``job_gauges_loop``, so a scrape runs no query however often scrapes come.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -289,13 +290,24 @@ async def read_job_gauges(state: AppState, timeout_s: float = 2.0) -> JobGauges 
         return None
 
 
+# How often each API process reads the job gauges (s): a scrape serves the last reading
+# (Prometheus scrapes every 15-60 s), so the gauges are at most this old.
+JOB_GAUGES_S = 10.0
+_job_gauges: JobGauges | None = None  # this process's last reading; None: none yet, or failed
+
+
+async def job_gauges_loop(state: AppState, interval_s: float = JOB_GAUGES_S) -> None:
+    global _job_gauges
+    while True:
+        _job_gauges = await read_job_gauges(state)  # None (no gauges) while unreadable
+        await asyncio.sleep(interval_s)
+
+
 router = APIRouter()
 
 
 @router.get("/metrics", include_in_schema=False)
-async def metrics(request: Request) -> Response:
-    state: AppState = request.app.state.gristmill
-    jobs = await read_job_gauges(state)
+async def metrics() -> Response:
     # Reading every process's files is file I/O and parsing: off the event loop.
-    body = await asyncio.to_thread(generate_latest, api_registry(jobs))
+    body = await asyncio.to_thread(generate_latest, api_registry(_job_gauges))
     return Response(body, media_type=CONTENT_TYPE_LATEST)

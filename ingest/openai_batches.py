@@ -12,6 +12,7 @@ Errors are in OpenAI's shape (ingest/error_shapes.py).
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from datetime import UTC, datetime
@@ -25,18 +26,20 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from core.errors import InvalidInput, NotFound, PayloadTooLarge
+from core.limits import ascii_decimal, shown
 from core.models.causal_lm import CausalLMSpec
 from core.models.spec import ModelSpec
 from ingest import batch_wire as bw
+from ingest import file_budget as fb
 from ingest import job_quota
 from ingest.completions import completion_body
 from ingest.error_shapes import Shape, declared
 from ingest.idempotency import check_key
-from ingest.job_limits import slot
+from ingest.job_limits import hold_stream, slot
 from ingest.job_schemas import JobItem, check_metadata, parse_index, validate
 from ingest.job_submit import Submission, _stager, record_job
 from ingest.job_upload import ItemStager, LineSplitter, body_chunks
-from ingest.jobs import reader
+from ingest.jobs import HeldStream, reader
 from ingest.openai_wire import EncodingFormat, embeddings_answer, prompt_tokens
 from ingest.schemas import json_object
 from ingest.state import AppState, get_state
@@ -76,19 +79,50 @@ def file_object(f: Any) -> dict[str, Any]:
 # --- files ------------------------------------------------------------------------------
 
 
-async def _capped(request: Request, st: AppState) -> AsyncGenerator[bytes, None]:
+async def _capped(request: Request, st: AppState, cap: int) -> AsyncGenerator[bytes, None]:
     s = st.settings
     async for chunk in body_chunks(
         request.stream(),
         idle_timeout_s=s.upload_idle_timeout_s,
-        max_bytes=s.max_job_bytes,
+        max_bytes=cap,
         what="a file upload",
         min_rate_bps=s.upload_min_bytes_per_s,
     ):
         yield chunk
 
 
-@router.post("/v1/files", responses=ERRORS, summary="Upload a JSONL file (purpose=batch)")
+# The form OpenAI's SDK sends (``expires_after`` as bracketed fields), for the schema.
+_FILE_FORM = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "purpose": {"type": "string", "enum": list(PURPOSES)},
+                        fb.ANCHOR: {"type": "string", "enum": ["created_at"]},
+                        fb.SECONDS: {
+                            "type": "integer",
+                            "minimum": bw.MIN_OUTPUT_EXPIRY_S,
+                            "maximum": bw.MAX_OUTPUT_EXPIRY_S,
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "/v1/files",
+    responses=ERRORS,
+    summary="Upload a JSONL file (purpose=batch)",
+    openapi_extra=_FILE_FORM,
+)
 async def create_file(
     request: Request, authorization: str | None = Header(default=None)
 ) -> ORJSONResponse:
@@ -97,16 +131,29 @@ async def create_file(
     ctype = request.headers.get("content-type", "")
     if not ctype.startswith("multipart/form-data"):
         raise InvalidInput("POST /v1/files takes multipart/form-data", field="Content-Type")
-    declared_len = request.headers.get("content-length", "")
-    if declared_len.isdigit() and int(declared_len) > st.settings.max_job_bytes:
+    declared = ascii_decimal(request.headers.get("content-length", "")) or 0
+    if declared > st.settings.max_job_bytes:
         raise PayloadTooLarge(f"a file may be at most {st.settings.max_job_bytes} bytes")
+    # The budget before a byte is read (decision 42): the upload rate, the files kept and
+    # the room left (for what the body announces), which also caps what it may spool.
+    headers = fb.check_upload_rate(st.limiter, st.settings, tenant, time.monotonic())
+    budget = fb.Budget.of(st.settings, tenant.tier)
+    used = await files_db.usage(st.engine, tenant.id)
+    budget.check(used, max(1, declared - fb.MULTIPART_SLACK))
+    cap = min(st.settings.max_job_bytes, budget.room(used) + fb.MULTIPART_SLACK)
     async with slot(st.uploads, tenant.id, "uploads"):
         # The parser spools the file part to disk past 1 MiB: memory stays bounded.
-        parser = MultiPartParser(request.headers, _capped(request, st), max_files=1, max_fields=4)
+        parser = MultiPartParser(
+            request.headers, _capped(request, st, cap), max_files=1, max_fields=8
+        )
         try:
             form = await parser.parse()
         except MultiPartException as exc:
             raise InvalidInput(f"the multipart body is malformed: {exc.message}") from exc
+        except PayloadTooLarge:
+            if cap < st.settings.max_job_bytes:
+                budget.check(used, budget.room(used) + 1)  # the quota, not the cap: 403
+            raise
         try:
             purpose = form.get("purpose")
             upload = form.get("file")
@@ -123,6 +170,15 @@ async def create_file(
             size = upload.size or 0
             if size == 0:
                 raise InvalidInput("the file is empty", field="file")
+            s = st.settings
+            expires = fb.expiry(
+                form.get(fb.ANCHOR),
+                form.get(fb.SECONDS),
+                datetime.now(UTC),
+                s.file_default_expiry_s,
+            )
+            if purpose == "batch":  # JSONL, or nothing of it is stored
+                await asyncio.to_thread(fb.check_jsonl, upload.file, s.max_body_bytes)
             fid = bw.new_file_id()
             await files_db.store_file(
                 st.engine,
@@ -132,12 +188,13 @@ async def create_file(
                 filename=name,
                 staged=upload.file,
                 size=size,
-                expires_at=None,
+                expires_at=expires,
+                admit=lambda now_used: budget.check(now_used, size),
             )
         finally:
             await form.close()
     f = await files_db.get_file(st.engine, tenant.id, fid)
-    return ORJSONResponse(file_object(f))
+    return ORJSONResponse(file_object(f), headers=headers)
 
 
 @router.get("/v1/files", responses=ERRORS)
@@ -247,11 +304,10 @@ async def file_content(
     result = await _result_file(st, tenant, file_id)
     if result is not None:
         b, j, errors = result
-        return StreamingResponse(result_lines(st, b, j, errors), media_type="application/jsonl")
-    f = await _uploaded_file(st, tenant, file_id)
-    return StreamingResponse(
-        files_db.file_chunks(st.engine, f.file_id), media_type="application/jsonl"
-    )
+        lines = result_lines(st, b, j, errors)
+    else:
+        lines = files_db.file_chunks(st.engine, (await _uploaded_file(st, tenant, file_id)).file_id)
+    return HeldStream(lines, hold_stream(st, tenant), media_type="application/jsonl")
 
 
 def _answer(b: Any, j: Any, r: Any) -> dict[str, Any]:
@@ -535,17 +591,10 @@ async def list_batches(
 ) -> ORJSONResponse:
     st, tenant = await reader(request, authorization)
     n = parse_index(limit, "limit", default=20, low=1, high=MAX_BATCHES_PAGE)
-    mark = None
-    if after is not None:
-        mark = await files_db.get_batch(st.engine, tenant.id, after)
-        if mark is None:
-            raise NotFound(f"no batch {after[:80]!r} to page after", field="after")
-    rows = await files_db.list_batches(st.engine, tenant.id, mark, n + 1)
-    data = []
-    for b in rows[:n]:
-        j = await jobs_db.get_job(st.engine, tenant.id, str(b.job_id))
-        if j is not None:
-            data.append(_object(b, j))
+    rows = await files_db.batch_page(st.engine, tenant.id, after, n + 1)
+    if rows is None:
+        raise NotFound(f"no batch {shown(after)} to page after", field="after")
+    data = [_object(b, j) for b, j in rows[:n]]
     return ORJSONResponse(
         {
             "object": "list",

@@ -108,6 +108,7 @@ async def _embeddings(
         received=received,
         timeout_ms=body.timeout_ms,
         idempotency_key=idempotency_key,
+        asked=body.model,
         # respond-async: the client takes a 202 once Kafka has it, or after ``wait`` s.
         wait_s=(prefer.wait_s or 0) if prefer.respond_async else None,
     )

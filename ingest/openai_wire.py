@@ -245,7 +245,7 @@ def models_answer(listing: list[dict[str, Any]], owner: str = "gristmill") -> di
 
 # --- Prefer (RFC 7240) ------------------------------------------------------------------
 
-_WAIT = re.compile(r"^\s*wait\s*=\s*\"?(\d{1,9})\"?\s*$", re.IGNORECASE)
+_WAIT = re.compile(r"^\s*wait\s*=\s*\"?([0-9]{1,9})\"?\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

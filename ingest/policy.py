@@ -48,13 +48,15 @@ def check_rate(
         now=time.monotonic(),
         allow_debt=items > 1,
     )
+    return enforce(v, f"rate limit of {v.limit:g} requests/s exceeded for this key")
+
+
+def enforce(v: Verdict, refusal: str) -> dict[str, str]:
+    """A bucket's verdict as the answer's RateLimit-* headers, or a 429 saying
+    ``refusal`` with them and Retry-After."""
     headers = ratelimit_headers(v)
     if not v.allowed:
-        raise RateLimited(
-            f"rate limit of {v.limit:g} requests/s exceeded for this key",
-            retry_after_s=v.retry_after_s,
-            headers=headers,
-        )
+        raise RateLimited(refusal, retry_after_s=v.retry_after_s, headers=headers)
     return headers
 
 

@@ -103,7 +103,9 @@ def servable(served: Served | None) -> bool:
 
 
 def unavailable(ref: str, served: Served | None) -> Unavailable:
-    """The 503 for a version nothing can serve now, with the workers' reason."""
+    """The 503 for a version nothing can serve now, with the workers' reason in a word:
+    their own text (an upstream's URL and answer, an artifact's path) is for operators
+    (``gristmill models list``, the admin API), never for every tenant."""
     if served is not None and served.loading:
         return Unavailable(
             f"model {ref} is loading on {served.loading} worker(s); retry shortly",
@@ -113,12 +115,16 @@ def unavailable(ref: str, served: Served | None) -> Unavailable:
     if served is not None and served.unavailable:
         wait = served.retry_after_s if served.retry_after_s is not None else UNSERVED_RETRY_S
         return Unavailable(
-            f"model {ref} cannot be reached by its workers right now ({served.error}); retry later",
+            f"model {ref} cannot be reached by its workers right now; retry later",
             retry_after_s=max(1.0, wait),
             reason="upstream_down",
         )
     if served is not None and served.failed:
-        return Unavailable(f"model {ref} failed to load: {served.error}", reason="model_failed")
+        return Unavailable(
+            f"model {ref} failed to load on its workers and is not served until an operator "
+            "fixes or retires it",
+            reason="model_failed",
+        )
     return Unavailable(
         f"no worker is serving model {ref} right now",
         retry_after_s=UNSERVED_RETRY_S,

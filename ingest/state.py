@@ -14,7 +14,8 @@ from ingest.job_submit import JobPublisher
 from ingest.load_watch import LoadWatch
 from ingest.overload import Overload
 from ingest.producer import AsyncProducer
-from ingest.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
+from ingest.ratelimit import InflightLimiter, TenantLimiter
+from ingest.shared_slots import SharedSlots
 from ingest.streams import StreamHub
 from ingest.waiters import ResultWaiter
 
@@ -32,8 +33,10 @@ class AppState:
     inflight: InflightLimiter
     load: LoadWatch
     overload: Overload
-    uploads: SlotLimiter  # job uploads being staged and recorded
-    follows: SlotLimiter  # follow=true result streams
+    # Counted per instance, across its processes (ingest/shared_slots.py):
+    uploads: SharedSlots  # job and file uploads being staged and recorded
+    follows: SharedSlots  # follow=true result streams
+    read_streams: SharedSlots  # every other streamed answer (tier_max_streams per key)
     streams: StreamHub | None = None  # made on the first token stream (ingest/completions.py)
 
 

@@ -177,6 +177,9 @@ idempotency_keys = Table(
     # the first attempt's would (the request log's partition key). NULL: claimed before
     # the column existed.
     Column("received_at", DateTime(timezone=True)),
+    # The version routing picked for the first attempt: a retry runs on it whatever
+    # routing decides since (decision 44). NULL: claimed before the column existed.
+    Column("model_version", Text),
     Index("idempotency_keys_created", "created_at"),
 )
 
@@ -316,8 +319,10 @@ stored_files = Table(
     Column("filename", Text, nullable=False),
     Column("bytes", BigInteger, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Past it the file is gone for its tenant and the sweeper deletes it (decision 42).
     Column("expires_at", DateTime(timezone=True)),
     Index("stored_files_tenant_created", "tenant_id", "created_at"),
+    Index("stored_files_expires", "expires_at", postgresql_where=text("expires_at IS NOT NULL")),
 )
 
 # A file's bytes in pieces of at most results.files.CHUNK_BYTES, so neither an upload

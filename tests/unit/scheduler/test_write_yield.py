@@ -6,9 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from scheduler.runtime.priority_pool import PriorityPool
-
 from scheduler.core.write_yield import HISTORY, MIN_HISTORY, SLOW_FACTOR, WriteYield
+from scheduler.runtime.priority_pool import PriorityPool
 
 
 def paced(seconds: float = 0.004, n: int = MIN_HISTORY) -> WriteYield:
