@@ -5,7 +5,7 @@ PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-$(shell cat pyproject.toml client/pyproject.toml | sha1sum | cut -c1-12)
 JARS    = docker/kafka/libs/.fetched
 
-.PHONY: install dev test test-unit test-integration test-e2e fuzz lint fmt bench bench-peers bench-sweep bench-profile bench-policy chaos clean deploy-check
+.PHONY: install test-tools dev test test-unit test-integration test-e2e fuzz lint fmt bench bench-peers bench-sweep bench-profile bench-policy chaos clean deploy-check
 
 install: $(STAMP) $(JARS)
 
@@ -24,7 +24,29 @@ $(JARS): docker/kafka/pom.xml
 dev: install
 	$(VENV)/bin/gristmill dev $(DEV_ARGS)
 
-test: install
+# Beyond Python, the tests need Prometheus and promtool (the metrics e2e test, the alert
+# rules' tests) and Chromium (the dashboard e2e test): Debian's packages, installed here
+# as root (CI, a fresh machine); otherwise one line says what is missing and how to get
+# it. SKIP_TOOLS=1 runs the suite without them (those tests then skip).
+TEST_TOOLS = prometheus promtool chromium
+test-tools:
+	@missing=$$(for t in $(TEST_TOOLS); do command -v $$t >/dev/null || printf '%s ' $$t; done); \
+	[ -z "$$missing" ] && exit 0; \
+	pkgs=$$(for t in $$missing; do case $$t in promtool) echo prometheus;; *) echo $$t;; esac; done | sort -u | xargs); \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing $$pkgs (Debian packages) for the tests"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkgs >/dev/null; \
+	elif [ -n "$(SKIP_TOOLS)" ]; then \
+		echo "missing $${missing% }: the tests that need them will skip (SKIP_TOOLS=1)"; \
+	else \
+		echo "make test: missing $${missing% }; install them with: sudo apt-get install $$pkgs (or SKIP_TOOLS=1 make test to skip their tests)"; \
+		exit 1; \
+	fi
+
+# Everything CI runs: the chart's tests (make deploy-check), then the Python suite (unit,
+# integration, end to end).
+test: install test-tools
+	deploy/check.sh
 	$(PY) -m pytest -q
 
 test-unit: install

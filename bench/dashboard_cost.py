@@ -2,9 +2,9 @@
 
     python -m bench.dashboard_cost [--models 2] [--workers 8]
 
-Fills the scheduler's own registry (scheduler/metrics.py) as ``--models`` models in every
+Fills the scheduler's own registry (scheduler/runtime/metrics.py) as ``--models`` models in every
 priority class would (every stage observed, every status counted, ``--workers`` workers
-busy), then times ``scheduler.metrics.window`` - what the scheduler runs once a second -
+busy), then times ``scheduler.runtime.metrics.window`` - what the scheduler runs once a second -
 and prints the JSON size of what it writes to PostgreSQL. No services.
 """
 
@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--calls", type=int, default=500)
     args = ap.parse_args()
-    from scheduler import metrics
+    from scheduler.runtime import metrics
 
     for m in range(args.models):
         for cls_ in PRIORITY_CLASSES:

@@ -56,7 +56,7 @@ def busy_fraction(system: System, t0: float, t1: float, workers: int) -> float:
             ),
             {"t0": t0, "t1": t1},
         ).scalar()
-    return float(ms) / 1000 / ((t1 - t0) * workers)
+    return float(ms or 0) / 1000 / ((t1 - t0) * workers)
 
 
 def job_throughput(system: System, n: int, work: Path) -> dict[str, Any]:

@@ -44,9 +44,9 @@ def scheduler_cost(batches: int, size: int) -> float:
     """Seconds of CPU per request for the scheduler's hooks."""
     from core.messages import RequestMessage
     from core.protocol import WorkResult
-    from scheduler import metrics
-    from scheduler.batcher import Batch, BatchKey, Pending
-    from scheduler.rows import succeeded_rows
+    from scheduler.core.batcher import Batch, BatchKey, FlushReason, Pending
+    from scheduler.runtime import metrics
+    from scheduler.runtime.rows import succeeded_rows
 
     t = time.time()
     items = [
@@ -60,7 +60,7 @@ def scheduler_cost(batches: int, size: int) -> float:
         )
         for i in range(size)
     ]
-    batch = Batch(BatchKey("sim", "1"), items, formed_at=t - 0.04, reason="linger")
+    batch = Batch(BatchKey("sim", "1"), items, formed_at=t - 0.04, reason=FlushReason.LINGER)
     rows = succeeded_rows(batch, ["o"] * size, t - 0.03, t - 0.01)
     result = WorkResult(batch.batch_id, ["o"] * size, None, t - 0.03, t - 0.01)
     max_batch = {batch.key.ref: 100}

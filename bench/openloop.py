@@ -283,12 +283,16 @@ def run_load(spec: LoadSpec, processes: int = 2) -> LoadResult:
     return res
 
 
-def _child(args: tuple[LoadSpec, int, int, float]) -> dict[str, Any]:
+def raise_fd_limit() -> None:
+    """Overload runs hold thousands of sockets open; take the hard limit."""
     import resource
 
-    # Overload runs hold thousands of sockets open; take the hard limit.
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _child(args: tuple[LoadSpec, int, int, float]) -> dict[str, Any]:
+    raise_fd_limit()
     spec, index, n, start = args
     try:  # the event loop the API itself runs on: less client CPU a request
         import uvloop

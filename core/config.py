@@ -131,6 +131,9 @@ class ApiSettings(_Concern):
     idempotency_ttl_h: int = Field(24, gt=0)
     # Requests one API instance holds at once (each tier may use inflight_share of it).
     max_inflight: int = Field(1000, ge=1)
+    # Streamed answers one API instance (all its processes) holds open at once; a key's
+    # own share is tier_max_streams.
+    max_streams: int = Field(1000, ge=1)
     # API instances and schedulers report every second; older reports are ignored.
     load_report_stale_s: float = Field(5.0, gt=0)
     # Proxies (comma-separated addresses or CIDRs, "*" for any) whose X-Forwarded-For and
@@ -252,6 +255,14 @@ class TierSettings(_Concern):
         "paid": 0.8,
         "enterprise": 1.0,
     }
+    # Streamed answers one key may hold open on one API instance (all its processes): a
+    # completion's stream, posted or resumed, a file's content, a job's results (a
+    # follow=true stream counts against max_follow_streams_per_tenant instead).
+    tier_max_streams: dict[str, Annotated[int, Field(ge=1)]] = {
+        "free": 8,
+        "paid": 64,
+        "enterprise": 256,
+    }
 
     @model_validator(mode="after")
     def _tier_orderings(self) -> Self:
@@ -261,6 +272,7 @@ class TierSettings(_Concern):
         _check_tier_order("tier_burst", self.tier_burst, rises=True)
         _check_tier_order("tier_job_items_per_s", self.tier_job_items_per_s, rises=True)
         _check_tier_order("inflight_share", self.inflight_share, rises=True)
+        _check_tier_order("tier_max_streams", self.tier_max_streams, rises=True)
         for name in ("loop_lag_shed_ms", "answer_delay_shed_ms"):
             pairs: dict[str, tuple[float, float]] = getattr(self, name)
             for tier, (start, refuse_all) in pairs.items():
@@ -343,6 +355,38 @@ class JobSettings(_Concern):
         return self
 
 
+class FileSettings(_Concern):
+    """OpenAI's Files on a budget (ingest/openai/file_budget.py, decision 42): the bytes live in
+    PostgreSQL, so what one tenant may keep there is bounded by its tier."""
+
+    # Bytes of unexpired files a tenant may keep, and how many files.
+    tier_file_bytes: dict[str, Annotated[int, Field(ge=1)]] = {
+        "free": 100_000_000,
+        "paid": 10_000_000_000,
+        "enterprise": 100_000_000_000,
+    }
+    tier_file_count: dict[str, Annotated[int, Field(ge=1)]] = {
+        "free": 100,
+        "paid": 1_000,
+        "enterprise": 10_000,
+    }
+    # Uploads a tenant may start per minute (a minute's worth at once).
+    tier_file_uploads_per_min: dict[str, Annotated[float, Field(gt=0)]] = {
+        "free": 10.0,
+        "paid": 60.0,
+        "enterprise": 600.0,
+    }
+    # A file's life when its upload names none (s): OpenAI's for purpose=batch, 30 days.
+    file_default_expiry_s: int = Field(30 * 86_400, ge=3_600, le=30 * 86_400)
+
+    @model_validator(mode="after")
+    def _file_tiers_in_order(self) -> Self:
+        _check_tier_order("tier_file_bytes", self.tier_file_bytes, rises=True)
+        _check_tier_order("tier_file_count", self.tier_file_count, rises=True)
+        _check_tier_order("tier_file_uploads_per_min", self.tier_file_uploads_per_min, rises=True)
+        return self
+
+
 class RetentionSettings(_Concern):
     """How long the request log keeps what, and how it is cut (results/retention.py,
     results/sweeper.py; docs/decisions/0029-compact-results-and-a-partitioned-request-log.md)."""
@@ -400,7 +444,7 @@ class SchedulerSettings(_Concern):
     # A version loaded on a worker stays at least this long before the least-recently-
     # used rule may unload it for another (s): a load costs seconds (an embedding model
     # 5-15 s on a CPU), so two versions taking turns must not spend the worker on
-    # loading (scheduler/residency.py, decision 30).
+    # loading (scheduler/core/residency.py, decision 30).
     model_min_residency_s: float = Field(30.0, ge=0)
 
 
@@ -415,7 +459,7 @@ class WorkerSettings(_Concern):
     worker_socket: str = ""
     # Benchmarks: the model's per-batch measurements (CUDA events on) in every result.
     worker_stats: bool = False
-    # Set by the scheduler that spawns a worker (scheduler/workerpool.py): the key it
+    # Set by the scheduler that spawns a worker (scheduler/runtime/workerpool.py): the key it
     # proves itself with (hex) and the scheduler's pid (the worker dies with it).
     worker_authkey: str = Field("", repr=False)
     worker_parent_pid: int = 0
@@ -432,7 +476,7 @@ class WorkerSettings(_Concern):
     # one pool mixes kinds of GPU.
     worker_class: str = ""
     # What the versions loaded in one worker may hold together (MB); 0: no limit. Past
-    # it the scheduler unloads the least recently used one (scheduler/residency.py).
+    # it the scheduler unloads the least recently used one (scheduler/core/residency.py).
     worker_memory_mb: int = Field(0, ge=0)
     # The HTTP backend (workers/models/http_backend.py, decision 31): tries per call for
     # a transient failure (connection refused, timeout, 429, 5xx), failed calls in a row
@@ -504,6 +548,7 @@ class Settings(
     EdgeSettings,
     TierSettings,
     JobSettings,
+    FileSettings,
     RetentionSettings,
     SchedulerSettings,
     WorkerSettings,
@@ -526,6 +571,16 @@ class Settings(
             )
         return self
 
+    @model_validator(mode="after")
+    def _streams_within_instance(self) -> Self:
+        for tier, n in self.tier_max_streams.items():
+            if n > self.max_streams:
+                raise ValueError(
+                    f"tier_max_streams[{tier}] ({n}) must not exceed max_streams "
+                    f"({self.max_streams})"
+                )
+        return self
+
     def batch_budget(self) -> float:
         """``batch_budget_ms``, or the one the tightest tier SLO implies."""
         return self.batch_budgets()[0]
@@ -533,7 +588,7 @@ class Settings(
     def batch_budgets(self) -> tuple[float, ...]:
         """The batch budget each tier's SLO implies, tightest first (``batch_budget_ms``
         alone when set): a model too slow for the tightest sizes its batches for the
-        tightest SLO it can meet (scheduler/costmodel.py)."""
+        tightest SLO it can meet (scheduler/core/costmodel.py)."""
         if self.batch_budget_ms > 0:
             return (self.batch_budget_ms,)
         slos = sorted(self.tier_slo_ms.values()) or [self.default_timeout_ms]

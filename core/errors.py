@@ -58,6 +58,13 @@ class Forbidden(GristmillError):
     status, code = 403, "forbidden"
 
 
+class QuotaExceeded(GristmillError):
+    """What the tenant keeps is at its plan's bound (stored files and bytes): waiting
+    does not help, deleting does (so not a 429, which clients retry)."""
+
+    status, code = 403, "quota_exceeded"
+
+
 class NotFound(GristmillError):
     status, code = 404, "not_found"
 

@@ -1,5 +1,5 @@
 """The wire types of one generation step, between the continuous-batching policy
-(scheduler/generation/) and the process that runs the model (workers/models/causal_lm/).
+(scheduler/core/generation/) and the process that runs the model (workers/models/causal_lm/).
 
 A ``StepPlan`` says, for each sequence in this step, which tokens to compute, at which
 positions, into which KV-cache blocks, and whether to sample the next token after

@@ -43,6 +43,9 @@ _CANONICAL_UUID = re.compile(
 )
 # Visible ASCII and space: what an HTTP header token such as Idempotency-Key may hold.
 _HEADER_TOKEN = re.compile(r"[\x20-\x7e]+")
+# A decimal a client sends in a header or a form field: ASCII digits only. ``str.isdigit``
+# and ``int`` also take other scripts' digits ("²" passes the one and fails the other).
+_ASCII_DECIMAL = re.compile(r"[0-9]+")
 
 # How much of a client's string an error message echoes back.
 SHOWN_CHARS = 64
@@ -148,6 +151,14 @@ def check_object(value: Any, field: str, *, max_bytes: int, max_depth: int) -> i
             field=field,
         )
     return size
+
+
+def ascii_decimal(value: str, *, max_digits: int = 18) -> int | None:
+    """``value`` as a non-negative integer when it is 1..``max_digits`` ASCII digits,
+    else None (a caller answers 400 naming its field). 18 digits fit a bigint."""
+    if not 0 < len(value) <= max_digits or _ASCII_DECIMAL.fullmatch(value) is None:
+        return None
+    return int(value)
 
 
 def check_header_token(value: str, field: str, *, max_chars: int) -> str:

@@ -1,6 +1,6 @@
 """What a scheduler reports about its load, each second, for admission.
 
-Written by the scheduler (scheduler/load_report.py builds the tenant part), stored
+Written by the scheduler (scheduler/core/load_report.py builds the tenant part), stored
 by results/load.py (one ``scheduler_load`` row per scheduler), read back and summed
 by every API instance (ingest/admission/capacity.py). Keys are ``name@version`` model refs
 and priority class names, as JSON keeps them.
@@ -21,7 +21,7 @@ TenantBacklog = dict[str, dict[str, dict[str, list[float]]]]
 
 
 class ModelCapacity(TypedDict):
-    """What the live workers of one model can do (scheduler/capacity.py)."""
+    """What the live workers of one model can do (scheduler/core/capacity.py)."""
 
     # all live workers together, at the batch size batches get: from compute times, or
     # what they delivered while saturated when that is less
@@ -34,7 +34,7 @@ class ModelCapacity(TypedDict):
 
 class KVState(TypedDict):
     """A generation model's KV cache as its scheduler's policy sees it
-    (scheduler/generation/kv_report.py), for the API's KV admission."""
+    (scheduler/core/generation/kv_report.py), for the API's KV admission."""
 
     num_blocks: int  # the worker's pool
     block_size: int  # tokens a block holds

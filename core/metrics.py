@@ -2,7 +2,7 @@
 API's multiprocess directory, and reading current values in-process.
 
 Each stage defines its own metrics in its own registry (ingest/metrics.py,
-scheduler/metrics.py, results/metrics.py); the names they share are here, so the
+scheduler/runtime/metrics.py, results/metrics.py); the names they share are here, so the
 API and the scheduler write the same histogram for the stages each of them sees.
 Names follow Prometheus conventions: base units (seconds, bytes, ratios 0..1),
 ``_total`` on counters, and labels with a bounded set of values only (model,

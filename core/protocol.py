@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 @dataclass
 class GenerationInfo:
     """What a worker's generation model gives the scheduler's continuous-batching policy
-    (scheduler/generation/config.py, decision 23): its KV pool, sized by the worker from
+    (scheduler/core/generation/config.py, decision 23): its KV pool, sized by the worker from
     its memory budget, and the step's limits."""
 
     num_blocks: int

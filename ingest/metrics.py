@@ -11,8 +11,9 @@ Without that variable (one process, tests) the values live in this process.
 Per request the hot path does a few counter increments and histogram observations
 on label children cached here (no label lookup per request). The gauges (event-loop
 lag, answer delay, in-flight requests) are written once a second by ``publish_loop``,
-not per request (ingest/operations/metrics.py); job gauges come from PostgreSQL at
-scrape time.
+not per request (ingest/operations/metrics.py); job gauges are read from PostgreSQL every
+``JOB_GAUGES_S`` by ``job_gauges_loop`` there, so a scrape runs no query however often
+scrapes come.
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ JOB_ITEMS_SUBMITTED = _counter(
     "gristmill_job_items_submitted_total",
     "Items of accepted jobs by tier",
     ["tier"],
+)
+JOB_SUBMIT_SECONDS = Histogram(
+    "gristmill_job_submit_seconds",
+    "POST /v1/jobs by phase: stage (body read and validated into a temp file), record "
+    "(the COPY, budget and job row, one transaction), publish (every item into Kafka)",
+    ["phase"],
+    buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320),
+    registry=REGISTRY,
 )
 # Written once a second by each process; "livemax"/"livesum" across the live processes.
 LOOP_LAG = _gauge(
@@ -161,6 +170,10 @@ def produced(seconds: float) -> None:
 
 def produce_failed(reason: str) -> None:
     PRODUCE_ERRORS.labels("api", reason).inc()
+
+
+def job_phase(phase: str, seconds: float) -> None:
+    JOB_SUBMIT_SECONDS.labels(phase).observe(seconds)
 
 
 def job_submitted(tier: str, items: int) -> None:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
@@ -20,13 +21,16 @@ from ingest.acceptance.state import AppState
 from ingest.acceptance.waiters import ResultWaiter
 from ingest.admission.load_watch import LoadWatch
 from ingest.admission.overload import Overload
-from ingest.admission.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
+from ingest.admission.ratelimit import InflightLimiter, TenantLimiter
+from ingest.admission.shared_slots import SharedSlots, slots_dir
 from ingest.edge.auth import Authenticator
+from ingest.edge.db_health import DatabaseHealth
 from ingest.edge.readiness import Readiness
 from ingest.edge.request_log_flush import flush_loop, flush_once
+from ingest.jobs.pacing import Pacer, target_lag_ms
 from ingest.jobs.publisher import JobPublisher
 from ingest.jobs.webhooks import webhook_loop
-from ingest.operations.metrics import publish_loop
+from ingest.operations.metrics import job_gauges_loop, publish_loop
 from results.db import make_async_engine
 from results.durability import refusal
 
@@ -34,6 +38,10 @@ log = logging.getLogger(__name__)
 
 # Makes an API process's state for its lifetime (the app's lifespan enters it).
 Services = Callable[[Settings], AbstractAsyncContextManager[AppState]]
+
+# How long a thread may hold the interpreter lock while the event loop waits for it (s;
+# Python's default is 5 ms).
+GIL_SWITCH_S = 0.0005
 
 
 async def finish_stale_submissions(state: AppState, interval_s: float = 5.0) -> None:
@@ -72,19 +80,30 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
     except Exception as exc:  # the API still starts; produce answers 503 until Kafka is back
         log.warning("could not check Kafka topics: %s", exc)
     await check_durability_at_start(settings)
+    # The event loop waits for the interpreter lock behind a job's intake threads;
+    # hand it over sooner (as the scheduler does, scheduler/runtime/service.py).
+    sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
     engine = make_async_engine(settings.database_url)
     limiter = TenantLimiter()
+    overload = Overload()
     waiter = ResultWaiter(
         engine, settings.database_url, poll_interval_s=settings.result_poll_interval_ms / 1000
     )
     auth = Authenticator(engine, settings)
+    shared = slots_dir()  # the instance's processes count their open work together
+    # Every sign of the database feeds one judgement (ingest/edge/db_health.py): the
+    # probe, the load watch's heartbeat commits, the result announcements heard.
+    health = DatabaseHealth(stale_s=settings.load_report_stale_s)
     state = AppState(
         settings=settings,
         engine=engine,
         producer=AsyncProducer(settings, timeout_ms=settings.produce_timeout_ms),
         waiter=waiter,
         keys=KeyClaims(engine, ttl_h=settings.idempotency_ttl_h),
-        jobs=JobPublisher(settings),
+        jobs=JobPublisher(
+            settings,
+            Pacer(lambda: overload.lag.lag_ms, target_lag_ms(settings.loop_lag_shed_ms)),
+        ),
         auth=auth,
         catalog=ModelCatalog(
             settings,
@@ -95,16 +114,34 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         limiter=limiter,
         inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
         load=LoadWatch(engine, settings, limiter),
-        overload=Overload(),
-        uploads=SlotLimiter(settings.max_uploads, settings.max_uploads_per_tenant),
-        follows=SlotLimiter(settings.max_follow_streams, settings.max_follow_streams_per_tenant),
+        overload=overload,
+        # Counted per instance, across its processes (decision 43).
+        uploads=SharedSlots(
+            shared, "uploads", total=settings.max_uploads, per_key=settings.max_uploads_per_tenant
+        ),
+        follows=SharedSlots(
+            shared,
+            "follows",
+            total=settings.max_follow_streams,
+            per_key=settings.max_follow_streams_per_tenant,
+        ),
+        read_streams=SharedSlots(
+            shared,
+            "streams",
+            total=settings.max_streams,
+            per_key=min(settings.tier_max_streams.values()),
+        ),
         readiness=Readiness(
             engine,
             refresh_s=settings.readyz_refresh_s,
             listening=waiter.listening.is_set,
             revocations=lambda: auth.listening,
+            health=health,
         ),
     )
+    state.load.health = health
+    state.catalog.health = health
+    waiter.on_heard = health.heard
     await waiter.start()
     await auth.start()
     # What start-up made lives as long as the process: frozen out of the collector's
@@ -119,6 +156,7 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         asyncio.create_task(state.load.run()),
         asyncio.create_task(state.overload.lag.run()),
         asyncio.create_task(publish_loop(state)),
+        asyncio.create_task(job_gauges_loop(state)),
         asyncio.create_task(flush_loop(engine)),  # refusal counts, answer timeouts
         asyncio.create_task(state.catalog.run()),
     ]
@@ -135,4 +173,6 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         await auth.stop()
         state.producer.close()
         state.jobs.close()
+        for slots in (state.uploads, state.follows, state.read_streams):
+            slots.close()
         await engine.dispose()

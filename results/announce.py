@@ -129,21 +129,37 @@ def payloads(results: Iterable[bytes], ids: Iterable[str]) -> list[str]:
     return out
 
 
-def parse(
-    payload: str, wanted: Container[str] | None = None
-) -> tuple[list[AnswerRow], list[str]]:
+# What reading one answer may raise on a payload not written by ``Answers`` (a time out
+# of datetime's range raises OverflowError, OSError or ValueError by platform).
+_UNREADABLE = (ValueError, KeyError, TypeError, OverflowError, OSError, binascii.Error)
+
+
+def _row(r: dict[str, Any]) -> dict[str, Any]:
+    for k in (*TIMES, "persisted_at"):
+        v = r[k]
+        r[k] = None if v is None else datetime.fromtimestamp(v, UTC)
+    vector = r.get("output_vector")
+    r["output_vector"] = None if vector is None else from_base64(vector)
+    return r
+
+
+def parse(payload: str, wanted: Container[str] | None = None) -> tuple[list[AnswerRow], list[str]]:
     """(answers as rows, like a fetched row; ids to fetch) from one payload. With
     ``wanted``, only the answers whose request id it holds are made into rows: every API
-    process hears every announcement, and most answers are another process's."""
+    process hears every announcement, and most answers are another process's. An answer
+    that cannot be read (a time out of range, say) is fetched by its id instead; a
+    payload that is not an announcement at all raises ValueError."""
     data = orjson.loads(payload)
-    rows = []
-    for r in data["results"]:
-        if wanted is not None and r["request_id"] not in wanted:
+    results, ids = (data.get("results"), data.get("ids")) if isinstance(data, dict) else (0, 0)
+    if not isinstance(results, list) or not isinstance(ids, list):
+        raise ValueError("not a result announcement")
+    rows, fetch = [], [i for i in ids if isinstance(i, str)]
+    for r in results:
+        rid = r.get("request_id") if isinstance(r, dict) else None
+        if not isinstance(rid, str) or (wanted is not None and rid not in wanted):
             continue
-        for k in (*TIMES, "persisted_at"):
-            v = r[k]
-            r[k] = None if v is None else datetime.fromtimestamp(v, UTC)
-        vector = r.get("output_vector")
-        r["output_vector"] = None if vector is None else from_base64(vector)
-        rows.append(cast("AnswerRow", r))
-    return rows, data["ids"]
+        try:
+            rows.append(cast("AnswerRow", _row(r)))
+        except _UNREADABLE:
+            fetch.append(rid)
+    return rows, fetch

@@ -1,22 +1,52 @@
 """OpenAI's Files and Batches: uploaded files stored as chunks, and the batch objects
-that name a job (decision 35). Every query is scoped to the tenant."""
+that name a job (decision 35). Every query is scoped to the tenant. A file past its
+``expires_at`` is gone for its tenant (neither listed, read nor counted against its
+quota) and the sweeper deletes it (results/sweeper.py, decision 42)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import IO, Any
 
-from sqlalchemy import and_, delete, insert, or_, select, tuple_
+from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, text, tuple_
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from results.schema import openai_batches, stored_file_chunks, stored_files
+from results.schema import jobs, openai_batches, stored_file_chunks, stored_files
 
 # Bytes per stored chunk: an upload or a download holds one at a time (1 MiB: large
 # enough that a 1 GB file is ~1,000 rows, small enough to be nothing in memory).
 CHUNK_BYTES = 1 << 20
+# The advisory lock namespace ("gmfi") under which one tenant's files are stored one at a
+# time, so the quota check and the insert are one step.
+_FILES_LOCK = 0x676D6669
+
+
+@dataclass(frozen=True)
+class FileUsage:
+    bytes: int
+    files: int
+
+
+def _live() -> ColumnElement[bool]:
+    t = stored_files.c
+    return or_(t.expires_at.is_(None), t.expires_at > func.now())
+
+
+def _usage_stmt(tenant_id: str) -> Any:
+    t = stored_files.c
+    return select(func.count(), func.coalesce(func.sum(t.bytes), 0)).where(
+        t.tenant_id == tenant_id, _live()
+    )
+
+
+async def usage(engine: AsyncEngine, tenant_id: str) -> FileUsage:
+    """What the tenant keeps now: bytes and files not expired."""
+    async with engine.connect() as conn:
+        n, size = (await conn.execute(_usage_stmt(tenant_id))).one()
+    return FileUsage(int(size), int(n))
 
 
 @dataclass(frozen=True)
@@ -31,11 +61,21 @@ class NewFile:
     expires_at: datetime | None
 
 
-async def store_file(engine: AsyncEngine, f: NewFile, staged: IO[bytes]) -> None:
+async def store_file(
+    engine: AsyncEngine, f: NewFile, staged: IO[bytes], admit: Callable[[FileUsage], None]
+) -> None:
     """The file row and its staged bytes, chunk by chunk, in one transaction: a file is
-    listed only once all of it is stored."""
+    listed only once all of it is stored. ``admit`` sees the tenant's usage under the
+    tenant's lock first and raises to refuse (its quota): concurrent uploads of one
+    tenant are stored one after another, each seeing the one before."""
     staged.seek(0)
     async with engine.begin() as conn:
+        await conn.execute(
+            text("SELECT pg_advisory_xact_lock(:ns, hashtext(:t))"),
+            {"ns": _FILES_LOCK, "t": f.tenant_id},
+        )
+        n, used = (await conn.execute(_usage_stmt(f.tenant_id))).one()
+        admit(FileUsage(int(used), int(n)))
         await conn.execute(insert(stored_files).values(**asdict(f)))
         seq = 0
         while block := staged.read(CHUNK_BYTES):
@@ -50,7 +90,9 @@ async def get_file(engine: AsyncEngine, tenant_id: str, file_id: str) -> Row[Any
         return (
             await conn.execute(
                 select(stored_files).where(
-                    stored_files.c.file_id == file_id, stored_files.c.tenant_id == tenant_id
+                    stored_files.c.file_id == file_id,
+                    stored_files.c.tenant_id == tenant_id,
+                    _live(),
                 )
             )
         ).first()
@@ -67,7 +109,7 @@ async def list_files(
 ) -> Sequence[Row[Any]]:
     """A page of the tenant's files ordered by (created_at, file_id), after ``after``."""
     t = stored_files.c
-    q = select(stored_files).where(t.tenant_id == tenant_id)
+    q = select(stored_files).where(t.tenant_id == tenant_id, _live())
     if purpose is not None:
         q = q.where(t.purpose == purpose)
     key = tuple_(t.created_at, t.file_id)
@@ -123,20 +165,40 @@ async def get_batch(engine: AsyncEngine, tenant_id: str, batch_id: str) -> Row[A
         ).first()
 
 
-async def list_batches(
-    engine: AsyncEngine, tenant_id: str, after: Row[Any] | None, limit: int
-) -> Sequence[Row[Any]]:
-    """The tenant's batches, newest first, after ``after`` (OpenAI's cursor)."""
+async def batch_page(
+    engine: AsyncEngine, tenant_id: str, after: str | None, limit: int
+) -> list[tuple[Row[Any], Row[Any]]] | None:
+    """A page of the tenant's batches, newest first, after the batch ``after`` (OpenAI's
+    cursor), each with its job: three statements on one connection, however long the
+    page. None when the tenant has no batch ``after``."""
     b = openai_batches.c
     q = select(openai_batches).where(b.tenant_id == tenant_id)
-    if after is not None:
-        q = q.where(
-            or_(
-                b.created_at < after.created_at,
-                and_(b.created_at == after.created_at, b.batch_id < after.batch_id),
-            )
-        )
     async with engine.connect() as conn:
-        return (
+        if after is not None:
+            mark = (
+                await conn.execute(
+                    select(b.created_at, b.batch_id).where(
+                        b.batch_id == after, b.tenant_id == tenant_id
+                    )
+                )
+            ).first()
+            if mark is None:
+                return None
+            q = q.where(
+                or_(
+                    b.created_at < mark.created_at,
+                    and_(b.created_at == mark.created_at, b.batch_id < mark.batch_id),
+                )
+            )
+        rows = (
             await conn.execute(q.order_by(b.created_at.desc(), b.batch_id.desc()).limit(limit))
         ).all()
+        if not rows:
+            return []
+        found = await conn.execute(
+            select(jobs).where(
+                jobs.c.job_id.in_([r.job_id for r in rows]), jobs.c.tenant_id == tenant_id
+            )
+        )
+        by_id = {str(j.job_id): j for j in found}
+    return [(r, by_id[str(r.job_id)]) for r in rows if str(r.job_id) in by_id]

@@ -19,6 +19,9 @@ class KeyClaim:
     # When the first attempt was received (the request log's partition key); None for
     # a claim made before the column existed.
     received_at: datetime | None
+    # The version the first attempt was routed to; None for a claim made before the
+    # column existed.
+    model_version: str | None = None
 
 
 # A key older than its time to live is taken over as if it were free: a reused key
@@ -26,18 +29,18 @@ class KeyClaim:
 # has deleted the old claim yet.
 _CLAIM = text("""
     INSERT INTO idempotency_keys
-        (tenant_id, key, request_id, body_hash, deadline_at, received_at)
-    VALUES (:t, :k, :rid, :h, :deadline, :received)
+        (tenant_id, key, request_id, body_hash, deadline_at, received_at, model_version)
+    VALUES (:t, :k, :rid, :h, :deadline, :received, :version)
     ON CONFLICT (tenant_id, key) DO UPDATE
         SET request_id = EXCLUDED.request_id, body_hash = EXCLUDED.body_hash,
             deadline_at = EXCLUDED.deadline_at, received_at = EXCLUDED.received_at,
-            created_at = now()
+            model_version = EXCLUDED.model_version, created_at = now()
         WHERE idempotency_keys.created_at < now() - make_interval(secs => :ttl_s)
     RETURNING request_id""")
 
 _EXISTING = text(
-    "SELECT request_id, body_hash, deadline_at, received_at FROM idempotency_keys "
-    "WHERE tenant_id = :t AND key = :k"
+    "SELECT request_id, body_hash, deadline_at, received_at, model_version "
+    "FROM idempotency_keys WHERE tenant_id = :t AND key = :k"
 )
 
 
@@ -51,8 +54,10 @@ async def claim_key(
     deadline_at: datetime,
     received_at: datetime,
     ttl_h: float,
+    model_version: str,
 ) -> KeyClaim:
-    """Claim ``key`` for ``request_id``, or return the claim that holds it."""
+    """Claim ``key`` for ``request_id`` (routed to ``model_version``), or return the
+    claim that holds it."""
     params = {
         "t": tenant_id,
         "k": key,
@@ -60,14 +65,20 @@ async def claim_key(
         "h": body_hash,
         "deadline": deadline_at,
         "received": received_at,
+        "version": model_version,
         "ttl_s": ttl_h * 3600,
     }
     async with engine.begin() as conn:
         if (await conn.execute(_CLAIM, params)).first() is not None:
-            return KeyClaim(True, request_id, body_hash, deadline_at, received_at)
+            return KeyClaim(True, request_id, body_hash, deadline_at, received_at, model_version)
         row = (await conn.execute(_EXISTING, params)).one()
     return KeyClaim(
-        False, str(row.request_id), row.body_hash, row.deadline_at, row.received_at
+        False,
+        str(row.request_id),
+        row.body_hash,
+        row.deadline_at,
+        row.received_at,
+        row.model_version,
     )
 
 

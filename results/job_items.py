@@ -90,18 +90,24 @@ async def give_new_request_ids(
 
 
 def unsent_page(
-    engine: Engine, job_id: str, after: int, limit: int
+    engine: Engine, job_id: str, after: int, width: int
 ) -> list[tuple[int, str, str, int]]:
-    """(item_index, input as JSON text, request_id, attempt) of up to ``limit`` items
-    after index ``after`` whose current attempt has no result yet, in input order. Each
-    page is its own short read: publishing a million items holds no transaction open.
-    The input stays JSON text: it goes into the Kafka message as it is."""
+    """(item_index, input as JSON text, request_id, attempt) of the items with an index
+    in ``after`` + 1 .. ``after`` + ``width`` whose current attempt has no result yet, in
+    input order. Each page is its own short read: publishing a million items holds no
+    transaction open. The input stays JSON text: it goes into the Kafka message as it is.
+
+    A window of indexes, not ``item_index > after ... LIMIT``: on a ``job_items`` that
+    PostgreSQL has not analysed since a large COPY (a fresh database) the planner
+    expected a thousand rows after ``after`` and sorted all of them for every page,
+    which made reading back a million items quadratic (21 s for 300,000 items, 4.4 s once
+    analysed); a bounded window costs its width whatever the statistics."""
     q = text(
         "SELECT i.item_index, i.input::text, i.request_id::text, i.attempt FROM job_items i "
-        "WHERE i.job_id = :job_id AND i.item_index > :after AND NOT EXISTS "
-        "(SELECT 1 FROM requests r WHERE r.request_id = i.request_id) "
-        "ORDER BY i.item_index LIMIT :n"
+        "WHERE i.job_id = :job_id AND i.item_index > :after AND i.item_index <= :last "
+        "AND NOT EXISTS (SELECT 1 FROM requests r WHERE r.request_id = i.request_id) "
+        "ORDER BY i.item_index"
     )
     with engine.connect() as conn:
-        rows = conn.execute(q, {"job_id": job_id, "after": after, "n": limit}).all()
+        rows = conn.execute(q, {"job_id": job_id, "after": after, "last": after + width}).all()
     return [(r[0], r[1], r[2], r[3]) for r in rows]

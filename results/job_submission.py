@@ -32,9 +32,7 @@ class NewJob:
     webhook_secret: str | None
 
 
-async def forget_expired_key(
-    conn: AsyncConnection, tenant_id: str, key: str, ttl_h: float
-) -> None:
+async def forget_expired_key(conn: AsyncConnection, tenant_id: str, key: str, ttl_h: float) -> None:
     """A key older than its ``ttl_h`` hours is free again: the job keeps its row, not the
     key (the sweeper does the same in bulk; this makes expiry exact at the boundary)."""
     await conn.execute(
@@ -78,7 +76,8 @@ def job_to_publish(conn: Connection, job_id: str) -> Row[Any] | None:
     return conn.execute(
         text(
             "SELECT j.tenant_id, j.model, j.model_version, j.params, j.created_at, "
-            "j.expires_at, t.weight FROM jobs j JOIN tenants t ON t.id = j.tenant_id "
+            "j.expires_at, j.total_items, t.weight FROM jobs j "
+            "JOIN tenants t ON t.id = j.tenant_id "
             "WHERE j.job_id = :j"
         ),
         {"j": job_id},

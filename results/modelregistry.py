@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import Conflict, NotFound
 from core.models.lifecycle import Change, ModelVersions
+from core.models.readiness import Readiness
 from core.models.registry import VersionRecord, VersionState
 from results.registry_schema import (
     model_audit,
@@ -246,21 +247,6 @@ def audit_log(conn: Connection, name: str | None = None, limit: int = 50) -> lis
 
 
 # ---- readiness (schedulers) ---------------------------------------------------------
-@dataclass(frozen=True)
-class Readiness:
-    """One scheduler's workers for one version (or, read back, every scheduler's summed;
-    routing, ingest/acceptance/routing.py, needs only the counts)."""
-
-    name: str = ""
-    version: str = ""
-    ready: int = 0
-    loading: int = 0
-    unavailable: int = 0
-    failed: int = 0
-    error: str | None = None
-    retry_after_s: float | None = None
-
-
 def report_readiness(conn: Connection, scheduler_id: str, rows: Iterable[Readiness]) -> None:
     """Replace this scheduler's readiness rows with ``rows``."""
     rows = list(rows)
@@ -289,11 +275,14 @@ def forget_readiness(conn: Connection, scheduler_id: str) -> None:
     conn.execute(delete(model_readiness).where(model_readiness.c.scheduler_id == scheduler_id))
 
 
-def readiness_stmt(deployment: str | None = None) -> Select[Any]:
+def readiness_stmt(
+    deployment: str | None = None, *, stale_s: float = READINESS_STALE_S
+) -> Select[Any]:
     """Fresh readiness summed over schedulers, per version; ``deployment``: only the
-    schedulers of that one (results/load.py ``process_id``: a topic prefix)."""
+    schedulers of that one (results/load.py ``process_id``: a topic prefix); ``stale_s``:
+    how old a report may be (longer while commits are slow: ingest/edge/db_health.py)."""
     fresh = model_readiness.c.updated_at > func.now() - func.make_interval(
-        0, 0, 0, 0, 0, 0, READINESS_STALE_S
+        0, 0, 0, 0, 0, 0, stale_s
     )
     if deployment is not None:
         fresh = and_(fresh, model_readiness.c.scheduler_id.startswith(f"{deployment}:"))
@@ -314,13 +303,13 @@ def readiness_stmt(deployment: str | None = None) -> Select[Any]:
 
 
 async def read_registry(
-    engine: AsyncEngine, deployment: str | None
+    engine: AsyncEngine, deployment: str | None, *, stale_s: float = READINESS_STALE_S
 ) -> tuple[list[Any], dict[tuple[str, str], Readiness]]:
     """Every version's row (``versions_stmt``) and the fresh readiness of each, summed
-    over the deployment's schedulers, read together."""
+    over the deployment's schedulers, read together (``stale_s``: ``readiness_stmt``'s)."""
     async with engine.connect() as conn:
         rows = (await conn.execute(versions_stmt())).all()
-        ready = (await conn.execute(readiness_stmt(deployment))).all()
+        ready = (await conn.execute(readiness_stmt(deployment, stale_s=stale_s))).all()
     return list(rows), readiness_from_rows(ready)
 
 

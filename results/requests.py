@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 from sqlalchemy import any_, bindparam, select
 from sqlalchemy.dialects.postgresql import ARRAY, UUID
@@ -36,6 +36,9 @@ class AnswerRow(TypedDict):
     compute_start_at: datetime | None
     compute_end_at: datetime | None
     persisted_at: datetime | None
+    # When the answer reached this API instance (epoch s; the waiter sets it): the
+    # overload guard's answer delay runs from here (ingest/admission/overload.py).
+    arrived_at: NotRequired[float]
 
 
 # The columns an answer is built from (ingest/native/wire.py's result_body).

@@ -4,8 +4,7 @@ queries are written against typed columns."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -27,6 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB, UUID
 
+from core.request_row import RequestRow
 from core.vocab import TIERS, RequestStatus
 
 metadata = MetaData()
@@ -40,6 +40,7 @@ def written_at(name: str) -> Column[Any]:
 def version_key() -> tuple[Column[Any], Column[Any]]:
     """(name, version): one version of one model, in the key of the registry's tables."""
     return Column("name", Text, primary_key=True), Column("version", Text, primary_key=True)
+
 
 tenants = Table(
     "tenants",
@@ -133,7 +134,7 @@ requests = Table(
 
 
 # A generating request's tokens so far, one row per flush of the scheduler that runs it
-# (scheduler/generation/service.py, decision 32): what its stream delivered, read by a
+# (scheduler/runtime/generation/flusher.py, decision 32): what its stream delivered, read by a
 # stream that reconnects and by the next owner after a crash. Deleted in the
 # transaction that writes the request's final row to ``requests``.
 generation_progress = Table(
@@ -146,38 +147,6 @@ generation_progress = Table(
     Column("texts", JSONB, nullable=False),  # [str, ...]: the text each token released
     written_at("written_at"),
 )
-
-
-class RequestRow(TypedDict):
-    """One row of ``requests`` as the scheduler writes it: every column but
-    ``persisted_at``, which the database stamps. Checked against the table below."""
-
-    request_id: str
-    tenant_id: str
-    priority: str
-    model: str
-    model_version: str
-    params: dict[str, Any]
-    input: Any
-    status: RequestStatus
-    output: Any
-    output_vector: bytes | None
-    error: str | None
-    attempts: int
-    batch_id: str | None
-    batch_size: int | None
-    job_id: str | None
-    item_index: int | None
-    received_at: datetime
-    produced_at: datetime | None
-    consumed_at: datetime | None
-    batched_at: datetime | None
-    compute_start_at: datetime | None
-    compute_end_at: datetime | None
-    deadline_at: datetime | None
-    kafka_topic: str | None
-    kafka_partition: int | None
-    kafka_offset: int | None
 
 
 REQUEST_ROW_COLUMNS = tuple(RequestRow.__annotations__)
@@ -220,6 +189,9 @@ idempotency_keys = Table(
     # the first attempt's would (the request log's partition key). NULL: claimed before
     # the column existed.
     Column("received_at", DateTime(timezone=True)),
+    # The version routing picked for the first attempt: a retry runs on it whatever
+    # routing decides since (decision 44). NULL: claimed before the column existed.
+    Column("model_version", Text),
     Index("idempotency_keys_created", "created_at"),
 )
 
@@ -359,8 +331,10 @@ stored_files = Table(
     Column("filename", Text, nullable=False),
     Column("bytes", BigInteger, nullable=False),
     written_at("created_at"),
+    # Past it the file is gone for its tenant and the sweeper deletes it (decision 42).
     Column("expires_at", DateTime(timezone=True)),
     Index("stored_files_tenant_created", "tenant_id", "created_at"),
+    Index("stored_files_expires", "expires_at", postgresql_where=text("expires_at IS NOT NULL")),
 )
 
 # A file's bytes in pieces of at most results.files.CHUNK_BYTES, so neither an upload

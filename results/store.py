@@ -195,7 +195,7 @@ def write_on(
 
 @lru_cache(maxsize=8)
 def _batch_insert(columns: tuple[str, ...]) -> str:
-    """The batch row's INSERT (its columns are scheduler/rows.py's, checked here)."""
+    """The batch row's INSERT (its columns are scheduler/runtime/rows.py's, checked here)."""
     unknown = set(columns) - set(batches.c.keys())
     if unknown:
         raise ValueError(f"not columns of batches: {sorted(unknown)}")

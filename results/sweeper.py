@@ -11,7 +11,8 @@ pass by hand. A pass, in this order:
    retention are then deleted;
 2. the rows of tenants whose retention is shorter than what the partitions keep;
 3. Idempotency-Keys older than their time to live (sync claims deleted, jobs' keys
-   freed), and batch rows older than the longest retention;
+   freed), uploaded files past their ``expires_at`` (their chunks, then the files;
+   decision 42), and batch rows older than the longest retention;
 4. partitions: made ``ahead`` of now, and dropped whole once older than the longest
    retention (results/partitions.py), only after steps 1-3 caught up, so a job's items
    never outlive the partition its results would go to.
@@ -60,6 +61,7 @@ class SweepReport:
     jobs_deleted: int = 0
     rows_deleted: int = 0
     idempotency_keys: int = 0
+    files_deleted: int = 0
     caught_up: bool = True  # False: the time budget ran out with rows still due
     errors: list[str] = field(default_factory=list)
 
@@ -96,6 +98,19 @@ _JOB_KEYS = """
     UPDATE jobs SET idempotency_key = NULL WHERE job_id = ANY(ARRAY(
         SELECT job_id FROM jobs
         WHERE idempotency_key IS NOT NULL AND created_at < :cut LIMIT :n))"""
+# Uploaded files past their expiry (already gone for their tenant): chunks first, a few
+# at a time (each up to 1 MiB, results/files.py), then the files that have none left.
+_FILE_CHUNKS = """
+    DELETE FROM stored_file_chunks c USING (
+        SELECT k.file_id, k.seq FROM stored_file_chunks k
+        JOIN stored_files f ON f.file_id = k.file_id
+        WHERE f.expires_at <= :now LIMIT :n) d
+    WHERE c.file_id = d.file_id AND c.seq = d.seq"""
+_FILES = """
+    DELETE FROM stored_files WHERE file_id = ANY(ARRAY(
+        SELECT file_id FROM stored_files WHERE expires_at <= :now LIMIT :n))"""
+# Chunks one DELETE takes: 64 MiB at most, a short transaction like the others'.
+FILE_CHUNKS_PER_DELETE = 64
 # Jobs whose output is due: past output_expires_at, or older than their tenant's
 # retention; either way only once no item can still run (finished, or window closed).
 _DUE_JOBS = text("""
@@ -182,6 +197,7 @@ class Sweeper:
         self._expire_jobs(now, report, deadline)
         self._tenant_rows(now, tenant_days, report, deadline)
         self._idempotency(now, report, deadline)
+        self._files(now, report, deadline)
         keep = keep_for(self.s.request_log_retention_days, list(tenant_days.values()))
         n, done = self._batches(_BATCHES, {"cut": now - keep}, deadline)
         report.rows_deleted += n
@@ -196,16 +212,20 @@ class Sweeper:
             )
             return {str(r[0]): int(r[1]) for r in rows}
 
-    def _batches(self, sql: str, params: dict[str, Any], deadline: float) -> tuple[int, bool]:
-        """Run a batched DELETE until nothing is left (True) or the time is up (False)."""
+    def _batches(
+        self, sql: str, params: dict[str, Any], deadline: float, rows: int | None = None
+    ) -> tuple[int, bool]:
+        """Run a batched DELETE (``rows`` a statement, else ``sweep_batch_rows``) until
+        nothing is left (True) or the time is up (False)."""
         total = 0
         stmt = text(sql)
-        params = {**params, "n": self.s.sweep_batch_rows}
+        rows = rows or self.s.sweep_batch_rows
+        params = {**params, "n": rows}
         while True:
             with self.engine.begin() as conn:
                 n = conn.execute(stmt, params).rowcount or 0
             total += n
-            if n < self.s.sweep_batch_rows:
+            if n < rows:
                 return total, True
             if time.monotonic() > deadline:
                 return total, False
@@ -292,6 +312,13 @@ class Sweeper:
             n, done = self._batches(sql, {"cut": cut}, deadline)
             report.idempotency_keys += n
             report.caught_up &= done
+
+    def _files(self, now: datetime, report: SweepReport, deadline: float) -> None:
+        _, done = self._batches(_FILE_CHUNKS, {"now": now}, deadline, FILE_CHUNKS_PER_DELETE)
+        if done:
+            n, done = self._batches(_FILES, {"now": now}, deadline)
+            report.files_deleted += n
+        report.caught_up &= done
 
     def _partitions(self, now: datetime, keep: timedelta, report: SweepReport) -> None:
         with self.engine.begin() as conn:

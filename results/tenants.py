@@ -7,8 +7,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from sqlalchemy import Connection, Row, Select, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import Connection, Select, select, update
 from sqlalchemy.sql import func
 
 from core.errors import InvalidInput, NotFound
@@ -63,6 +62,8 @@ def lookup_stmt(key: str) -> Select[tuple[str, str, str]]:
             tenants.c.rate_rps,
             tenants.c.burst,
             tenants.c.job_items_per_s,
+            api_keys.c.admin,
+            api_keys.c.prefix,
         )
         .join(api_keys, api_keys.c.tenant_id == tenants.c.id)
         .where(api_keys.c.key_hash == hash_key(key), api_keys.c.revoked_at.is_(None))
@@ -98,22 +99,6 @@ def issue_key(conn: Connection, tenant: Tenant, *, admin: bool = False) -> tuple
         .returning(api_keys.c.id)
     ).one()
     return row.id, key
-
-
-def admin_lookup_stmt(key: str) -> Select[tuple[bool, str, str]]:
-    """Whether an active key has the admin scope, with its tenant and prefix (the actor
-    an audit trail names)."""
-    return (
-        select(api_keys.c.admin, tenants.c.name, api_keys.c.prefix)
-        .join(tenants, api_keys.c.tenant_id == tenants.c.id)
-        .where(api_keys.c.key_hash == hash_key(key), api_keys.c.revoked_at.is_(None))
-    )
-
-
-async def admin_lookup(engine: AsyncEngine, key: str) -> Row[tuple[bool, str, str]] | None:
-    """``admin_lookup_stmt``'s row for ``key``: (admin, name, prefix), or None."""
-    async with engine.connect() as conn:
-        return (await conn.execute(admin_lookup_stmt(key))).first()
 
 
 def list_keys(conn: Connection, tenant_name: str | None = None) -> list[dict[str, object]]:

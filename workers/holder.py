@@ -33,6 +33,7 @@ from core.protocol import (
     UnloadModel,
     info_matches,
 )
+from core.redact import redact
 from core.vocab import ModelRef
 from workers.models.base import Model
 from workers.models.loader import Loaded, load_record
@@ -44,7 +45,9 @@ DRAIN_POLL_S = 0.05
 
 
 def _describe(exc: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    # Reported to the scheduler and kept in the registry's readiness for operators: an
+    # artifact's or upstream's URL may carry a password.
+    return redact("".join(traceback.format_exception_only(type(exc), exc)).strip())
 
 
 class Holder:
@@ -145,7 +148,8 @@ class Holder:
 
     def _install(self, ref: ModelRef, loaded: Loaded) -> None:
         def listener(state: ModelState, error: str | None, retry_after_s: float | None) -> None:
-            self._broadcast(ModelStatus(*ref, state, loaded.info, error, retry_after_s))
+            why = None if error is None else redact(error)  # an upstream URL's password
+            self._broadcast(ModelStatus(*ref, state, loaded.info, why, retry_after_s))
 
         loaded.model.status_listener = listener
         with self._lock:

@@ -1,6 +1,6 @@
 """The worker's GPU, read through NVML, for its scheduler's metrics.
 
-A worker has no metrics endpoint of its own (scheduler/metrics.py says why): each
+A worker has no metrics endpoint of its own (scheduler/runtime/metrics.py says why): each
 result it sends carries a reading of its GPU, taken at most once a second, which
 the scheduler exports. NVML (the ``nvidia-ml-py`` package, module ``pynvml``) is
 optional: without it, or without a GPU, results carry no reading.

@@ -21,7 +21,7 @@ import torch
 
 from bench.generation import plot, stepcost, workload
 from bench.generation.servers import run_engine, run_plain
-from scheduler.generation.config import PolicyConfig, kv_blocks_for_budget
+from scheduler.core.generation.config import PolicyConfig, kv_blocks_for_budget
 from workers.models.causal_lm import weights
 from workers.models.causal_lm.tokenizer import Codec
 

@@ -24,10 +24,10 @@ import torch
 
 from bench.generation import workload
 from bench.generation.servers import run_engine, run_plain
-from scheduler.generation.config import PolicyConfig, kv_blocks_for_budget
-from scheduler.generation.engine import Engine
-from scheduler.generation.policy import ContinuousBatcher
-from scheduler.generation.sequence import GenRequest
+from scheduler.core.generation.config import PolicyConfig, kv_blocks_for_budget
+from scheduler.core.generation.engine import Engine
+from scheduler.core.generation.policy import ContinuousBatcher
+from scheduler.core.generation.sequence import GenRequest
 from workers.models.causal_lm import weights
 from workers.models.causal_lm.model import CausalLM
 from workers.models.causal_lm.plain import generate

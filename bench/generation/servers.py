@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from scheduler.generation.config import PolicyConfig
-from scheduler.generation.engine import Command, Engine, StepStats
-from scheduler.generation.events import Event, Finished, Preempted, Token
-from scheduler.generation.policy import ContinuousBatcher
-from scheduler.generation.sequence import GenRequest, State
+from scheduler.core.generation.config import PolicyConfig
+from scheduler.core.generation.engine import Command, Engine, StepStats
+from scheduler.core.generation.events import Event, Finished, Preempted, Token
+from scheduler.core.generation.policy import ContinuousBatcher
+from scheduler.core.generation.sequence import GenRequest, State
 from workers.models.causal_lm.model import CausalLM
 from workers.models.causal_lm.plain import stream
 from workers.models.causal_lm.runner import ModelRunner

@@ -7,10 +7,10 @@ import statistics
 import time
 from typing import Any
 
-from scheduler.generation.config import PolicyConfig
-from scheduler.generation.engine import Engine
-from scheduler.generation.policy import ContinuousBatcher
-from scheduler.generation.sequence import GenRequest
+from scheduler.core.generation.config import PolicyConfig
+from scheduler.core.generation.engine import Engine
+from scheduler.core.generation.policy import ContinuousBatcher
+from scheduler.core.generation.sequence import GenRequest
 from workers.models.causal_lm.model import CausalLM
 from workers.models.causal_lm.runner import ModelRunner
 from workers.models.causal_lm.tokenizer import Codec

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from scheduler.generation.sequence import GenRequest
+from scheduler.core.generation.sequence import GenRequest
 from workers.models.causal_lm.corpus import CORPUS_PATH
 from workers.models.causal_lm.tokenizer import Codec
 

@@ -8,18 +8,18 @@ Issue 7 item 3. One run, one JSON, on one GPU:
 2. Requests as the API tier makes them: each text validated and turned into its
    message input by ``spec.message_input`` (token ids, core/models/token_ids.py).
    Kafka and PostgreSQL cannot run on the GPU machine, so an in-process source stands
-   in for the consumer: it keeps the scheduler's real ``Batcher`` (scheduler/batcher.py)
+   in for the consumer: it keeps the scheduler's real ``Batcher`` (scheduler/core/batcher.py)
    at least ``--depth`` batches deep, and nothing is persisted.
-3. The scheduler's own dispatch path, wired as scheduler/service.py wires it with its
+3. The scheduler's own dispatch path, wired as scheduler/runtime/service.py wires it with its
    Kafka lanes, producer and database left out: the dispatch core
-   (scheduler/dispatch.py, ``DispatchCore``) under one lock; per worker a dispatcher
+   (scheduler/core/dispatch.py, ``DispatchCore``) under one lock; per worker a dispatcher
    thread (``DispatchCore.schedule``: ``Batcher.take`` under the flush rule, then
    ``WorkerHandle.send`` over the real socket protocol to real worker processes spawned
-   by ``scheduler/workerpool.py``) and a receiver thread (``DispatchCore.on_result``:
-   results in order, cost model update), scheduler/worker_threads.py; and the
+   by ``scheduler/runtime/workerpool.py``) and a receiver thread (``DispatchCore.on_result``:
+   results in order, cost model update), scheduler/runtime/worker_threads.py; and the
    persister's pool building the result rows (``succeeded_rows``) and marking offsets
-   done (scheduler/persister.py); only the database write is skipped. Up to two batches are in
-   flight per worker when batches are short (decision 0012); ``SxW:1`` runs a
+   done (scheduler/runtime/persister.py); only the database write is skipped. Up to two
+   batches are in flight per worker when batches are short (decision 0012); ``SxW:1`` runs a
    configuration with one at a time, as before.
 
 Reported per worker count: items/s against the ceiling; GPU busy fraction (one worker:
@@ -204,18 +204,19 @@ def run_workers(
     from core.messages import RequestMessage
     from core.protocol import WorkResult
     from core.vocab import PRIORITY_CLASSES, ModelRef
-    from scheduler.batcher import Batch, BatchKey, Pending
-    from scheduler.dispatch import DispatchCore, InFlight, Worker, Write
-    from scheduler.persister import Persister
-    from scheduler.worker_threads import WorkerThreads
-    from scheduler.workerpool import WorkerHandle, WorkerPool
+    from scheduler.core.batcher import Batch, BatchKey, Pending
+    from scheduler.core.dispatch import DispatchCore
+    from scheduler.core.plans import InFlight, Worker, Write
+    from scheduler.runtime.persister import Persister
+    from scheduler.runtime.worker_threads import WorkerThreads
+    from scheduler.runtime.workerpool import WorkerHandle, WorkerPool
 
     records: list[dict[str, Any]] = []
     takes: list[float] = []
     rows_ms: list[float] = []
     ready = threading.Event()
 
-    # The scheduler's own dispatch path (scheduler/service.py wires the same parts):
+    # The scheduler's own dispatch path (scheduler/runtime/service.py wires the same parts):
     # the core under one lock, a dispatcher and a receiver thread per worker, the
     # persister's pool building every batch's rows; only the database write is left out.
     settings = Settings(
@@ -245,9 +246,9 @@ def run_workers(
     threads = WorkerThreads(core, cond, persister.submit, batch_timeout_s=120)
     take = core.batcher.take
 
-    def timed_take(now: float, serves: Any) -> Batch | None:
+    def timed_take(now: float, serves: Any, sizing: Any = None) -> Batch | None:
         t0 = time.perf_counter()
-        b = take(now, serves)
+        b = take(now, serves, sizing)
         if b is not None:
             takes.append((time.perf_counter() - t0) * 1e3)
         return b

@@ -30,7 +30,7 @@ MODULES = (
     "hdrh.histogram",
     "pynvml",
     "ingest.main",
-    "scheduler.service",
+    "scheduler.runtime.service",
     "workers.process",
     "gristmill.cli.main",
 )

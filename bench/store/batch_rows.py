@@ -1,4 +1,4 @@
-"""Request-log rows of an embedding batch as the scheduler builds them (scheduler/rows.py),
+"""Request-log rows of an embedding batch as the scheduler builds them (scheduler/runtime/rows.py),
 made ahead for the store benchmarks that write without a scheduler."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from results.schema import RequestRow
 
 
 def batch_rows(vecs: list[bytes], tenant: str, at: datetime) -> list[RequestRow]:
-    """One batch as the scheduler builds it (scheduler/rows.py) for an embedding model."""
+    """One batch as the scheduler builds it (scheduler/runtime/rows.py) for an embedding model."""
     batch_id = str(uuid.uuid4())
     rows: list[RequestRow] = []
     for i, vec in enumerate(vecs):

@@ -4,7 +4,7 @@ PostgreSQL cannot run on the GPU machine, so the store is measured in two halves
 script is the scheduler's half: everything the persister does for a batch before the
 bytes leave for the database, at the rate a GPU produces results:
 
-* ``write_rows`` (scheduler/rows.py): a request-log row per item, the batch's vectors
+* ``write_rows`` (scheduler/runtime/rows.py): a request-log row per item, the batch's vectors
   converted to float32 bytes in one pass;
 * ``column_arrays`` (results/store.py) and the driver's binary encoding of every
   parameter (psycopg's own dumpers, as ``cur.execute`` runs them);
@@ -50,9 +50,9 @@ from psycopg.adapt import PyFormat, Transformer
 from core.messages import RequestMessage
 from core.vocab import RequestStatus
 from results.store import _OUTPUT, _VECTOR, announcements, column_arrays, insert_parameters
-from scheduler.batcher import Batch, BatchKey, Pending
-from scheduler.dispatch import Write
-from scheduler.rows import write_rows
+from scheduler.core.batcher import Batch, BatchKey, FlushReason, Pending
+from scheduler.core.plans import Write
+from scheduler.runtime.rows import write_rows
 
 DIM = 384
 MODEL = "all-minilm-l6-v2"
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if item is None:
                 return
             items, outputs = item
-            batch = Batch(key, items, time.time(), "full")
+            batch = Batch(key, items, time.time(), FlushReason.FULL)
             now = time.time()
             w = Write(
                 0,

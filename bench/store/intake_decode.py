@@ -1,4 +1,4 @@
-"""Microseconds the scheduler spends per Kafka message in ``scheduler.intake.decode``.
+"""Microseconds the scheduler spends per Kafka message in ``scheduler.core.intake.decode``.
 
 The message is the canonical one the API writes (``RequestMessage.encode`` of a paid
 tenant's sync request, as ``bench.store.persist`` produces it): distinct request ids
@@ -15,7 +15,7 @@ times and reported as the median:
 * ``loads``: ``orjson.loads`` alone over the same list, the floor ``decode`` cannot go
   below.
 
-``--gc-tuned`` applies the scheduler's GC settings (``scheduler/gc_tuning.py``) first.
+``--gc-tuned`` applies the scheduler's GC settings (``scheduler/runtime/gc_tuning.py``) first.
 
     .venv/bin/python -m bench.store.intake_decode [--model sim] [--runs 7]
 """
@@ -37,8 +37,8 @@ import orjson
 from core.config import Settings
 from core.messages import RequestMessage
 from core.models.catalog import build_specs
-from scheduler.batcher import Pending
-from scheduler.intake import decode
+from scheduler.core.batcher import Pending
+from scheduler.core.intake import decode
 
 SENTENCE = "the quick brown fox jumps over the lazy dog near the river bank at dawn #{i}"
 TP = ("gm.requests.paid", 0)
@@ -90,7 +90,7 @@ def main() -> None:
     raws = messages(args.model, args.batch * args.batches)
     fetches = [raws[i : i + args.batch] for i in range(0, len(raws), args.batch)]
     if args.gc_tuned:
-        from scheduler.gc_tuning import tune_gc
+        from scheduler.runtime.gc_tuning import tune_gc
 
         tune_gc()
     now = time.time()

@@ -99,7 +99,7 @@ class Stack:
             "GRISTMILL_TOPIC_PARTITIONS": "3",
             "GRISTMILL_ALLOW_WEAK_DURABILITY": "true",  # one broker
             # Near zero, not zero: a batch cost of 0 ms divides by zero in the capacity
-            # report (scheduler/capacity.py).
+            # report (scheduler/core/capacity.py).
             "GRISTMILL_SIM_BATCH_MS": "0.01",
             "GRISTMILL_SIM_MAX_BATCH": str(BATCH),
             "GRISTMILL_SIM_VECTOR_DIM": str(DIM),

@@ -10,7 +10,7 @@ after a crash draws the same tokens (decision 23, "Sampling").
 
 Light like every spec: the tokenizer (``tokenizers``, no torch) loads on first use.
 The model runs in a worker (workers/models/causal_lm/), the continuous-batching
-policy in the scheduler (scheduler/generation/).
+policy in the scheduler (scheduler/core/generation/).
 """
 
 from __future__ import annotations

@@ -36,6 +36,12 @@ def parse_args(argv: list[str] | None = None) -> ChaosConfig:
     p.add_argument("--no-jobs", action="store_true", help="sync requests only")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--hold", action="store_true", help="keep the system up after the audit")
+    p.add_argument(
+        "--no-partitions",
+        action="store_true",
+        help="no network namespaces (by default a scheduler and an API run in their own, "
+        "for the cut-* faults, where the machine allows it)",
+    )
     a = p.parse_args(argv)
     kinds = tuple(k for k in a.faults.split(",") if k)
     unknown = set(kinds) - set(KINDS)
@@ -52,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> ChaosConfig:
         jobs=False if a.no_jobs else None,
         progress=not a.no_progress,
         hold=a.hold,
+        partitions=False if a.no_partitions else None,
     )
 
 

@@ -8,6 +8,11 @@
 * ``broker``: SIGKILL of one of the three Kafka brokers; restarted after a while.
 * ``postgres``: a fast restart, or a crash (SIGKILL of every server process) and
   start; either way every connection breaks.
+* ``freeze-<kind>``: SIGSTOP and, after a short or a long pause, SIGCONT of one API
+  instance, scheduler, worker, broker or the PostgreSQL server (gristmill/chaos/freezes.py).
+* ``cut-scheduler`` / ``cut-api``: the scheduler or API that runs in a network namespace
+  of its own is cut off from Kafka, PostgreSQL or both for ``CUT_S``, then joined again
+  (gristmill/chaos/netns.py; only where the machine allows namespaces).
 """
 
 from __future__ import annotations
@@ -18,10 +23,16 @@ import signal
 import time
 from dataclasses import dataclass
 
+from gristmill.chaos import freezes
 from gristmill.chaos.rig import Rig
 from gristmill.devservices.procs import alive, sigkill, wait_gone
 
-KINDS = ("scheduler", "worker", "api", "broker", "postgres")
+KILLS = ("scheduler", "worker", "api", "broker", "postgres")
+# Partitions: a scheduler or API in a network namespace cut off from Kafka, PostgreSQL
+# or both for CUT_S (past the 6 s consumer session), then joined again (chaos/netns.py).
+CUTS = ("cut-scheduler", "cut-api")
+CUT_S = 8.0
+KINDS = (*KILLS, *freezes.FREEZE_KINDS, *CUTS)
 # How long the killed thing stays down before it is started again (seconds).
 DOWNTIME_S = {"scheduler": 1.0, "worker": 0.0, "api": 1.0, "broker": 3.0, "postgres": 1.0}
 
@@ -54,17 +65,33 @@ def plan(rounds: int, kinds: tuple[str, ...], rng: random.Random) -> list[str]:
     return out[:rounds]
 
 
-def available_kinds(rig: Rig) -> tuple[str, ...]:
+def available_kinds(rig: Rig, *, freezes_too: bool = True) -> tuple[str, ...]:
     kinds = ["scheduler", "worker", "api"]
     if rig.services.kafka is not None and rig.services.kafka.n_brokers >= 3:
         kinds.append("broker")  # one broker of a single-broker cluster is an outage
     if rig.services.postgres is not None:
         kinds.append("postgres")
+    if freezes_too:
+        kinds += [f"freeze-{k}" for k in kinds]
+    for cut in CUTS:
+        if _isolated(rig, cut):
+            kinds.append(cut)
     return tuple(kinds)
 
 
+def _isolated(rig: Rig, kind: str) -> list[str]:
+    """The processes a ``cut-*`` fault of ``kind`` may cut off."""
+    names = rig.schedulers if kind == "cut-scheduler" else rig.apis
+    return [n for n in names if n in rig.nets]
+
+
 def inject(rig: Rig, kind: str, rnd: int, rng: random.Random) -> Fault:
-    """Kill, wait the kind's downtime, start again. Returns once restarted."""
+    """Kill, wait the kind's downtime, start again (or freeze and thaw). Returns once
+    restarted (thawed)."""
+    if kind in freezes.FREEZE_KINDS:
+        return _freeze(rig, kind, rnd, rng)
+    if kind in CUTS:
+        return _cut(rig, kind, rnd, rng)
     down = DOWNTIME_S[kind]
     if kind == "scheduler":
         return _scheduler(rig, rnd, rng, down)
@@ -77,6 +104,32 @@ def inject(rig: Rig, kind: str, rnd: int, rng: random.Random) -> Fault:
     if kind == "postgres":
         return _postgres(rig, rnd, rng, down)
     raise ValueError(f"unknown fault kind {kind!r}")
+
+
+def _freeze(rig: Rig, kind: str, rnd: int, rng: random.Random) -> Fault:
+    seconds = freezes.pause_s(rng)
+    got = freezes.target(rig, kind, rng)
+    if got is None:
+        return Fault(rnd, kind, "-", time.time(), "nothing to freeze")
+    name, pids, group = got
+    f = Fault(rnd, kind, name, time.time(), f"SIGSTOP {seconds:g} s, pids {pids}")
+    freezes.freeze(pids, seconds, group=group)
+    return f
+
+
+def _cut(rig: Rig, kind: str, rnd: int, rng: random.Random) -> Fault:
+    name = rng.choice(_isolated(rig, kind))
+    net = rig.nets[name]
+    services = rng.choice((("kafka",), ("postgres",), ("kafka", "postgres")))
+    f = Fault(rnd, kind, name, time.time(), f"cut from {'+'.join(services)} {CUT_S:g} s")
+    for service in services:
+        net.cut(service)
+    try:
+        time.sleep(CUT_S)
+    finally:
+        for service in services:
+            net.heal(service)
+    return f
 
 
 def _scheduler(rig: Rig, rnd: int, rng: random.Random, down: float) -> Fault:

@@ -16,6 +16,7 @@ import psycopg
 
 from core.topics import request_topic
 from core.vocab import TIERS
+from gristmill.chaos.netns import Netns
 from gristmill.devservices import free_port
 from gristmill.devservices.procs import alive, children
 from gristmill.devservices.stack import Services, System, build_system, local_services
@@ -42,6 +43,8 @@ class Rig:
     api_ports: dict[str, int] = field(default_factory=dict)
     schedulers: list[str] = field(default_factory=list)
     log_marks: dict[str, int] = field(default_factory=dict)  # log size at (re)start
+    # processes that run in a network namespace of their own (partition faults)
+    nets: dict[str, Netns] = field(default_factory=dict)
 
     # ---- processes -----------------------------------------------------------------
     @property
@@ -62,15 +65,35 @@ class Rig:
         path = self._log(name)
         self.log_marks[name] = path.stat().st_size if path.exists() else 0
 
+    def _prefix(self, name: str) -> list[str]:
+        net = self.nets.get(name)
+        return net.prefix if net is not None else []
+
     def start_scheduler(self, name: str) -> None:
         self._mark(name)
-        self.system.start_scheduler(name, workers=self.n_workers, models="sim")
+        self.system.start_scheduler(
+            name, workers=self.n_workers, models="sim", prefix=self._prefix(name)
+        )
         if name not in self.schedulers:
             self.schedulers.append(name)
 
     def start_api(self, name: str) -> None:
         port = self.api_ports.setdefault(name, free_port())
-        self.system.start_api(name, port=port)
+        self.system.start_api(name, port=port, prefix=self._prefix(name))
+
+    def isolate(self, name: str, *, api_port: int | None = None) -> None:
+        """Run ``name`` (not yet started) in a network namespace of its own, reaching
+        Kafka and PostgreSQL through veth pairs a fault can cut."""
+        kafka, pg = self.services.kafka, self.services.postgres
+        assert kafka is not None and pg is not None
+        ports = [int(kafka.node_bootstrap(i).rsplit(":", 1)[1]) for i in range(kafka.n_brokers)]
+        net = Netns(len(self.nets) + 1, ports, pg.port, [api_port] if api_port else [])
+        net.create(self.system.workdir)
+        self.nets[name] = net
+
+    def close_nets(self) -> None:
+        for net in self.nets.values():
+            net.destroy()
 
     def forget(self, name: str) -> None:
         """The process was killed from outside: reap it and drop it from the system."""
@@ -176,17 +199,26 @@ def running_rig(
     workers: int = 2,
     extra_env: Mapping[str, str] | None = None,
     ready_timeout_s: float = 120,
+    partitions: bool = False,
 ) -> Iterator[Rig]:
+    """``partitions``: the last scheduler and the last API run in network namespaces of
+    their own (gristmill/chaos/netns.py), for the ``cut-*`` faults."""
     replication = services.kafka.n_brokers if services.kafka is not None else 1
     env = {"GRISTMILL_TOPIC_REPLICATION": str(min(3, replication)), **(extra_env or {})}
     workdir.mkdir(parents=True, exist_ok=True)
     system = build_system(services, workdir, extra_env=env)
     rig = Rig(services=services, system=system, n_workers=workers)
     try:
-        for i in range(schedulers):
-            rig.start_scheduler(f"sched-{chr(ord('a') + i)}")
-        for i in range(apis):
-            rig.start_api(f"api-{chr(ord('a') + i)}")
+        sched_names = [f"sched-{chr(ord('a') + i)}" for i in range(schedulers)]
+        api_names = [f"api-{chr(ord('a') + i)}" for i in range(apis)]
+        if partitions:
+            rig.isolate(sched_names[-1])
+            port = rig.api_ports.setdefault(api_names[-1], free_port())
+            rig.isolate(api_names[-1], api_port=port)
+        for name in sched_names:
+            rig.start_scheduler(name)
+        for name in api_names:
+            rig.start_api(name)
         system.url = rig.urls[0]
         missing = rig.wait_ready(ready_timeout_s)
         if missing:
@@ -195,3 +227,4 @@ def running_rig(
         yield rig
     finally:
         system.close()
+        rig.close_nets()

@@ -20,7 +20,9 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from gristmill.chaos import faults as fault_mod
+from gristmill.chaos import netns
 from gristmill.chaos.audit import AuditResult, audit, fetch_job_ids, fetch_rows, unsettled
+from gristmill.chaos.chart import recovery_chart
 from gristmill.chaos.faults import Fault
 from gristmill.chaos.ledger import Ledger
 from gristmill.chaos.load import LoadGenerator
@@ -48,6 +50,9 @@ class ChaosConfig:
     job_every_s: float = 5.0
     progress: bool = True
     hold: bool = False  # keep everything up after the audit until Ctrl-C
+    # A scheduler and an API in network namespaces of their own, for the cut-* faults;
+    # None: where the machine allows it (root, iproute2: gristmill/chaos/netns.py).
+    partitions: bool | None = None
 
 
 @dataclass
@@ -93,10 +98,18 @@ def run_chaos(cfg: ChaosConfig, *, on_round: Callable[[Fault], None] | None = No
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
+    wanted = [k for k in cfg.kinds if k.startswith("cut-")]
+    partitions = cfg.partitions
+    if partitions is None:
+        partitions = (not cfg.kinds or bool(wanted)) and netns.available()
+    elif partitions and not netns.available():
+        raise RuntimeError("partitions asked for, but this machine allows no network namespaces")
+    if wanted and not partitions:
+        raise RuntimeError(f"{', '.join(wanted)} need network namespaces, which this machine lacks")
     try:
         with (
             own_services(workdir / "services", n_brokers=3) as services,
-            running_rig(services, workdir / "system") as rig,
+            running_rig(services, workdir / "system", partitions=partitions) as rig,
         ):
             report = _run(cfg, rig, rng, seed, workdir, on_round)
             if cfg.hold:
@@ -167,6 +180,7 @@ def _run(
     )
     ledger.write(workdir / "ledger.jsonl")
     (workdir / "faults.json").write_text(json.dumps([asdict(f) for f in done], indent=1))
+    recovery_chart([asdict(f) for f in done], workdir / "recovery.png")
     report = ChaosReport(
         faults=done,
         audit=result,

@@ -14,7 +14,7 @@ from gristmill.chaos.audit import AuditResult, Tally
 from gristmill.chaos.faults import Fault
 
 COLUMNS = (
-    ("fault", 10),
+    ("fault", 16),
     ("n", 3),
     ("sent", 6),
     ("accepted", 8),

@@ -6,6 +6,10 @@ migrates; creates a ``dev`` tenant with a fresh key; starts the API and a
 scheduler with its workers; checks one request end to end; prints how to call
 it and writes ``.gristmill/dev.env``.
 
+Supervising (decision 46): an API or scheduler process that dies is started again (and
+it says so) while the rest keep serving, as an orchestrator would; a scheduler's
+workers are restarted by the scheduler itself.
+
 Stopping (decision 28): Ctrl-C or SIGTERM stops everything in order, within
 ``APPS_GRACE_S`` + ``SERVICES_GRACE_S`` at most; another Ctrl-C at least half a
 second later stops everything at once. If this process dies without stopping
@@ -29,6 +33,8 @@ from pathlib import Path
 import httpx
 
 from core.config import settings_from_env
+from core.metrics import multiprocess_env
+from core.models.registry import LM_NAME
 from core.redact import write_private
 from gristmill.devservices import KafkaCluster, PostgresServer, free_port
 from gristmill.devservices.kafka import STOP_GRACE_S as KAFKA_STOP_GRACE_S
@@ -42,7 +48,8 @@ from gristmill.devservices.lifeline import Group, lifeline, stop
 from gristmill.devservices.ports import port_free, port_holder
 from gristmill.devservices.stack import LOOPBACK_WEBHOOKS, api_command, scheduler_command
 from gristmill.devservices.stopsignals import StopSignals
-from scheduler.service import SHUTDOWN_DRAIN_S
+from gristmill.restarts import RestartPolicy
+from scheduler.runtime.service import SHUTDOWN_DRAIN_S
 
 # SIGTERM to SIGKILL for the API and the scheduler: the scheduler drains what it has
 # consumed (SHUTDOWN_DRAIN_S, 10 s), then finishes the batches on its workers, persists
@@ -75,22 +82,40 @@ def _port_message(port: int, holder: str) -> str:
 
 
 class _Apps:
-    """The API and the scheduler: each leads its own session, held by the lifeline."""
+    """The API and the scheduler: each leads its own session, held by the lifeline, and
+    is started again when it dies (``supervise``)."""
 
     def __init__(self, env: dict[str, str], logs: Path) -> None:
         self.env, self.logs = env, logs
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.held: dict[str, Group | None] = {}
         self.log_marks: dict[str, int] = {}  # where this run's part of each log begins
+        # How each one starts: its command, lifeline label and extra environment (made
+        # at each start: the API's metrics directory is emptied as `gristmill api` does).
+        self.how: dict[str, tuple[list[str], str, Callable[[], dict[str, str]]]] = {}
+        self.policy = RestartPolicy()
+        self.due: dict[str, float] = {}  # died: restart at this monotonic time
 
-    def start(self, name: str, cmd: list[str], label: str) -> None:
+    def start(
+        self,
+        name: str,
+        cmd: list[str],
+        label: str,
+        extra_env: Callable[[], dict[str, str]] = dict,
+    ) -> None:
+        self.how[name] = (cmd, label, extra_env)
         with (self.logs / f"{name}.log").open("ab") as log:
-            self.log_marks[name] = log.tell()
+            self.log_marks.setdefault(name, log.tell())
             proc = subprocess.Popen(
-                cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                cmd,
+                env={**self.env, **extra_env()},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         self.procs[name] = proc
         self.held[name] = lifeline().hold_group(proc.pid, label)
+        self.policy.started(name, time.monotonic())
 
     def log_since_start(self, name: str) -> str:
         try:
@@ -106,7 +131,34 @@ class _Apps:
                 return f"the {name} exited with {p.returncode}; see {self.logs / (name + '.log')}"
         return None
 
+    def supervise(self, now: float) -> None:
+        """Restart what died: at once, or after a growing pause while it keeps dying
+        within a minute of its start (gristmill/restarts.py)."""
+        for name, p in self.procs.items():
+            if name in self.due or p.poll() is None:
+                continue
+            at = self.policy.died(name, now)
+            self.due[name] = at
+            # What is left of its group (a scheduler's workers, uvicorn's processes) goes
+            # with it: the new one starts clean, on the same port and socket.
+            group = self.held.pop(name, None)
+            if group is not None:
+                stop([group], grace_s=0)
+                lifeline().release(group)
+            when = "now" if at <= now else f"in {at - now:.0f} s"
+            _say(
+                f"the {name} exited with {p.returncode}; restarting it {when} "
+                f"(restart {self.policy.restarts(name)}; see {self.logs / (name + '.log')})"
+            )
+        for name, at in list(self.due.items()):
+            if now >= at:
+                del self.due[name]
+                cmd, label, extra_env = self.how[name]
+                self.start(name, cmd, label, extra_env)
+                _say(f"the {name} is running again (pid {self.procs[name].pid})")
+
     def stop(self, now: threading.Event) -> None:
+        self.due.clear()
         targets = [g for g in self.held.values() if g is not None]
         started = time.monotonic()
         # SIGTERM to each group (uvicorn's processes stop, the scheduler drains, its
@@ -124,35 +176,46 @@ class _Apps:
         self.held.clear()
 
 
+def _probe(url: str, key: str, model: str) -> httpx.Response:
+    """One real request for ``model``: a completion for the generation model, an
+    inference for the others."""
+    headers = {"Authorization": f"Bearer {key}"}
+    if model.split("@")[0] == LM_NAME:
+        body = {"model": model, "prompt": "hello gristmill", "max_tokens": 2, "temperature": 0}
+        return httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=15)
+    body = {"model": model, "input": "hello gristmill"}
+    return httpx.post(f"{url}/v1/infer", json=body, headers=headers, timeout=15)
+
+
 def _wait_ready(
     url: str,
     key: str,
-    model: str,
+    models: list[str],
     timeout_s: float,
     exited: Callable[[], str | None],
     stopping: threading.Event,
-) -> dict[str, object]:
-    """Poll until one real request succeeds end to end."""
+) -> dict[str, dict[str, object]]:
+    """Poll until one real request for each model succeeds end to end: nothing is
+    listed as served before it answers. Returns each model's first answer."""
     deadline = time.monotonic() + timeout_s
+    answers: dict[str, dict[str, object]] = {}
     last = "no answer yet"
     while time.monotonic() < deadline:
         if stopping.is_set():
             raise _Stopped
         if (why := exited()) is not None:
             raise RuntimeError(why)
-        try:
-            r = httpx.post(
-                f"{url}/v1/infer",
-                json={"model": model, "input": "hello gristmill"},
-                headers={"Authorization": f"Bearer {key}"},
-                timeout=15,
-            )
-            if r.status_code == 200:
-                body: dict[str, object] = r.json()
-                return body
-            last = f"{r.status_code} {r.text[:200]}"
-        except httpx.HTTPError as exc:
-            last = repr(exc)
+        for model in [m for m in models if m not in answers]:
+            try:
+                r = _probe(url, key, model)
+                if r.status_code == 200:
+                    answers[model] = r.json()
+                    continue
+                last = f"{model}: {r.status_code} {r.text[:200]}"
+            except httpx.HTTPError as exc:
+                last = f"{model}: {exc!r}"
+        if len(answers) == len(models):
+            return answers
         stopping.wait(1.0)
     raise RuntimeError(f"system did not become ready in {timeout_s:.0f}s: {last}")
 
@@ -254,15 +317,23 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
 
         url = f"http://127.0.0.1:{port}"
         _say(f"starting API on {url} and a scheduler with {workers} worker(s) [{models}] ...")
-        apps.start("api", api_command(port, settings.api_processes), f"API (port {port})")
+        # Every API process writes its metrics to one directory that /metrics sums, as
+        # under `gristmill api` (emptied at each start of the API).
+        apps.start(
+            "api",
+            api_command(port, settings.api_processes),
+            f"API (port {port})",
+            lambda: multiprocess_env(state_dir / "metrics" / "api"),
+        )
         apps.start(
             "scheduler",
             scheduler_command(workers, models, state_dir / "run"),
             "scheduler and its workers",
         )
+        served = [m for m in models.split(",") if m]
         try:
-            answer = _wait_ready(
-                url, key, "sim", READY_TIMEOUT_S, apps.exited, stop_signals.orderly
+            answers = _wait_ready(
+                url, key, served, READY_TIMEOUT_S, apps.exited, stop_signals.orderly
             )
         except RuntimeError:
             # uvicorn exits with 3 when it cannot bind: taken since we checked it.
@@ -270,11 +341,15 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
                 raise StateDirError(_port_message(port, port_holder(port))) from None
             raise
 
+        # `export` lines: `source .gristmill/dev.env` gives the CLI and SDKs started from
+        # that shell their URL and key too.
         write_private(
             state_dir / "dev.env",
-            f"GRISTMILL_URL={url}\nGRISTMILL_API_KEY={key}\n"
-            f"KAFKA_BOOTSTRAP={env['KAFKA_BOOTSTRAP']}\nDATABASE_URL={env['DATABASE_URL']}\n",
+            f"export GRISTMILL_URL={url}\nexport GRISTMILL_API_KEY={key}\n"
+            f"export KAFKA_BOOTSTRAP={env['KAFKA_BOOTSTRAP']}\n"
+            f"export DATABASE_URL={env['DATABASE_URL']}\n",
         )
+        answer = answers[served[0]]
         _say(
             f"""
 Gristmill is running.
@@ -289,13 +364,13 @@ Try it:
   curl -s {url}/v1/infer -H 'Authorization: Bearer {key}' \\
        -H 'Content-Type: application/json' -d '{{"model": "sim", "input": "hello"}}'
 
+Models served (each answered): {", ".join(served)}
 First answer: {answer.get("output")}  (batch of {answer.get("batch_size")})
+{_unserved_note(url, served)}An API or scheduler process that dies is restarted.
 Press Ctrl-C to stop."""
         )
         while not stop_signals.orderly.wait(1.0):
-            if (why := apps.exited()) is not None:
-                _say(f"{why}; stopping")
-                return 1
+            apps.supervise(time.monotonic())
         return 0
     except _Stopped:
         return 0
@@ -314,6 +389,23 @@ Press Ctrl-C to stop."""
                     (state_dir / RECORD_FILE).unlink()
             os.close(lock)
         lifeline().close()  # its watchdog exits too before we do
+
+
+def _unserved_note(url: str, served: list[str]) -> str:
+    """A line naming the models ``GET /v1/models`` lists that no worker here serves
+    (``--models`` left them out), or nothing."""
+    try:
+        listed = httpx.get(f"{url}/v1/models", timeout=10).json().get("data", [])
+    except (httpx.HTTPError, ValueError):
+        return ""
+    names = {str(m.get("id", "")).split("@")[0] for m in listed}
+    missing = sorted(names - {m.split("@")[0] for m in served})
+    if not missing:
+        return ""
+    return (
+        f"Not served here although GET /v1/models lists them: {', '.join(missing)} "
+        f"(start with --models {','.join([*served, *missing])} to serve them).\n"
+    )
 
 
 def _shutdown(

@@ -30,11 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gristmill.hostshape import HostCosts, HostShape, shape_host
+from gristmill.restarts import RestartPolicy
 
 log = logging.getLogger(__name__)
 
-RESTART_BACKOFF_S = (1.0, 2.0, 5.0, 10.0)  # a process that keeps dying waits longer
-STABLE_S = 60.0  # up this long: its next exit starts the backoff again
+# A process that keeps dying young waits 1, 2, 4, 8, then 10 s between starts (a GPU
+# host's processes are few and each is needed: the pause stays short).
+RESTART_MAX_DELAY_S = 10.0
 STOP_GRACE_S = 30.0
 
 
@@ -80,8 +82,6 @@ class Child:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
-    restarts: int = 0
-    failures: int = 0  # exits in a row that came before STABLE_S
 
     def start(self) -> None:
         out = self.log_path.open("ab")
@@ -108,6 +108,9 @@ class Supervisor:
 
     groups: list[list[Child]]  # start order; stop order is the reverse
     stopping: threading.Event = field(default_factory=threading.Event)
+    policy: RestartPolicy = field(
+        default_factory=lambda: RestartPolicy(max_delay_s=RESTART_MAX_DELAY_S)
+    )
 
     @property
     def children(self) -> list[Child]:
@@ -116,27 +119,26 @@ class Supervisor:
     def watch(self, poll_s: float = 0.5) -> None:
         """Until ``stopping``: restart what exits, with a growing backoff."""
         due: dict[str, float] = {}
+        for child in self.children:
+            self.policy.started(child.name, child.started_at)
         while not self.stopping.wait(poll_s):
             now = time.monotonic()
             for child in self.children:
                 if child.proc is None or child.proc.poll() is None:
                     continue
                 if child.name not in due:
-                    up = now - child.started_at
-                    child.failures = 0 if up >= STABLE_S else child.failures + 1
-                    wait = RESTART_BACKOFF_S[min(child.failures, len(RESTART_BACKOFF_S) - 1)]
-                    due[child.name] = now + (0.0 if child.failures == 0 else wait)
+                    due[child.name] = self.policy.died(child.name, now)
                     log.warning(
                         "%s exited with %s after %.0f s; starting it again in %.0f s",
                         child.name,
                         child.proc.returncode,
-                        up,
-                        max(0.0, due[child.name] - now),
+                        now - child.started_at,
+                        due[child.name] - now,
                     )
                 if now >= due[child.name]:
                     del due[child.name]
-                    child.restarts += 1
                     child.start()
+                    self.policy.started(child.name, child.started_at)
                     log.warning("restarted %s (pid %s)", child.name, child.proc.pid)
 
     def stop(self) -> None:
@@ -188,6 +190,8 @@ def host_children(
             argv += ["--socket", s]
         wenv = {**env, "CUDA_VISIBLE_DEVICES": device} if device else dict(env)
         workers.append(Child(f"worker-{device or i}", argv, wenv, logs / f"worker-{i}.log"))
+    if not shape.api_processes:  # a GPU node behind an API tier of its own
+        return [schedulers, workers, []]
     api_argv = [py, "-m", "gristmill", "api", "--workers", str(shape.api_processes)]
     if api_port is not None:
         api_argv += ["--port", str(api_port)]

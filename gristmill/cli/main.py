@@ -103,7 +103,7 @@ def scheduler(
     socket_dir: Path = typer.Option(Path(".gristmill/run"), help="where the worker socket lives"),
 ) -> None:
     """Run a scheduler (Kafka consumer group member) with its local workers."""
-    from scheduler.service import SchedulerService
+    from scheduler.runtime.service import SchedulerService
 
     _logging()
     settings = load_settings()
@@ -150,7 +150,9 @@ def host(
         "all-minilm-l6-v2", help="models the host serves (its schedulers and workers)"
     ),
     api_processes: int | None = typer.Option(
-        None, help="uvicorn processes of the API (default: from cores, GPUs and costs)"
+        None,
+        help="uvicorn processes of the API (default: from cores, GPUs and costs; 0: no "
+        "API here, a GPU node behind an API tier of its own)",
     ),
     schedulers: int | None = typer.Option(
         None, help="scheduler processes (default: from cores, GPUs and costs)"
@@ -436,7 +438,10 @@ def dev(
     state_dir: Path = typer.Option(Path(".gristmill"), help="where services keep their data"),
     port: int = typer.Option(8000, help="API port (0: pick a free one; it is printed)"),
     workers: int = typer.Option(2, help="worker processes"),
-    models: str = typer.Option("sim,all-minilm-l6-v2", help="models the workers serve"),
+    models: str = typer.Option(
+        "sim,all-minilm-l6-v2,gristmill-lm",
+        help="models the workers serve (every built-in one: all that GET /v1/models lists)",
+    ),
 ) -> None:
     """Start Kafka, PostgreSQL, the API, a scheduler and workers locally; print a key."""
     from gristmill.cli.dev import run_dev

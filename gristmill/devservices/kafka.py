@@ -261,6 +261,11 @@ class KafkaCluster:
     def is_running(self, node_index: int) -> bool:
         return self._node(node_index).running()
 
+    def pid(self, node_index: int) -> int | None:
+        """The running node's JVM (the leader of its process group), or None."""
+        node = self._node(node_index)
+        return node.proc.pid if node.proc is not None and node.running() else None
+
     def log_tail(self, node_index: int) -> str:
         """The last lines of a node's JVM output and server.log, for error messages."""
         return self._node(node_index).log_tails()

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,10 +105,12 @@ def local_services(
     n_brokers: int = 1,
     kafka_config: Mapping[str, object] | None = None,
     external: bool = True,
+    durable: bool = False,
 ) -> Iterator[Services]:
     """``kafka_config`` adds broker settings (e.g. a shorter broker session for chaos runs).
     ``external``: use ``KAFKA_BOOTSTRAP`` / ``DATABASE_URL`` when they are set; False:
-    always start local servers."""
+    always start local servers. ``durable``: PostgreSQL flushes its commits to disk, as
+    ``gristmill dev``'s does (tests skip that for speed; benchmarks of slow commits need it)."""
     kafka = pg = None
     env = os.environ if external else {}
     try:
@@ -125,7 +127,7 @@ def local_services(
             # private (0700) temp folders: give it a traversable one of its own.
             pg_dir = Path(tempfile.mkdtemp(prefix="gristmill-pg-"))
             pg_dir.chmod(0o711)
-            pg = PostgresServer(pg_dir, fast=True)
+            pg = PostgresServer(pg_dir, fast=not durable)
             pg.start()
             url = pg.url
         yield Services(bootstrap, url, kafka, pg)
@@ -163,17 +165,21 @@ class System:
         port: int | None = None,
         processes: int = 1,
         cli: bool = False,
+        cwd: Path | None = None,
+        prefix: Sequence[str] = (),
     ) -> str:
         """Start an API process (``processes`` uvicorn processes on one port); ``port``
-        restarts one where clients expect it; ``cli``: by ``gristmill api``."""
+        restarts one where clients expect it; ``cli``: by ``gristmill api``; ``cwd``: run
+        the code of another checkout (a benchmark's baseline); ``prefix`` runs the command
+        (e.g. in a network namespace: gristmill/chaos/netns.py)."""
         port = port or free_port()
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
-            cli_api_command(port, processes) if cli else api_command(port, processes),
+            [*prefix, *(cli_api_command(port, processes) if cli else api_command(port, processes))],
             env={**self.env, **multiprocess_env(self.workdir / f"{name}.metrics"), **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=REPO,
+            cwd=cwd or REPO,
             start_new_session=True,
         )
         self._hold(name, f"API {name} (port {port})")
@@ -197,6 +203,7 @@ class System:
         workers: int = 2,
         models: str = "sim,all-minilm-l6-v2",
         env: dict[str, str] | None = None,
+        prefix: Sequence[str] = (),
     ) -> None:
         run_dir = self.workdir / f"run-{name}"
         if len(str(run_dir / "workers.sock")) > 100:  # AF_UNIX socket paths are short
@@ -204,7 +211,7 @@ class System:
             self.tmp_dirs.append(run_dir)
         log = (self.workdir / f"{name}.log").open("ab")
         self.procs[name] = subprocess.Popen(
-            scheduler_command(workers, models, run_dir),
+            [*prefix, *scheduler_command(workers, models, run_dir)],
             env={**self.env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -250,12 +257,17 @@ class System:
             for name, p in self.procs.items():
                 if p.poll() is not None:
                     raise RuntimeError(f"{name} exited with {p.returncode}")
-            r = httpx.post(
-                f"{self.url}/v1/infer",
-                headers=self.headers(),
-                json={"model": model, "input": "warm up"},
-                timeout=30,
-            )
+            try:
+                r = httpx.post(
+                    f"{self.url}/v1/infer",
+                    headers=self.headers(),
+                    json={"model": model, "input": "warm up"},
+                    timeout=30,
+                )
+            except httpx.TransportError as e:  # the API is still starting
+                last = repr(e)
+                time.sleep(0.5)
+                continue
             if r.status_code == 200:
                 return
             last = r.text

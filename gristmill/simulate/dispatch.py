@@ -1,55 +1,31 @@
 """The dispatch decisions the simulator drives: one pluggable piece.
 
 The simulator asks a scheduler's dispatch core what a free worker runs next and tells
-it what came back, exactly as the scheduler service does (scheduler/service.py). The
-default is the project's own ``DispatchCore`` (scheduler/dispatch.py), built as a
-scheduler builds it; another core that answers the same calls can be put in its place
-(``Scenario.dispatch`` names a factory in ``FACTORIES``).
+it what came back, through the interface the scheduler's runtime uses
+(scheduler/core/interface.py ``SchedulerInterface``). The default is the project's own
+``DispatchCore`` (scheduler/core/dispatch.py), built as a scheduler builds it; another
+core that answers the same calls can be put in its place (``Scenario.dispatch`` names a
+factory in ``FACTORIES``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from core.load_report import LoadReport
-from core.protocol import ModelInfo, WorkResult
 from core.vocab import PRIORITY_CLASSES
-from scheduler.backpressure import BufferBudget
-from scheduler.batcher import FlushPolicy, Pending
-from scheduler.dispatch import DispatchCore, InFlight, Lost, Reject, Step, Worker, Write
-from scheduler.offsets import TopicPartition
+from scheduler.core.backpressure import BufferBudget
+from scheduler.core.batcher import FlushPolicy
+from scheduler.core.dispatch import DispatchCore
+from scheduler.core.interface import SchedulerInterface
 
 if TYPE_CHECKING:
     from gristmill.simulate.scenario import Scenario
 
 
-class Dispatch(Protocol):
-    """The calls the simulator makes, as the scheduler service makes them."""
-
-    def add_worker(self, worker_id: str, models: Sequence[ModelInfo]) -> Worker: ...
-
-    def schedule(self, w: Worker, now: float) -> Step: ...
-
-    def on_result(
-        self, w: Worker, entry: InFlight, result: WorkResult, now: float
-    ) -> list[Write]: ...
-
-    def on_lost(self, w: Worker, error: str, *, ran: bool, now: float) -> Lost: ...
-
-    def accept(
-        self, items: list[Pending], rejects: list[Reject], owned: set[TopicPartition]
-    ) -> list[Reject]: ...
-
-    def done(self, offsets: Iterable[tuple[TopicPartition, int]], rows: int = 0) -> None: ...
-
-    def committable(self, only: set[TopicPartition]) -> dict[TopicPartition, int]: ...
-
-    def mark_committed(self, positions: dict[TopicPartition, int]) -> None: ...
-
-    def paused(self, current: frozenset[int]) -> frozenset[int]: ...
-
-    def load(self, lag: dict[str, int]) -> LoadReport: ...
+# The calls the simulator makes are the dispatch core's interface, as the scheduler's
+# runtime makes them (scheduler/core/interface.py).
+Dispatch = SchedulerInterface
 
 
 def dispatch_core(sc: Scenario) -> Dispatch:

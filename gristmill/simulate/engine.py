@@ -3,7 +3,7 @@
 It runs the project's own pure policy code, unchanged, where the real processes run it:
 per-tenant rate limits (ingest/admission/ratelimit.py) and admission
 (ingest/admission/capacity.py) in each API instance; in each scheduler the dispatch core
-(scheduler/dispatch.py, or another ``Dispatch``: gristmill/simulate/dispatch.py) with
+(scheduler/core/dispatch.py, or another ``Dispatch``: gristmill/simulate/dispatch.py) with
 its batcher, flush rule, fairness, stagger, retries, offsets, cost model, capacity and
 load reports, and the partition backpressure. What it replaces by numbers is I/O:
 Kafka's transit, PostgreSQL's commit, the answer's way back (``Overheads``), and the
@@ -33,9 +33,9 @@ from gristmill.simulate.scenario import Scenario
 from ingest.admission.capacity import Admission
 from ingest.admission.ratelimit import TenantLimiter
 from ingest.admission.view import LoadView
-from scheduler.batcher import BatchKey, Pending
-from scheduler.dispatch import InFlight, Worker, Write
-from scheduler.offsets import TopicPartition
+from scheduler.core.batcher import BatchKey, Pending
+from scheduler.core.offsets import TopicPartition
+from scheduler.core.plans import InFlight, Worker, Write
 
 MODEL = "model"
 VERSION = "1"

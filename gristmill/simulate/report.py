@@ -13,7 +13,7 @@ from ingest.admission.capacity import ORDER_WINDOW_S
 
 if TYPE_CHECKING:
     from gristmill.simulate.scenario import Scenario, Stream
-    from scheduler.batcher import Pending
+    from scheduler.core.batcher import Pending
 
 __all__ = ["ORDER_WINDOW_S", "Result", "TierStats", "percentile"]
 

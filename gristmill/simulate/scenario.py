@@ -135,7 +135,7 @@ class Scenario:
 
     def batch_size(self) -> int:
         """The batch size the cost model settles on for the true curve: the most items/s
-        within the tightest budget a batch of one fits (scheduler/costmodel.py)."""
+        within the tightest budget a batch of one fits (scheduler/core/costmodel.py)."""
         c = self.cost
         fitting = [b for b in self.batch_budgets_ms() if c.ms(1) <= b]
         limit = fitting[0] if fitting else c.ms(1) / 0.95

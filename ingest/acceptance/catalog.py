@@ -24,6 +24,7 @@ from core.errors import Unavailable
 from core.models.registry import (
     RecordError,
     VersionRecord,
+    VersionState,
     builtin_records,
     parse_ref,
     spec_from_record,
@@ -41,9 +42,15 @@ from ingest.acceptance.routing import (
     lookup,
     open_versions,
 )
+from ingest.edge.db_health import DatabaseHealth, report_window_s
 from ingest.edge.listener import listen, stop
 from results.db import libpq_url
-from results.modelregistry import MODELS_CHANNEL, read_registry, record_from_row
+from results.modelregistry import (
+    MODELS_CHANNEL,
+    READINESS_STALE_S,
+    read_registry,
+    record_from_row,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +85,9 @@ class ModelCatalog:
         self.deployment = deployment
         self.engine = engine
         self.dsn = libpq_url(database_url) if database_url else None
+        # The commit time this instance measures (ingest/edge/db_health.py), if set: while
+        # commits are slow, the schedulers' readiness reports land late, not never.
+        self.health: DatabaseHealth | None = None
         self.refresh_s = refresh_s
         # Until the registry is read: the built-in versions, served by nobody known.
         self.table = RouteTable(_table(builtin_records(settings), {}))
@@ -96,9 +106,16 @@ class ModelCatalog:
                 return
             await self._read()
 
+    def _stale_s(self) -> float:
+        if self.health is None:
+            return READINESS_STALE_S
+        return report_window_s(READINESS_STALE_S, self.health.commit_s(time.monotonic()))
+
     async def _read(self) -> None:
         try:
-            rows, served = await read_registry(self.engine, self.deployment)
+            rows, served = await read_registry(
+                self.engine, self.deployment, stale_s=self._stale_s()
+            )
         except Exception as exc:  # keep the last known state while PostgreSQL is away
             log.warning("model registry refresh failed: %s", type(exc).__name__)
             self._fetched_at = time.monotonic()  # and do not ask again at once
@@ -146,12 +163,16 @@ class ModelCatalog:
             spec = self._specs[key] = spec_from_record(record, self.settings)
         return spec
 
-    def listing(self) -> list[dict[str, Any]]:
+    def listing(self, *, every_version: bool) -> list[dict[str, Any]]:
+        """The catalog as tenants see it: ``every_version`` (a caller with a key) or only
+        the live ones; never the worker counts (the admin API has those)."""
         out: list[dict[str, Any]] = []
         for name in sorted(self.table.models):
             routes = self.table.models[name]
             for version in sorted(routes.versions, key=version_order):
                 r = routes.versions[version]
+                if not every_version and r.state is not VersionState.LIVE:
+                    continue
                 served = self.table.served.get((name, version), Served())
                 try:
                     params = {p.name: p.default for p in self.spec(r).params}
@@ -166,12 +187,6 @@ class ModelCatalog:
                         "backend": r.backend,
                         "max_batch_size": r.max_batch_size,
                         "live": served.ready > 0,
-                        "workers": {
-                            "ready": served.ready,
-                            "loading": served.loading,
-                            "unavailable": served.unavailable,
-                            "failed": served.failed,
-                        },
                         "params": params,
                     }
                 )
@@ -182,6 +197,18 @@ class ModelCatalog:
         holds it, served or not (metadata); NotFound naming it if unknown or retired."""
         name, version = parse_ref(ref)
         return self.spec(lookup(self.table, name, version))
+
+    def recorded(self, name: str, version: str) -> ModelSpec | None:
+        """The spec of ``name@version`` as registered, in any state (retired too), or
+        None when the registry has no such version or no spec can be made of it."""
+        routes = self.table.models.get(name)
+        record = routes.versions.get(version) if routes is not None else None
+        if record is None:
+            return None
+        try:
+            return self.spec(record)
+        except RecordError:
+            return None
 
     def versions(self, name: str) -> list[str]:
         """``name``'s versions that are not retired (NotFound if it has none)."""
@@ -206,8 +233,14 @@ class ModelCatalog:
         """The spec of the version that answers ``name`` or ``name@version`` for this
         caller (ingest/acceptance/routing.py). ``wait_for_workers``: a job's items may wait in Kafka
         for a version no worker serves yet (loading, or its upstream down), so only an
-        unknown or retired version is refused."""
-        await self.refresh()
+        unknown or retired version is refused.
+
+        Only a catalog never read waits for the registry here: otherwise the background
+        poll keeps it current (every ``refresh_s``, and on each announcement), and a
+        request never queues behind a registry read that a slow database holds up
+        (decision 39); a version the table does not serve still forces a fresh look."""
+        if self._fetched_at == float("-inf"):
+            await self.refresh()
         try:
             decision = self.decide(ref, tenant_id=tenant_id, idempotency_key=idempotency_key)
         except Unavailable:

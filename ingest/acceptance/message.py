@@ -3,17 +3,18 @@
 A message carries everything the scheduler needs without a database lookup
 (core/messages.py): who sent it (tenant, priority class, weight), the resolved model
 version, what the model takes, when it arrived and when its caller stops waiting. A
-front door's request becomes one with ``request_message``; a job item with
-``job_item_message``.
+front door's request becomes one with ``request_message``; a job's items with
+``JobItems``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from core.messages import RequestMessage, body_hash
+from core.messages import RequestMessage
 from core.models.spec import ModelSpec
 from core.vocab import TIER_TO_CLASS, PriorityClass
 from results.tenants import Tenant
@@ -28,11 +29,13 @@ def request_message(
     request_id: str,
     received: float,
     timeout_ms: int,
-    idempotency_key: str | None,
+    fingerprint: str = "",
     tier: str | None = None,
 ) -> RequestMessage:
-    """The message of one accepted input. ``tier``: the tier it is scheduled in (a
-    client may lower its priority, never raise it: kserve/wire.py); else the key's."""
+    """The message of one accepted input. ``fingerprint``: what its Idempotency-Key
+    claim recorded of the body (acceptance/idempotency.py), if it has one of its own.
+    ``tier``: the tier it is scheduled in (a client may lower its priority, never raise
+    it: kserve/wire.py); else the key's."""
     return RequestMessage(
         request_id=request_id,
         tenant_id=tenant.id,
@@ -43,30 +46,56 @@ def request_message(
         params=params,
         deadline=received + timeout_ms / 1000,
         received_at=received,
-        # Only an Idempotency-Key needs the fingerprint; skip the hashing otherwise.
-        body_hash=body_hash(spec.ref, input_, params) if idempotency_key else "",
+        body_hash=fingerprint,
         weight=tenant.weight,
     )
 
 
-def job_item_message(
-    job: Any, *, job_id: str, index: int, value: str | bytes, request_id: str, job_attempt: int
-) -> RequestMessage:
-    """The message of one job item: ``job`` is its job's row
-    (results/job_submission.py ``job_to_publish``), ``value`` the item's input as the
-    JSON it was staged as (written as it is)."""
-    return RequestMessage(
-        request_id=request_id,
-        tenant_id=str(job.tenant_id),
-        priority=PriorityClass.JOBS,
-        model=job.model,
-        version=job.model_version,
-        input=orjson.Fragment(value),
-        params=job.params,
-        deadline=job.expires_at.timestamp(),  # the completion window
-        received_at=job.created_at.timestamp(),
-        job_id=job_id,
-        item_index=index,
-        job_attempt=job_attempt,
-        weight=job.weight,
-    )
+@dataclass(frozen=True, slots=True)
+class JobItems:
+    """What every item message of one job shares, worked out once (a job may have a
+    million items): ``JobItems.of(job, job_id)`` with ``job`` its row
+    (results/job_submission.py ``job_to_publish``)."""
+
+    job_id: str
+    tenant_id: str
+    model: str
+    version: str
+    params: dict[str, Any]
+    deadline: float  # the completion window
+    received_at: float
+    weight: float
+
+    @classmethod
+    def of(cls, job: Any, job_id: str) -> JobItems:
+        return cls(
+            job_id,
+            str(job.tenant_id),
+            job.model,
+            job.model_version,
+            job.params,
+            job.expires_at.timestamp(),
+            job.created_at.timestamp(),
+            job.weight,
+        )
+
+    def message(
+        self, index: int, value: str | bytes, request_id: str, job_attempt: int
+    ) -> RequestMessage:
+        """The message of one item; ``value`` its input as the JSON it was staged as
+        (written as it is)."""
+        return RequestMessage(
+            request_id=request_id,
+            tenant_id=self.tenant_id,
+            priority=PriorityClass.JOBS,
+            model=self.model,
+            version=self.version,
+            input=orjson.Fragment(value),
+            params=self.params,
+            deadline=self.deadline,
+            received_at=self.received_at,
+            job_id=self.job_id,
+            item_index=index,
+            job_attempt=job_attempt,
+            weight=self.weight,
+        )

@@ -11,13 +11,15 @@ an ``Outcome``. Everything between is here, the same for every door:
 3. The door parses and validates (a 4xx whatever the load), resolving the model.
 4. ``run``: the tenant's rate and admission (a generation's KV cache first: its 400
    comes before any charge), the deadline.
-5. The Idempotency-Key claimed (ports.IdempotencyKeys) for the first input's id; the
-   others' ids derive from it, so a retry names the same rows.
+5. The Idempotency-Key claimed (ports.IdempotencyKeys) for the first input's id, with
+   a fingerprint of what the caller sent (the model as it named it, not the version
+   routing picked); the others' ids derive from it, so a retry names the same rows.
 6. The messages made (message.py) and every waiter registered, before producing, so a
    fast result cannot slip past.
 7. A retry: rows already stored are its answer; the rest are sent again only when the
    first attempt's caller gave up (it may never have reached Kafka) and, for a
-   generation, none is generating (same ids: at most one row each either way).
+   generation, none is generating (same ids: at most one row each either way), to the
+   version the first attempt was routed to (decision 44).
 8. Produced with acks=all, together (librdkafka's linger puts them in one produce
    request per partition): now they are accepted. A claim of which nothing reached
    Kafka is released, so the client's retry sends at once.
@@ -50,10 +52,11 @@ from core.models.spec import ModelSpec
 from core.topics import request_topic
 from core.vocab import RequestStatus
 from ingest import metrics
-from ingest.acceptance.idempotency import check_key
+from ingest.acceptance.idempotency import aim, check_key, first_version
 from ingest.acceptance.message import request_message
 from ingest.acceptance.ports import Claim, KeyUse
 from ingest.acceptance.state import AppState
+from ingest.acceptance.waiters import ARRIVED_AT
 from ingest.admission.policy import check_admission, check_kv, check_rate, take_instance_slot
 from ingest.edge.auth import received_at
 from ingest.edge.refusal_counts import TIMEOUTS, Timeout
@@ -136,6 +139,22 @@ class Order:
     generation: Generation | None = None
     stream: bool = False  # hand the accepted request to the door unwaited
     wire: Any = None  # the door's own parsed request, for its answer
+    # What an Idempotency-Key fingerprints (decision 44): the model as the caller named
+    # it ("": the spec's ref) and the parameters it sent (None: ``params``), not what
+    # routing and the model made of them, so a retry is one whatever routing decides.
+    asked: str = ""
+    sent: dict[str, Any] | None = None
+    # ``params`` for another version of the model, from (its spec, ``wire``): a retry
+    # sent again to its first attempt's version. None: the same params.
+    reparams: Callable[[ModelSpec, Any], dict[str, Any]] | None = None
+    # What the door holds for this order while it answers (a stream's slot), given back
+    # here if the order fails before the door's answer takes it over.
+    release: Callable[[], None] | None = None
+
+
+def model_defaults(spec: ModelSpec, _wire: Any) -> dict[str, Any]:
+    """An ``Order.reparams`` for doors that send the model's default parameters."""
+    return spec.normalize_params(None)
 
 
 @dataclass(slots=True)
@@ -214,7 +233,12 @@ async def serve(st: AppState, door: Door, call: Call) -> Response:
         take_instance_slot(st.overload, st.inflight, st.settings, call.tenant.tier)
     try:
         order = await door.order(st, call)
-        return door.answer(st, call, order, await run(st, call, order))
+        try:
+            return door.answer(st, call, order, await run(st, call, order))
+        except BaseException:
+            if order.release is not None:
+                order.release()
+            raise
     finally:
         if door.holds_slot:
             st.inflight.release()
@@ -248,8 +272,19 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
     first, claim, use = str(uuid.uuid4()), None, None
     if key is not None:
         what = order.inputs if order.many else order.inputs[0]
-        fingerprint = body_hash(spec.ref, what, order.params)
-        use = KeyUse(tenant.id, key, first, fingerprint, deadline, call.received)
+        sent = order.params if order.sent is None else order.sent
+        fingerprint = body_hash(order.asked or spec.ref, what, sent)
+        use = KeyUse(
+            tenant.id,
+            key,
+            first,
+            fingerprint,
+            deadline,
+            call.received,
+            spec.version,
+            # As claims before decision 44 fingerprinted it (the routed version's ref).
+            lambda: body_hash(spec.ref, what, order.params),
+        )
         claim = await st.keys.claim(use)
         first = claim.request_id  # a retry: the first attempt's
     ids: list[str] = []
@@ -266,12 +301,12 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
                 request_id=rid,
                 received=call.received,
                 timeout_ms=timeout_ms,
-                idempotency_key=None,  # fingerprinted above, once
+                # A lone input's message carries the claim's fingerprint; a request
+                # of many is fingerprinted once, as the list.
+                fingerprint=use.body_hash if use is not None and not order.many else "",
                 tier=order.tier,
             )
         )
-    if use is not None and not order.many:
-        msgs[0].body_hash = use.body_hash
     retry = claim is not None and not claim.first
     if retry and claim is not None and claim.first_received is not None:
         # A retry's messages carry the first attempt's time (the request log's partition
@@ -288,6 +323,8 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
         if retry and claim is not None:
             send = await _replay(st, tenant, order, claim, ids, futs)
             pending = [i for i, f in enumerate(futs) if not f.done()]
+            if send and pending:
+                await _aim_at_first(st, order, claim, msgs, pending)
         if send and pending:
             await _send(st, tenant, _picked(msgs, pending), claim, use)
         out = Outcome(ids, msgs, None, limit_headers, timeout_ms, retry, retry and not pending)
@@ -304,6 +341,20 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
     finally:
         for rid in ids:
             st.waiter.discard(rid)
+
+
+async def _aim_at_first(
+    st: AppState, order: Order, claim: Claim, msgs: list[RequestMessage], pending: Sequence[int]
+) -> None:
+    """A retry sent again goes to the version its first attempt was routed to, pinned,
+    whatever a canary, promote, rollback or pin decided meanwhile (decision 44)."""
+    spec = await first_version(st.catalog, order.spec, claim)
+    if spec is order.spec:
+        return
+    params = order.params if order.reparams is None else order.reparams(spec, order.wire)
+    for i in pending:
+        aim(msgs[i], spec, order.inputs[i])
+        msgs[i].params = params
 
 
 def _picked(msgs: list[RequestMessage], pending: Sequence[int]) -> list[RequestMessage]:
@@ -396,7 +447,8 @@ def _answered(
     st: AppState, msgs: list[RequestMessage], rows: list[AnswerRow], heard: Sequence[int]
 ) -> None:
     """Answers heard (not replayed) reach their callers now: the stage metrics, and the
-    delay since the last was stored (what the overload guard sheds on, decision 15)."""
+    delay since the last reached this instance (what the overload guard sheds on,
+    decision 15: this instance's own part, not the database's commit)."""
     if not heard:
         return
     now = time.time()
@@ -404,9 +456,8 @@ def _answered(
     for i in heard:
         row = rows[i]
         metrics.answered(msgs[i], row, now)
-        persisted = row.get("persisted_at")
-        if persisted is not None:
-            t = persisted.timestamp()
-            last = t if last is None else max(last, t)
+        arrived = row.get(ARRIVED_AT)
+        if arrived is not None:
+            last = arrived if last is None else max(last, arrived)
     if last is not None:
         st.overload.answer.observe((now - last) * 1000)

@@ -10,7 +10,8 @@ on a stand-in.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
@@ -97,12 +98,16 @@ class Claim:
     # When the first attempt was received: a resend carries it, so the request keeps
     # one row (the request log's key includes received_at). None: an old claim.
     first_received: datetime | None = None
+    # The version the first attempt was routed to (None: an old claim): a retry sent
+    # again goes there (decision 44).
+    version: str | None = None
 
 
 @dataclass(frozen=True)
 class KeyUse:
     """One request's use of an Idempotency-Key: the request id it would name, the body's
-    fingerprint, and its deadline and arrival (epoch s)."""
+    fingerprint (what the caller sent: the model as it named it, its input and
+    parameters), its deadline and arrival (epoch s), and the version routing picked."""
 
     tenant_id: str
     key: str
@@ -110,6 +115,10 @@ class KeyUse:
     body_hash: str
     deadline: float
     received: float
+    model_version: str = ""
+    # The fingerprint claims made before decision 44 recorded (with the routed version),
+    # worked out only when an old claim is met, so a retry of one is still recognised.
+    legacy_hash: Callable[[], str] | None = field(default=None, compare=False)
 
 
 class IdempotencyKeys(Protocol):
@@ -125,10 +134,34 @@ class IdempotencyKeys(Protocol):
         ...
 
 
+class Pacing(Protocol):
+    """How a job's intake gives way to the instance's sync requests
+    (ingest/jobs/pacing.py)."""
+
+    def after(self, slice_s: float) -> float:
+        """The pause (s) after a slice of work that took ``slice_s``."""
+        ...
+
+
+class StagedItems(Protocol):
+    """A new job's staged items (ingest/jobs/upload.py ``Staged``)."""
+
+    def pages(self, page_bytes: int) -> Iterator[Sequence[tuple[int, bytes | str, str, int]]]:
+        """(item_index, input as JSON, request_id, attempt) in input order, paged."""
+        ...
+
+
 class JobQueue(Protocol):
     """Puts a recorded job's items in Kafka (phase 2 of a submission, decision 10)."""
 
-    async def publish(self, job_id: str) -> int: ...
+    @property
+    def pacer(self) -> Pacing | None:
+        """How the intake gives way (None: it never pauses)."""
+        ...
+
+    async def publish(self, job_id: str, staged: StagedItems | None = None) -> int:
+        """``staged``: a new job's staged file, read instead of its rows."""
+        ...
 
     async def claim_stale(self) -> str | None:
         """A submission another instance left half done, now this one's to finish."""

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 
 from core.errors import NotFound, Unavailable
 from core.limits import shown
-from core.models.registry import VersionRecord, VersionState, version_order
 
 # What the schedulers' workers report for one version, summed over schedulers (read by
 # the catalog; routing reads only its counts, error and Retry-After).
-from results.modelregistry import Readiness as Served
+from core.models.readiness import Readiness as Served
+from core.models.registry import VersionRecord, VersionState, version_order
 
 # Retry-After for a version some worker is loading (s): an embedding model loads and
 # warms up in about 5-15 s on a CPU here; the client's retry then usually lands on it.
@@ -95,7 +95,9 @@ def servable(served: Served | None) -> bool:
 
 
 def unavailable(ref: str, served: Served | None) -> Unavailable:
-    """The 503 for a version nothing can serve now, with the workers' reason."""
+    """The 503 for a version nothing can serve now, with the workers' reason in a word:
+    their own text (an upstream's URL and answer, an artifact's path) is for operators
+    (``gristmill models list``, the admin API), never for every tenant."""
     if served is not None and served.loading:
         return Unavailable(
             f"model {ref} is loading on {served.loading} worker(s); retry shortly",
@@ -105,12 +107,16 @@ def unavailable(ref: str, served: Served | None) -> Unavailable:
     if served is not None and served.unavailable:
         wait = served.retry_after_s if served.retry_after_s is not None else UNSERVED_RETRY_S
         return Unavailable(
-            f"model {ref} cannot be reached by its workers right now ({served.error}); retry later",
+            f"model {ref} cannot be reached by its workers right now; retry later",
             retry_after_s=max(1.0, wait),
             reason="upstream_down",
         )
     if served is not None and served.failed:
-        return Unavailable(f"model {ref} failed to load: {served.error}", reason="model_failed")
+        return Unavailable(
+            f"model {ref} failed to load on its workers and is not served until an operator "
+            "fixes or retires it",
+            reason="model_failed",
+        )
     return Unavailable(
         f"no worker is serving model {ref} right now",
         retry_after_s=UNSERVED_RETRY_S,

@@ -13,7 +13,8 @@ from ingest.acceptance.catalog import ModelCatalog
 from ingest.acceptance.ports import IdempotencyKeys, JobQueue, RequestProducer, Waiter
 from ingest.admission.load_watch import LoadWatch
 from ingest.admission.overload import Overload
-from ingest.admission.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
+from ingest.admission.ratelimit import InflightLimiter, TenantLimiter
+from ingest.admission.shared_slots import SharedSlots
 from ingest.edge.auth import Authenticator
 from ingest.edge.readiness import Readiness
 
@@ -32,8 +33,10 @@ class AppState:
     inflight: InflightLimiter
     load: LoadWatch
     overload: Overload
-    uploads: SlotLimiter  # job uploads being staged and recorded
-    follows: SlotLimiter  # follow=true result streams
+    # Counted per instance, across its processes (ingest/admission/shared_slots.py):
+    uploads: SharedSlots  # job and file uploads being staged and recorded
+    follows: SharedSlots  # follow=true result streams
+    read_streams: SharedSlots  # every other streamed answer (tier_max_streams per key)
     readiness: Readiness
 
 

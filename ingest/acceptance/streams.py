@@ -120,9 +120,7 @@ class StreamHub:
         subs = [s for group in self._subs.values() for s in group]
         if not subs:
             return
-        found = await self.read(
-            [StreamWant(s.request_id, s.tenant_id, s.next_index) for s in subs]
-        )
+        found = await self.read([StreamWant(s.request_id, s.tenant_id, s.next_index) for s in subs])
         for s in subs:
             read = found.get(s.request_id)
             if read is not None and not s.ended:

@@ -15,7 +15,14 @@ readers.
 While the listener is cut off from PostgreSQL no result can reach a caller, so
 new requests are refused with 503 + Retry-After instead of being accepted into
 Kafka and left to time out; the listener reconnects on its own (within about a
-second of the database coming back) and requests are taken again.
+second of the database coming back) and requests are taken again. No payload drops
+it: one it cannot read is logged and left to the poll.
+
+Several callers may wait for one request in one process (a retry with the same
+Idempotency-Key while the first attempt waits; a resumed completion stream beside the
+first). They share one future, which stays registered until the last of them lets go
+(``discard``), answered or not: one caller giving up never leaves another waiting
+for an answer that already came.
 """
 
 from __future__ import annotations
@@ -23,6 +30,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
 
 import psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -36,6 +46,19 @@ from results.requests import AnswerRow, fetch_answers
 
 log = logging.getLogger(__name__)
 
+# The key under which a delivered row carries the time it reached this instance.
+ARRIVED_AT: Final = "arrived_at"
+# An answered entry whose holders never let go (a stream whose generator never ran) is
+# dropped after this long (s): only new registrations would have found it.
+FORGET_ANSWERED_S = 600.0
+
+
+@dataclass(eq=False)
+class _Wait:
+    fut: asyncio.Future[AnswerRow]
+    since: float  # monotonic: when the first holder registered
+    holders: int = 1
+
 
 class ResultWaiter:
     """The ``Waiter`` of an API process, on PostgreSQL."""
@@ -44,12 +67,14 @@ class ResultWaiter:
         self.engine = engine
         self.dsn = libpq_url(database_url)
         self.poll_interval_s = poll_interval_s
-        self._waiting: dict[str, tuple[asyncio.Future[AnswerRow], float]] = {}
+        self._waiting: dict[str, _Wait] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()
         self._heard: list[str] = []  # announced ids with a waiter here, not yet fetched
         self._heard_event = asyncio.Event()
         self.streams = StreamHub(lambda wants: generation.read_streams(self.engine, wants))
+        # Told of every announcement (monotonic time): someone's commit went through.
+        self.on_heard: Callable[[float], None] | None = None
 
     async def start(self) -> None:
         self._tasks = [
@@ -72,13 +97,23 @@ class ResultWaiter:
             )
         entry = self._waiting.get(request_id)
         if entry is not None:
-            return entry[0]
+            entry.holders += 1  # shared: answered for every holder, or already
+            return entry.fut
         fut: asyncio.Future[AnswerRow] = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = (fut, time.monotonic())
+        self._waiting[request_id] = _Wait(fut, time.monotonic())
         return fut
 
     def discard(self, request_id: str) -> None:
-        self._waiting.pop(request_id, None)
+        """One holder lets go (each ``register`` is matched by one ``discard``)."""
+        entry = self._waiting.get(request_id)
+        if entry is not None:
+            entry.holders -= 1
+            if entry.holders <= 0:
+                del self._waiting[request_id]
+
+    def _open(self, request_id: str) -> bool:
+        entry = self._waiting.get(request_id)
+        return entry is not None and not entry.fut.done()
 
     async def fetch(self, ids: list[str]) -> list[AnswerRow]:
         return await fetch_answers(self.engine, ids)
@@ -90,13 +125,18 @@ class ResultWaiter:
         return self.streams.subscribe(request_id, tenant_id, next_index)
 
     def _answer(self, rows: list[AnswerRow]) -> None:
+        # When each row reached this instance (epoch s): the overload guard's answer delay
+        # runs from here, so the database's commit time is not taken for the API's own.
+        arrived = time.time()
         for row in rows:
-            entry = self._waiting.pop(str(row["request_id"]), None)
-            if entry is not None and not entry[0].done():
-                entry[0].set_result(row)
+            row[ARRIVED_AT] = arrived
+            # Answered, not removed: its holders let go themselves (``discard``).
+            entry = self._waiting.get(str(row["request_id"]))
+            if entry is not None and not entry.fut.done():
+                entry.fut.set_result(row)
 
     async def _resolve(self, ids: list[str]) -> None:
-        ids = [i for i in ids if i in self._waiting]
+        ids = [i for i in ids if self._open(i)]
         if ids:
             self._answer(await self.fetch(ids))
 
@@ -128,13 +168,15 @@ class ResultWaiter:
             self._hear(note.payload)
 
     def _hear(self, payload: str) -> None:
+        if self.on_heard is not None:
+            self.on_heard(time.monotonic())
         try:
             rows, ids = announce.parse(payload, self._waiting)
-        except (ValueError, KeyError, TypeError) as exc:  # not ours: the poll covers it
-            log.warning("unreadable result announcement (%s)", exc)
+            self._answer(rows)
+        except Exception as exc:  # not ours: the poll covers it; the listener goes on
+            log.warning("unreadable result announcement (%s)", type(exc).__name__)
             return
-        self._answer(rows)
-        mine = [i for i in ids if i in self._waiting]
+        mine = [i for i in ids if self._open(i)]
         if mine:
             self._heard.extend(mine)
             self._heard_event.set()
@@ -156,8 +198,12 @@ class ResultWaiter:
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self.poll_interval_s)
-            cutoff = time.monotonic() - self.poll_interval_s
-            stale = [rid for rid, (_, t) in self._waiting.items() if t < cutoff]
+            now = time.monotonic()
+            self._forget_answered(now)
+            cutoff = now - self.poll_interval_s
+            stale = [
+                rid for rid, e in self._waiting.items() if e.since < cutoff and not e.fut.done()
+            ]
             if not stale:
                 continue
             try:
@@ -165,3 +211,12 @@ class ResultWaiter:
                     await self._resolve(stale[i : i + 1000])
             except Exception as exc:
                 log.warning("result poll failed: %s", exc)
+
+    def _forget_answered(self, now: float) -> None:
+        old = [
+            rid
+            for rid, e in self._waiting.items()
+            if e.fut.done() and now - e.since > FORGET_ANSWERED_S
+        ]
+        for rid in old:
+            del self._waiting[rid]

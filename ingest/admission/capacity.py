@@ -2,7 +2,7 @@
 
 Every scheduler reports, four times a second, what its live workers can do per model
 (items/s at the batch size batches get, that batch's compute time, a batch of one's,
-the worker count: scheduler/capacity.py) and what waits (queued requests per model,
+the worker count: scheduler/core/capacity.py) and what waits (queued requests per model,
 class and largest tenants; what Kafka holds back in paused classes). Each API instance
 combines the reports into a ``LoadView`` and decides every request with ``Admission``
 (decision 24). All thresholds derive from the request's own deadline, the model's
@@ -305,7 +305,7 @@ class Admission:
         ahead, class_total = queued_ahead(
             view, ref, priority, tenant, weight, mine, age, class_drain
         )
-        # Each class has its own buffer in every scheduler (scheduler/backpressure.py).
+        # Each class has its own buffer in every scheduler (scheduler/core/backpressure.py).
         own_class = view.sums(ref, priority).queued + view.lag.get(priority, 0) + mine
         if own_class >= self.max_buffered * view.schedulers:
             return Decision(

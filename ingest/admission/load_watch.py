@@ -16,6 +16,7 @@ from ingest import metrics
 from ingest.admission.capacity import Admission
 from ingest.admission.ratelimit import TenantLimiter
 from ingest.admission.view import LoadView
+from ingest.edge.db_health import DatabaseHealth
 from results.load import (
     heartbeat_stmt,
     leave_stmt,
@@ -39,6 +40,8 @@ class LoadWatch:
         )
         self.view: LoadView | None = None
         self.refreshes = 0
+        # Told of each heartbeat's commit and its time (ingest/edge/db_health.py), if set.
+        self.health: DatabaseHealth | None = None
         # What this instance offered and admitted lately, and which classes it refused.
         self.admission = Admission(
             margin_s=settings.deadline_margin_ms / 1000, max_buffered=settings.max_buffered
@@ -71,10 +74,19 @@ class LoadWatch:
         every = max(1, round(publish_s / interval_s))
         while True:
             self.refreshes += 1
+            t0 = time.monotonic()
+            if self.health is not None:
+                self.health.writing(t0)
             try:
                 await self.refresh(publish=(self.refreshes - 1) % every == 0)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # keep the last view; PostgreSQL may be restarting
                 log.warning("load refresh failed: %s", exc)
+                if self.health is not None:
+                    self.health.write_failed()
+            else:
+                if self.health is not None:
+                    now = time.monotonic()
+                    self.health.committed(now, now - t0)
             await asyncio.sleep(interval_s)

@@ -14,14 +14,18 @@ no Kafka, no wait), so shedding frees the CPU the admitted requests need.
 The loop's lag stays moderate when the CPU runs short in the other processes of
 the machine or in the API's own I/O callbacks: on the 2-core box at 1,300 req/s the
 lag's median was 18 ms while the answers took 700 ms at p95. So the answer delay
-counts too: for each answered sync request, the time from its result's commit in
-PostgreSQL to its answer leaving (the NOTIFY, the fetch, the wake-up), smoothed, and
-decaying while nothing is answered (so a burst's high reading cannot keep shedding
-once the traffic is gone). That stretch is all API work: it grows when the API
-instance is short of CPU, and stays short when requests are slow for other reasons
-(a backlog after a Kafka outage, the workers' queue), which other rules handle. A
-first version counted the whole time outside batch wait and compute, and kept
-shedding for seconds after a Kafka broker came back while the backlog drained.
+counts too: for each answered sync request, the time from its result reaching this
+instance (the announcement heard, or the row fetched) to its answer leaving (the
+wake-up, the answer), smoothed, and decaying while nothing is answered (so a burst's
+high reading cannot keep shedding once the traffic is gone). That stretch is all API
+work: it grows when the API instance is short of CPU, and stays short when requests
+are slow for other reasons (a backlog after a Kafka outage, the workers' queue, a slow
+commit), which other rules handle. A first version counted the whole time outside
+batch wait and compute, and kept shedding for seconds after a Kafka broker came back
+while the backlog drained; a second counted from the transaction's start
+(``persisted_at``), so a commit slowed by a PostgreSQL checkpoint read as this
+instance's saturation and shed every tier while the database caught up (issue 30,
+decision 39).
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ class LoopLag:
 
 
 class AnswerDelay:
-    """Answered sync requests' time from their result's commit to the answer, smoothed
+    """Answered sync requests' time from their result's arrival here to the answer, smoothed
     (ms). Each reading is capped at ``cap_ms``, so a few stragglers (a listener that
     reconnected, a result found by the slow poll) cannot hold the guard shut."""
 

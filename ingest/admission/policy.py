@@ -14,10 +14,12 @@ from core.config import Settings
 from core.errors import InvalidInput, RateLimited, Unavailable
 from core.vocab import TIER_TO_CLASS
 from ingest import metrics
+from ingest.admission.capacity import least_latency_s
 from ingest.admission.kv import decide_kv
 from ingest.admission.load_watch import LoadWatch
 from ingest.admission.overload import Overload
 from ingest.admission.ratelimit import InflightLimiter, TenantLimiter, Verdict
+from ingest.edge.db_health import too_slow_to_store
 from results.tenants import Tenant
 
 # What a tenant's rate buys: its requests, and apart from them its reads of the job API
@@ -59,14 +61,16 @@ def check_rate(
         now=time.monotonic(),
         allow_debt=items > 1,
     )
+    what = "read rate" if bucket == READS else "rate limit"
+    return enforce(v, f"{what} of {v.limit:g} requests/s exceeded for this key")
+
+
+def enforce(v: Verdict, refusal: str) -> dict[str, str]:
+    """A bucket's verdict as the answer's RateLimit-* headers, or a 429 saying
+    ``refusal`` with them and Retry-After."""
     headers = ratelimit_headers(v)
     if not v.allowed:
-        what = "read rate" if bucket == READS else "rate limit"
-        raise RateLimited(
-            f"{what} of {v.limit:g} requests/s exceeded for this key",
-            retry_after_s=v.retry_after_s,
-            headers=headers,
-        )
+        raise RateLimited(refusal, retry_after_s=v.retry_after_s, headers=headers)
     return headers
 
 
@@ -103,14 +107,26 @@ def check_admission(
     ``timeout_ms``: the caller's own deadline; without one, the tier's SLO."""
     cls_ = TIER_TO_CLASS[tenant.tier]
     timeout = timeout_ms or settings.tier_slo_ms.get(tenant.tier, settings.default_timeout_ms)
+    now = time.monotonic()
+    # Storing the result is part of every request's time: a commit of this instance
+    # stalled for longer than a deadline leaves refuses what it alone makes late; it
+    # comes off the deadline of the rest (ingest/edge/db_health.py, decision 39).
+    commit_s = load.health.stall_s(now) if load.health is not None else 0.0
+    if commit_s > 0:
+        capacity = load.view.capacity.get(model_ref) if load.view is not None else None
+        margin_s = settings.deadline_margin_ms / 1000
+        least_s = least_latency_s(capacity, margin_s) if capacity is not None else margin_s
+        why = too_slow_to_store(timeout / 1000, commit_s, least_s)
+        if why is not None:
+            raise Unavailable(why, retry_after_s=max(1.0, commit_s), reason="slow_database")
     d = load.admission.decide(
         load.view,
         model_ref,
         cls_,
         tenant=tenant.id,
         weight=tenant.weight,
-        deadline_s=timeout / 1000,
-        now=time.monotonic(),
+        deadline_s=timeout / 1000 - commit_s,
+        now=now,
         instances=load.limiter.instances,
     )
     if not d.admit:

@@ -106,33 +106,3 @@ class InflightLimiter:
 
     def release(self) -> None:
         self.inflight -= 1
-
-
-class SlotLimiter:
-    """Bounds work held open at once (uploads, result streams): at most ``per_key``
-    per tenant and ``total`` in all on this instance. Pure bookkeeping; the caller
-    releases what it acquired."""
-
-    def __init__(self, total: int, per_key: int):
-        self.total = total
-        self.per_key = per_key
-        self.held: dict[str, int] = {}
-        self.in_use = 0
-
-    def try_acquire(self, key: str) -> str | None:
-        """None when a slot was taken; else which bound refused it: "tenant" or "instance"."""
-        if self.held.get(key, 0) >= self.per_key:
-            return "tenant"
-        if self.in_use >= self.total:
-            return "instance"
-        self.held[key] = self.held.get(key, 0) + 1
-        self.in_use += 1
-        return None
-
-    def release(self, key: str) -> None:
-        n = self.held.get(key, 0) - 1
-        if n > 0:
-            self.held[key] = n
-        else:
-            self.held.pop(key, None)
-        self.in_use -= 1

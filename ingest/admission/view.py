@@ -14,7 +14,7 @@ from core.vocab import PRIORITY_CLASSES, PriorityClass
 
 @dataclass
 class ModelLoad:
-    """What the live workers of one model can do (scheduler/capacity.py's record)."""
+    """What the live workers of one model can do (scheduler/core/capacity.py's record)."""
 
     items_s: float = 0.0
     batch: int = 1

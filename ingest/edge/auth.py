@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from core.config import Settings
-from core.errors import GristmillError, Unauthorized, Unavailable
+from core.errors import Forbidden, GristmillError, Unauthorized, Unavailable
 from ingest.edge.error_shapes import shape_for
 from ingest.edge.http import error_response
 from ingest.edge.listener import listen, stop
@@ -44,6 +44,8 @@ from results.tenants import KEYS_CHANNEL, Tenant, hash_key, lookup_stmt, well_fo
 log = logging.getLogger(__name__)
 
 V = TypeVar("V")
+# A key found: its tenant, its hash, and the actor it names if it has the admin scope.
+Found = tuple[Tenant, str, str | None]
 
 
 class KeyCache(Generic[V]):
@@ -105,10 +107,11 @@ class Authenticator:
         self.ttl_s = settings.auth_cache_s
         self.revocation_s = settings.auth_revocation_s
         self.negative_ttl_s = settings.auth_negative_ttl_s
-        # Found keys keep their hash, so a revocation (announced by hash) finds them.
-        self.found: KeyCache[tuple[Tenant, str]] = KeyCache(settings.auth_cache_size)
+        # Found keys keep their hash, so a revocation (announced by hash) finds them, and
+        # for an admin key the actor its audit trail names (None: not an admin key).
+        self.found: KeyCache[Found] = KeyCache(settings.auth_cache_size)
         self.missing: KeyCache[bool] = KeyCache(settings.auth_negative_cache_size)
-        self._lookups: dict[str, asyncio.Future[Tenant | None]] = {}
+        self._lookups: dict[str, asyncio.Future[Found | None]] = {}
         self._gate = asyncio.Semaphore(settings.auth_max_lookups)
         self.listening = False  # the revocation listener is connected
         # Bumped by every announcement: a lookup that raced one does not cache its answer.
@@ -119,7 +122,7 @@ class Authenticator:
         """How long a found key is cached: revocations are heard, or they are not."""
         return self.ttl_s if self.listening else min(self.ttl_s, self.revocation_s)
 
-    async def _lookup(self, key: str) -> Tenant | None:
+    async def _lookup(self, key: str) -> Found | None:
         key_hash = hash_key(key)
         generation = self._generation
         try:
@@ -144,30 +147,41 @@ class Authenticator:
             row.burst,
             row.job_items_per_s,
         )
+        actor = f"key {row.prefix}... of tenant {row.name}" if row.admin else None
+        found = (tenant, key_hash, actor)
         if generation == self._generation:
-            self.found.put(key, (tenant, key_hash), now + self.trust_s())
-        return tenant
+            self.found.put(key, found, now + self.trust_s())
+        return found
 
-    async def authenticate(self, authorization: str | None) -> Tenant:
+    async def _found(self, authorization: str | None) -> Found:
         key = bearer_key(authorization)
         now = time.monotonic()
         hit = self.found.get(key, now)
-        if hit is not None:
-            current_tenant.set((hit[0].id, hit[0].tier))  # refusals from here are its own
-            return hit[0]
-        if self.missing.get(key, now):
-            raise Unauthorized("unknown or revoked API key")
-        # Single flight: a burst of requests with a cold key shares one lookup.
-        pending = self._lookups.get(key)
-        if pending is None:
-            pending = asyncio.ensure_future(self._lookup(key))
-            self._lookups[key] = pending
-            pending.add_done_callback(lambda _: self._lookups.pop(key, None))
-        tenant = await asyncio.shield(pending)
-        if tenant is None:
-            raise Unauthorized("unknown or revoked API key")
-        current_tenant.set((tenant.id, tenant.tier))  # refusals from here are its own
-        return tenant
+        if hit is None:
+            if self.missing.get(key, now):
+                raise Unauthorized("unknown or revoked API key")
+            # Single flight: a burst of requests with a cold key shares one lookup.
+            pending = self._lookups.get(key)
+            if pending is None:
+                pending = asyncio.ensure_future(self._lookup(key))
+                self._lookups[key] = pending
+                pending.add_done_callback(lambda _: self._lookups.pop(key, None))
+            hit = await asyncio.shield(pending)
+            if hit is None:
+                raise Unauthorized("unknown or revoked API key")
+        current_tenant.set((hit[0].id, hit[0].tier))  # refusals from here are its own
+        return hit
+
+    async def authenticate(self, authorization: str | None) -> Tenant:
+        return (await self._found(authorization))[0]
+
+    async def admin(self, authorization: str | None) -> str:
+        """The actor an admin key names (for audit trails): 401 for a bad key, 403 for a
+        key without the admin scope. The same caches and gate as every key."""
+        actor = (await self._found(authorization))[2]
+        if actor is None:
+            raise Forbidden("this key has no admin scope; operator routes need an admin key")
+        return actor
 
     # --- revocations ---
 

@@ -134,6 +134,7 @@ class KServeError(BaseModel):
 _WHEN = {
     400: "invalid input; the message names the field",
     401: "missing, malformed, unknown or revoked API key",
+    403: "not yours, or a quota of stored files is full",
     404: "unknown model, version or route",
     405: "method not allowed",
     408: "the request body stopped arriving",

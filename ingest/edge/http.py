@@ -8,7 +8,10 @@
 * A bug is a JSON 500 carrying a reference id, logged once with its stack under that
   id; the body never holds the exception's text. ``ErrorGuard`` (outermost) makes
   sure of it for everything inside: the fast path, middleware, FastAPI, a stream
-  that fails after its first bytes (which can only be logged and cut short).
+  that fails after its first bytes (which can only be logged and cut short). No
+  request writes more than a bounded amount of log: a stack is cut to
+  ``TRACE_MAX_CHARS`` (a recursion's repeats would be ~165 KB) and stacks are drawn
+  from a budget; past it a bug is logged as one line with its reference.
 See docs/decisions/0025-edge-validation-caps-and-error-mapping.md.
 """
 
@@ -18,6 +21,8 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
+import traceback
 import uuid
 
 import psycopg
@@ -47,11 +52,27 @@ from core.limits import shown
 from ingest.edge.error_shapes import Shape, error_body, shape_for
 from ingest.edge.error_shapes import body as shaped_body
 from ingest.edge.refusal_counts import note_refusal
+from ingest.edge.refusal_log import LogBudget
 
 log = logging.getLogger(__name__)
 
 # Set on an exception once it was logged as a bug, so it is logged once.
 _REFERENCE = "_gristmill_reference"
+# The most of one stack a log line holds: its start (where it entered our code) and its
+# end (what raised), the middle left out.
+TRACE_MAX_CHARS = 8_000
+# Stacks logged per second per process, and the burst; past it, one line per bug.
+_TRACES = LogBudget(rate_per_s=1.0, burst=10.0)
+
+
+def bounded_trace(exc: BaseException, max_chars: int = TRACE_MAX_CHARS) -> str:
+    """``exc``'s traceback, at most ``max_chars`` (a quarter from its start, the rest
+    from its end, saying how much was left out)."""
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    if len(text) <= max_chars:
+        return text
+    head, tail = max_chars // 4, max_chars - max_chars // 4
+    return f"{text[:head]}\n... {len(text) - head - tail} characters left out ...\n{text[-tail:]}"
 
 
 def error_response(err: GristmillError, shape: Shape = Shape.GRISTMILL) -> ORJSONResponse:
@@ -138,7 +159,15 @@ def internal_error(
     ref = getattr(exc, _REFERENCE, None)
     if ref is None:
         ref = uuid.uuid4().hex
-        log.error("internal error %s in %s", ref, where, exc_info=exc)
+        if _TRACES.take(time.monotonic()) is None:
+            log.error(
+                "internal error %s in %s: %s (stack not logged: over budget)",
+                ref,
+                where,
+                type(exc).__name__,
+            )
+        else:
+            log.error("internal error %s in %s\n%s", ref, where, bounded_trace(exc))
         with contextlib.suppress(AttributeError):  # a type without a __dict__
             setattr(exc, _REFERENCE, ref)
     content = shaped_body(

@@ -64,9 +64,7 @@ class RefusalCounts:
         self._counts: dict[RefusalKey, int] = {}
         self.folded = 0  # refusals counted without their tenant because the cap was hit
 
-    def record(
-        self, now: float, status: int, reason: str, tenant: tuple[str, str] | None
-    ) -> None:
+    def record(self, now: float, status: int, reason: str, tenant: tuple[str, str] | None) -> None:
         tenant_id, tier = tenant if tenant is not None else (None, None)
         key = RefusalKey(math.floor(now), tenant_id, tier, status, reason)
         if key not in self._counts and len(self._counts) >= self.max_keys:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -20,7 +20,10 @@ from core.kafka import producer_config
 from core.messages import RequestMessage
 from core.topics import request_topic
 from core.vocab import PriorityClass
-from ingest.acceptance.message import job_item_message
+from ingest.acceptance.message import JobItems
+from ingest.acceptance.ports import StagedItems
+from ingest.jobs.pacing import PUBLISH_SLICE, Pacer
+from ingest.jobs.upload import Item
 from results.db import make_engine
 from results.job_items import unsent_page
 from results.job_submission import claim_stale, heartbeat, job_to_publish, mark_submitted
@@ -62,8 +65,10 @@ class JobPublisher:
     (thread-safe) and a small PostgreSQL pool; each waits only for its own messages'
     acknowledgements, so a million-item job never holds up a small one."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, pacer: Pacer | None = None):
         self.settings = settings
+        # Publishing gives way to the instance's sync requests (ingest/jobs/pacing.py).
+        self.pacer = pacer
         workers = settings.max_uploads + 2  # uploads' publishes, a retry, the stale finisher
         self.engine = make_engine(settings.database_url, pool_size=workers)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="job-publish")
@@ -83,9 +88,12 @@ class JobPublisher:
             )
         )
 
-    async def publish(self, job_id: str) -> int:
+    async def publish(self, job_id: str, staged: StagedItems | None = None) -> int:
+        """``staged``: the new job's staged file, read instead of its rows."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.publish_sync, job_id)
+        return await loop.run_in_executor(
+            self._executor, lambda: self.publish_sync(job_id, staged=staged)
+        )
 
     async def claim_stale(self) -> str | None:
         loop = asyncio.get_running_loop()
@@ -93,10 +101,17 @@ class JobPublisher:
             self._executor, claim_stale, self.engine, self.settings.submit_stale_s
         )
 
-    def publish_sync(self, job_id: str, *, progress: Callable[[int], None] | None = None) -> int:
+    def publish_sync(
+        self,
+        job_id: str,
+        *,
+        progress: Callable[[int], None] | None = None,
+        staged: StagedItems | None = None,
+    ) -> int:
         """Produce every item whose current attempt has no result yet (all of them for a
-        new job; the unfinished ones after a crash or a retry). Blocking. Returns how
-        many items were produced."""
+        new job; the unfinished ones after a crash or a retry). A new job's items come
+        from its staged file when given (the same rows the COPY wrote, none of them sent
+        yet), else from PostgreSQL. Blocking. Returns how many items were produced."""
         topic = request_topic(self.settings, PriorityClass.JOBS)
         acks = _Deliveries()
         sent = 0
@@ -104,20 +119,23 @@ class JobPublisher:
             job = job_to_publish(conn, job_id)
         if job is None:
             return 0
-        beat = time.monotonic()
-        after, rows = -1, _FIRST_PAGE_ROWS
-        while page := unsent_page(self.engine, job_id, after, rows):
+        items = JobItems.of(job, job_id)  # the same for every item: worked out once
+        beat = sliced = time.monotonic()
+        sizes: list[int] = []  # bytes of messages in the page just sent: sizes the next
+        pages = (
+            staged.pages(_PAGE_BYTES)
+            if staged
+            else self._unsent_pages(job_id, int(job.total_items), sizes)
+        )
+        for page in pages:
             page_bytes = 0
             acks.sent(len(page))
             for index, value, request_id, job_attempt in page:
-                msg = job_item_message(
-                    job,
-                    job_id=job_id,
-                    index=index,
-                    value=value,
-                    request_id=request_id,
-                    job_attempt=job_attempt,
-                )
+                if self.pacer is not None and sent % PUBLISH_SLICE == PUBLISH_SLICE - 1:
+                    now = time.monotonic()
+                    time.sleep(self.pacer.after(now - sliced))  # no GIL held meanwhile
+                    sliced = time.monotonic()
+                msg = items.message(index, value, request_id, job_attempt)
                 page_bytes += self._produce(topic, msg, acks)
                 sent += 1
             self._producer.poll(0)
@@ -126,12 +144,22 @@ class JobPublisher:
             if time.monotonic() - beat > _HEARTBEAT_S:
                 beat = time.monotonic()
                 heartbeat(self.engine, job_id)
-            after = page[-1][0]
-            # Pages of about _PAGE_BYTES whatever the items' size: memory stays bounded.
-            rows = max(100, min(10_000, _PAGE_BYTES * len(page) // max(1, page_bytes)))
+            sizes.append(page_bytes)
         self._await_acks(acks, sent)
         mark_submitted(self.engine, job_id)
         return sent
+
+    def _unsent_pages(self, job_id: str, total: int, sizes: list[int]) -> Iterator[Sequence[Item]]:
+        """The job's unsent items from PostgreSQL, a window of indexes at a time (each
+        its own short read), the window sized to about _PAGE_BYTES of messages from the
+        last page's ``sizes``: memory stays bounded whatever the items' size."""
+        after, width = -1, _FIRST_PAGE_ROWS
+        while after < total - 1:
+            page = unsent_page(self.engine, job_id, after, width)
+            after += width
+            if page:
+                yield page
+                width = max(100, min(10_000, _PAGE_BYTES * len(page) // max(1, sizes[-1])))
 
     def _produce(self, topic: str, msg: RequestMessage, acks: _Deliveries) -> int:
         """Produce one message (waiting while the producer's queue is full); its size."""

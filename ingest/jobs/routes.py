@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import ORJSONResponse, StreamingResponse
-from starlette.types import Receive, Scope, Send
 
 from core.errors import InvalidInput, NotFound, PayloadTooLarge
-from core.limits import canonical_uuid, shown
+from core.limits import ascii_decimal, canonical_uuid, shown
 from core.messages import job_item_request_ids
 from core.vocab import ItemStatus
 from ingest import metrics
@@ -21,7 +21,7 @@ from ingest.acceptance.idempotency import check_key
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.jobs import quota as job_quota
-from ingest.jobs.limits import acquire, check_reads, slot
+from ingest.jobs.limits import HeldStream, acquire, check_reads, hold_stream, slot
 from ingest.jobs.schemas import MAX_INDEX, JobOptions, parse_index, validate
 from ingest.jobs.submit import record_job, stage_json, stage_jsonl
 from ingest.jobs.views import item_view, job_summary
@@ -109,7 +109,7 @@ async def submit_job(
     json_body = ctype == "application/json"
     cap = st.settings.max_job_json_bytes if json_body else st.settings.max_job_bytes
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > cap:
+    if (ascii_decimal(declared) or 0) > cap:
         raise PayloadTooLarge(
             f"a JSON job body may be at most {cap} bytes; upload large jobs as JSONL"
             if json_body
@@ -117,17 +117,23 @@ async def submit_job(
         )
     await job_quota.refuse_if_in_debt(st.engine, st.settings, tenant)  # before reading a byte
     async with slot(st.uploads, tenant.id, "uploads"):
+        t0 = time.monotonic()
         if json_body:
             sub = await stage_json(st, tenant, request.stream(), key)
         else:
             opts = jsonl_options(model, params, completion_window_s, webhook_url)
             sub = await stage_jsonl(st, tenant, request.stream(), opts, key)
+        t1 = time.monotonic()
         try:
             recorded = await record_job(st, sub)
+            t2 = time.monotonic()
+            if recorded.created:  # its items are read back from the staged file
+                await st.jobs.publish(recorded.job_id, sub.staged)
+                metrics.job_phase("stage", t1 - t0)
+                metrics.job_phase("record", t2 - t1)
+                metrics.job_phase("publish", time.monotonic() - t2)
         finally:
             sub.staged.close()
-        if recorded.created:
-            await st.jobs.publish(recorded.job_id)
     j = await own_job(st, tenant, recorded.job_id)
     if recorded.created:
         metrics.job_submitted(tenant.tier, int(j.total_items))
@@ -190,21 +196,6 @@ async def get_items(
     return ORJSONResponse({"items": items, "next_cursor": nxt if nxt < j.total_items else None})
 
 
-class HeldStream(StreamingResponse):
-    """A streamed answer that gives its slot back however the stream ends (finished,
-    client gone, server stopping)."""
-
-    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None]):
-        super().__init__(content, media_type="application/x-ndjson")
-        self._release = release
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._release()
-
-
 @router.get("/v1/jobs/{job_id}/results")
 async def stream_results(
     request: Request,
@@ -235,7 +226,7 @@ async def stream_results(
             job = await own_job(st, tenant, job_id)
 
     if not follow:
-        return StreamingResponse(lines(), media_type="application/x-ndjson")
+        return HeldStream(lines(), hold_stream(st, tenant))
     # A follow stream is open as long as the job runs: bounded per tenant and instance.
     acquire(st.follows, tenant.id, "follow=true streams")
     return HeldStream(lines(), lambda: st.follows.release(tenant.id))

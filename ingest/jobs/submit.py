@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -207,7 +208,10 @@ async def stage_jsonl(
     )
     try:
         async for chunk in upload_chunks(stream, s, max_bytes=s.max_job_bytes, what="a job upload"):
+            t0 = time.monotonic()
             await asyncio.to_thread(stager.feed, chunk)
+            if st.jobs.pacer is not None:  # staging gives way too (ingest/jobs/pacing.py)
+                await asyncio.sleep(st.jobs.pacer.after(time.monotonic() - t0))
         staged = await asyncio.to_thread(stager.finish)
     except BaseException:
         stager.close()

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -90,6 +91,20 @@ def copy_text(value: str) -> str:
     return value
 
 
+_UNESCAPE = re.compile(rb"\\(.)")
+_UNESCAPED = {b"\\": b"\\", b"t": b"\t", b"n": b"\n", b"r": b"\r"}
+
+# (item_index, input as JSON, request_id, attempt): what the publisher sends of an item.
+Item = tuple[int, bytes | str, str, int]
+
+
+def copy_unescape(field: bytes) -> bytes:
+    """The inverse of ``copy_text`` for one field."""
+    if b"\\" not in field:
+        return field
+    return _UNESCAPE.sub(lambda m: _UNESCAPED[m.group(1)], field)
+
+
 @dataclass
 class Staged:
     file: IO[bytes]
@@ -98,6 +113,24 @@ class Staged:
 
     def close(self) -> None:
         self.file.close()
+
+    def pages(self, page_bytes: int) -> Iterator[Sequence[Item]]:
+        """The staged items in input order, in pages of about ``page_bytes`` bytes: what
+        a new job's publish sends, read back from the file the COPY read (every item of
+        a new job is unsent) instead of from PostgreSQL."""
+        self.file.seek(0)
+        tail = b""
+        while block := self.file.read(page_bytes):
+            lines = (tail + block).split(b"\n")
+            tail = lines.pop()
+            page: list[Item] = []
+            for line in lines:
+                _, index, _, value, rid = line.split(b"\t")
+                page.append((int(index), copy_unescape(value), rid.decode(), 0))
+            if page:
+                yield page
+        if tail:  # rows end with a newline: nothing is left unless the file was cut
+            raise ValueError("the staged file ends inside a row")
 
 
 class ItemStager:

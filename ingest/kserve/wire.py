@@ -11,6 +11,10 @@ answer. Outputs go as JSON ``data`` or, when asked (``binary_data`` on the outpu
 Triton's request parameters: ``timeout`` (microseconds) is the deadline; ``priority``
 (1 is the highest, 0 the default) may lower the request's scheduling tier below the
 key's, never raise it (decision 34). Errors are ``InvalidInput`` naming the field.
+
+The body is parsed before the tenant's rate is checked (the rate is charged per text),
+so parsing costs at most one pass over it: the body is capped (1 MB), ``data`` may nest
+only as deep as the shape allows (two levels), and nothing here recurses further.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import orjson
 
 from core.config import Settings
 from core.errors import InvalidInput
-from core.limits import check_int, shown
+from core.limits import ascii_decimal, check_int, shown
 from core.vocab import TIERS
 
 INPUT_NAME = "text"
@@ -35,6 +39,8 @@ JSON_OUTPUT = "output"
 HEADER_LENGTH = "Inference-Header-Content-Length"
 # The most texts one request may carry: as OpenAI's embeddings (ingest/openai/wire.py).
 MAX_INPUTS = 2048
+# ``data`` is flat or nested as its shape is, and the shape is [N] or [N, 1].
+MAX_DATA_DEPTH = 2
 _U32 = struct.Struct("<I")
 
 
@@ -52,13 +58,13 @@ class V2Request:
 def _split(raw: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     if header_length is None:
         return raw, b""
-    if not header_length.isdigit() or int(header_length) > len(raw):
+    n = ascii_decimal(header_length)
+    if n is None or n > len(raw):
         raise InvalidInput(
-            f"{HEADER_LENGTH} must be the JSON header's length in bytes (at most the "
-            f"body's {len(raw)})",
+            f"{HEADER_LENGTH} must be the JSON header's length in bytes, in ASCII digits "
+            f"(at most the body's {len(raw)})",
             field=HEADER_LENGTH,
         )
-    n = int(header_length)
     return raw[:n], raw[n:]
 
 
@@ -94,12 +100,19 @@ def encode_bytes_tensor(items: list[bytes]) -> bytes:
     return b"".join(_U32.pack(len(x)) + x for x in items)
 
 
-def _flat(data: Any, where: str) -> list[Any]:
-    """Row-major ``data``, flat or nested as the protocol allows."""
+def _flat(data: Any, where: str, depth: int = 1) -> list[Any]:
+    """Row-major ``data``, flat or nested as the protocol allows (at most
+    ``MAX_DATA_DEPTH`` levels, so this recurses no further)."""
     if not isinstance(data, list):
         raise InvalidInput(f"{where} must be an array", field=where)
+    if depth > MAX_DATA_DEPTH:
+        raise InvalidInput(
+            f"{where} nests deeper than {MAX_DATA_DEPTH} levels, the depth limit of a "
+            "[N] or [N, 1] tensor",
+            field=where,
+        )
     if data and isinstance(data[0], list):
-        return [x for row in data for x in _flat(row, where)]
+        return [x for row in data for x in _flat(row, where, depth + 1)]
     return data
 
 
@@ -187,8 +200,11 @@ def parse_infer(raw: bytes, header_length: str | None, settings: Settings) -> V2
             f"{len(binary) - used} bytes after the JSON header belong to no tensor",
             field=HEADER_LENGTH,
         )
+    asked = body.get("outputs")
+    if asked is not None and not isinstance(asked, list):
+        raise InvalidInput("outputs must be an array", field="outputs")
     outputs: dict[str, bool] = {}
-    for i, out in enumerate(body.get("outputs") or []):
+    for i, out in enumerate(asked or []):
         out = _object(out, f"outputs[{i}]")
         name = out.get("name")
         if not isinstance(name, str):

@@ -21,6 +21,7 @@ from ingest.acceptance.pipeline import Call, Order, Outcome, call_of, serve
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.error_shapes import ERROR_RESPONSES
+from ingest.jobs.limits import check_reads
 from ingest.native.wire import InferAnswer, RequestRecord, accept, parse_infer, result_body
 from results.requests import fetch_request
 
@@ -38,7 +39,16 @@ class InferDoor:
             body.model, tenant_id=call.tenant.id, idempotency_key=call.idempotency_key
         )
         # Policy after validation: a malformed request is a 4xx whatever the load.
-        return Order(spec, [body.input], accept(spec, body), timeout_ms=body.timeout_ms)
+        return Order(
+            spec,
+            [body.input],
+            accept(spec, body),
+            timeout_ms=body.timeout_ms,
+            wire=body,
+            asked=body.model,  # an Idempotency-Key's fingerprint: what was sent
+            sent=body.params or {},
+            reparams=accept,
+        )
 
     def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:
         if outcome.rows is None:
@@ -78,6 +88,7 @@ async def infer(
 async def get_request(request: Request, request_id: str, tenant: Caller) -> ORJSONResponse:
     """A request's result by id. Tenant-scoped: another tenant's id is a 404."""
     st = get_state(request)
+    limit_headers = check_reads(st.limiter, st.settings, tenant)
     # Only the canonical form: PostgreSQL would take some others ({...}, bare hex) and
     # refuse the rest (urn:uuid:...) with an error that is not the client's to see.
     canonical = canonical_uuid(request_id)
@@ -91,5 +102,6 @@ async def get_request(request: Request, request_id: str, tenant: Caller) -> ORJS
             "status": data["status"],
             "error": data["error"],
             **(result_body(data) if data["status"] == RequestStatus.SUCCEEDED else {}),
-        }
+        },
+        headers=limit_headers,
     )

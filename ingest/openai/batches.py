@@ -20,6 +20,7 @@ from fastapi.responses import ORJSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from core.errors import InvalidInput, NotFound
+from core.limits import shown
 from core.models.causal_lm import CausalLMSpec
 from core.models.spec import ModelSpec
 from ingest.acceptance.idempotency import check_key
@@ -272,15 +273,8 @@ async def list_batches(
     """The tenant's batches, newest first (query parameters: ``after``, ``limit``)."""
     st = reader(request, tenant)
     n = parse_index(limit, "limit", default=20, low=1, high=MAX_BATCHES_PAGE)
-    mark = None
-    if after is not None:
-        mark = await files_db.get_batch(st.engine, tenant.id, after)
-        if mark is None:
-            raise NotFound(f"no batch {after[:80]!r} to page after", field="after")
-    rows = await files_db.list_batches(st.engine, tenant.id, mark, n + 1)
-    data = []
-    for b in rows[:n]:
-        j = await jobs_db.get_job(st.engine, tenant.id, str(b.job_id))
-        if j is not None:
-            data.append(_object(b, j))
+    rows = await files_db.batch_page(st.engine, tenant.id, after, n + 1)
+    if rows is None:
+        raise NotFound(f"no batch {shown(after)} to page after", field="after")
+    data = [_object(b, j) for b, j in rows[:n]]
     return ORJSONResponse(list_page(data, more=len(rows) > n))

@@ -17,6 +17,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.errors import DeadlineExceeded, InvalidInput, ModelError
+from core.limits import ascii_decimal
 from core.vocab import RequestStatus
 from results.requests import AnswerRow
 
@@ -72,10 +73,13 @@ def last_index(raw: str | None, field: str = "Last-Event-ID") -> int | None:
     """The last token index a caller got (``Last-Event-ID``), or a 400 naming ``field``."""
     if raw is None:
         return None
-    try:
-        last = int(raw)
-    except ValueError as exc:
-        raise InvalidInput("Last-Event-ID must be a token index", field="Last-Event-ID") from exc
+    # ASCII digits only (int() takes any script's, and spaces and underscores).
+    last = -1 if raw == "-1" else ascii_decimal(raw, max_digits=7)
+    if last is None:
+        raise InvalidInput(
+            f"Last-Event-ID must be a token index from -1 to {_MAX_INDEX - 1}",
+            field="Last-Event-ID",
+        )
     return checked_index(last, field)
 
 

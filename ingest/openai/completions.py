@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import ORJSONResponse, StreamingResponse
+from fastapi.responses import ORJSONResponse
 from starlette.responses import Response
 
 from core.errors import InvalidInput, NotFound
@@ -29,6 +29,7 @@ from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.bodies import parse_body
 from ingest.edge.error_shapes import Shape, declared
+from ingest.jobs.limits import HeldStream, check_reads, hold_stream
 from ingest.openai.completion_wire import (
     ID_PREFIX,
     CompletionBody,
@@ -81,6 +82,9 @@ class CompletionsDoor:
         if key is not None and body.seed is None and "seed" in params:
             # A retry must draw what the first attempt drew (and hash alike).
             params["seed"] = keyed_seed(call.tenant.id, key)
+        # A stream holds its connection while it generates: one of the key's stream
+        # slots, taken before anything is claimed or sent (a 429 here accepts nothing).
+        release = hold_stream(st, call.tenant) if body.stream else None
         # What is generated, not how it is delivered: ``stream`` is not in the
         # fingerprint, so a dropped stream may be retried as a plain POST and back.
         return Order(
@@ -94,15 +98,17 @@ class CompletionsDoor:
             generation=Generation(len(ids), params["max_tokens"]),
             stream=body.stream,
             wire=(body, resume),
+            asked=body.model,  # what was asked, not where routing sent it
+            release=release,
         )
 
     def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:
         body, resume = order.wire
         rid, created = outcome.request_ids[0], int(call.received)
-        if body.stream:
+        if order.release is not None:
             usage = bool((body.stream_options or {}).get("include_usage"))
             start = resume if outcome.retry else 0
-            return StreamingResponse(
+            return HeldStream(
                 _sse(
                     lambda: st.waiter.follow(rid, call.tenant.id, start),
                     rid,
@@ -110,6 +116,7 @@ class CompletionsDoor:
                     created,
                     usage,
                 ),
+                order.release,
                 media_type="text/event-stream",
                 headers={
                     **outcome.limit_headers,
@@ -186,6 +193,7 @@ async def get_completion(
     """``stream=true`` resumes the stream after the token ``Last-Event-ID`` (or
     ``after``) names; without it, the finished completion."""
     st = get_state(request)
+    limit_headers = check_reads(st.limiter, st.settings, tenant)
     rid = canonical_uuid(completion_id.removeprefix(ID_PREFIX))
     if rid is None:
         raise NotFound(f"no completion {shown(completion_id)}; ids are cmpl-<uuid>")
@@ -199,16 +207,28 @@ async def get_completion(
             f"no completion {ID_PREFIX}{rid} with tokens for this tenant "
             "(it may still be queued: retry shortly)"
         )
+    if row is not None and not progress.generating:
+        # One of the tenant's requests, but not a completion: its answer is elsewhere.
+        spec = st.catalog.recorded(row["model"], row["model_version"])
+        if not isinstance(spec, CausalLMSpec):
+            raise NotFound(
+                f"{ID_PREFIX}{rid} is not a completion (model {row['model']} does not "
+                f"generate text); its answer is at /v1/requests/{rid}"
+            )
     if not stream:
         if row is None:
             raise NotFound(f"completion {ID_PREFIX}{rid} is still generating; stream it instead")
         raise_for(row)
         created = int(row["received_at"].timestamp())
-        return ORJSONResponse(completion_body(rid, created, row["model"], row["output"]))
+        return ORJSONResponse(
+            completion_body(rid, created, row["model"], row["output"]), headers=limit_headers
+        )
+    release = hold_stream(st, tenant)
     model = row["model"] if row is not None else "gristmill-lm"
     start = 0 if last is None else last + 1
-    return StreamingResponse(
+    return HeldStream(
         _sse(lambda: st.waiter.follow(rid, tenant.id, start), rid, model, int(time.time()), False),
+        release,
         media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Request-Id": rid},
+        headers={**limit_headers, "Cache-Control": "no-cache", "X-Request-Id": rid},
     )

@@ -66,6 +66,9 @@ class EmbeddingsDoor:
             # respond-async: the client takes a 202 once Kafka has it, or after ``wait`` s.
             wait_s=(prefer.wait_s or 0) if prefer.respond_async else None,
             wire=(body, prefer),
+            asked=body.model,  # an Idempotency-Key's fingerprint: what was sent
+            sent={},
+            reparams=pipeline.model_defaults,
         )
 
     def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:

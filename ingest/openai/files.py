@@ -10,6 +10,8 @@ OpenAI's shape (ingest/edge/error_shapes.py).
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,15 +24,17 @@ from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
 from core.errors import InvalidInput, NotFound, PayloadTooLarge
+from core.limits import ascii_decimal
 from core.vocab import ItemStatus
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.error_shapes import Shape, declared
-from ingest.jobs.limits import slot
+from ingest.jobs.limits import HeldStream, hold_stream, slot
 from ingest.jobs.routes import reader
 from ingest.jobs.schemas import parse_index
 from ingest.jobs.upload import upload_chunks
 from ingest.openai import batch_wire as bw
+from ingest.openai import file_budget as fb
 from ingest.openai.completion_wire import completion_body
 from ingest.openai.wire import EncodingFormat, embeddings_answer, list_page, prompt_tokens
 from results import files as files_db
@@ -69,30 +73,74 @@ def file_object(f: Any) -> dict[str, Any]:
 # --- files ------------------------------------------------------------------------------
 
 
-async def _capped(request: Request, st: AppState) -> AsyncGenerator[bytes, None]:
-    """The upload as the multipart parser reads it (an async generator)."""
-    s = st.settings
-    chunks = upload_chunks(request.stream(), s, max_bytes=s.max_job_bytes, what="a file upload")
+async def _capped(request: Request, st: AppState, cap: int) -> AsyncGenerator[bytes, None]:
+    """The upload as the multipart parser reads it (an async generator), at most ``cap``
+    bytes."""
+    chunks = upload_chunks(request.stream(), st.settings, max_bytes=cap, what="a file upload")
     async for chunk in chunks:
         yield chunk
 
 
-@router.post("/v1/files", responses=ERRORS, summary="Upload a JSONL file (purpose=batch)")
+# The form OpenAI's SDK sends (``expires_after`` as bracketed fields), for the schema.
+_FILE_FORM = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file", "purpose"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "purpose": {"type": "string", "enum": list(PURPOSES)},
+                        fb.ANCHOR: {"type": "string", "enum": ["created_at"]},
+                        fb.SECONDS: {
+                            "type": "integer",
+                            "minimum": bw.MIN_OUTPUT_EXPIRY_S,
+                            "maximum": bw.MAX_OUTPUT_EXPIRY_S,
+                        },
+                    },
+                }
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "/v1/files",
+    responses=ERRORS,
+    summary="Upload a JSONL file (purpose=batch)",
+    openapi_extra=_FILE_FORM,
+)
 async def create_file(request: Request, tenant: Caller) -> ORJSONResponse:
     st = get_state(request)
     ctype = request.headers.get("content-type", "")
     if not ctype.startswith("multipart/form-data"):
         raise InvalidInput("POST /v1/files takes multipart/form-data", field="Content-Type")
-    declared_len = request.headers.get("content-length", "")
-    if declared_len.isdigit() and int(declared_len) > st.settings.max_job_bytes:
+    declared = ascii_decimal(request.headers.get("content-length", "")) or 0
+    if declared > st.settings.max_job_bytes:
         raise PayloadTooLarge(f"a file may be at most {st.settings.max_job_bytes} bytes")
+    # The budget before a byte is read (decision 42): the upload rate, the files kept and
+    # the room left (for what the body announces), which also caps what it may spool.
+    headers = fb.check_upload_rate(st.limiter, st.settings, tenant, time.monotonic())
+    budget = fb.Budget.of(st.settings, tenant.tier)
+    used = await files_db.usage(st.engine, tenant.id)
+    budget.check(used, max(1, declared - fb.MULTIPART_SLACK))
+    cap = min(st.settings.max_job_bytes, budget.room(used) + fb.MULTIPART_SLACK)
     async with slot(st.uploads, tenant.id, "uploads"):
         # The parser spools the file part to disk past 1 MiB: memory stays bounded.
-        parser = MultiPartParser(request.headers, _capped(request, st), max_files=1, max_fields=4)
+        parser = MultiPartParser(
+            request.headers, _capped(request, st, cap), max_files=1, max_fields=8
+        )
         try:
             form = await parser.parse()
         except MultiPartException as exc:
             raise InvalidInput(f"the multipart body is malformed: {exc.message}") from exc
+        except PayloadTooLarge:
+            if cap < st.settings.max_job_bytes:
+                budget.check(used, budget.room(used) + 1)  # the quota, not the cap: 403
+            raise
         try:
             purpose = form.get("purpose")
             upload = form.get("file")
@@ -109,13 +157,24 @@ async def create_file(request: Request, tenant: Caller) -> ORJSONResponse:
             size = upload.size or 0
             if size == 0:
                 raise InvalidInput("the file is empty", field="file")
+            s = st.settings
+            expires = fb.expiry(
+                form.get(fb.ANCHOR),
+                form.get(fb.SECONDS),
+                datetime.now(UTC),
+                s.file_default_expiry_s,
+            )
+            if purpose == "batch":  # JSONL, or nothing of it is stored
+                await asyncio.to_thread(fb.check_jsonl, upload.file, s.max_body_bytes)
             fid = bw.new_file_id()
-            new = files_db.NewFile(fid, tenant.id, purpose, name, size, expires_at=None)
-            await files_db.store_file(st.engine, new, upload.file)
+            new = files_db.NewFile(fid, tenant.id, purpose, name, size, expires_at=expires)
+            await files_db.store_file(
+                st.engine, new, upload.file, admit=lambda now_used: budget.check(now_used, size)
+            )
         finally:
             await form.close()
     f = await files_db.get_file(st.engine, tenant.id, fid)
-    return ORJSONResponse(file_object(f))
+    return ORJSONResponse(file_object(f), headers=headers)
 
 
 @router.get("/v1/files", responses=ERRORS)
@@ -215,7 +274,7 @@ async def file_content(request: Request, file_id: str, tenant: Caller) -> Stream
         content = result_lines(st, f)
     else:
         content = files_db.file_chunks(st.engine, f.file_id)
-    return StreamingResponse(content, media_type="application/jsonl")
+    return HeldStream(content, hold_stream(st, tenant), media_type="application/jsonl")
 
 
 def _answer(b: Any, j: Any, r: Any) -> dict[str, Any]:

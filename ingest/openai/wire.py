@@ -234,7 +234,7 @@ def list_page(data: list[dict[str, Any]], *, more: bool) -> dict[str, Any]:
 
 # --- Prefer (RFC 7240) ------------------------------------------------------------------
 
-_WAIT = re.compile(r"^\s*wait\s*=\s*\"?(\d{1,9})\"?\s*$", re.IGNORECASE)
+_WAIT = re.compile(r"^\s*wait\s*=\s*\"?([0-9]{1,9})\"?\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)

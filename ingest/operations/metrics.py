@@ -3,8 +3,9 @@ them), and the gauges each process writes once a second.
 
 An API instance is several uvicorn processes on one port; a scrape lands on any one of
 them. In multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``) ``/metrics`` sums every
-process's files, so a scrape sees the instance; job gauges come from PostgreSQL at
-scrape time.
+process's files, so a scrape sees the instance; job gauges are read from PostgreSQL
+every ``JOB_GAUGES_S`` by ``job_gauges_loop``, so a scrape runs no query however often
+scrapes come.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import os
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client import multiprocess as mp
@@ -23,7 +24,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from core.metrics import multiprocess_dir
-from ingest.acceptance.state import AppState, get_state
+from ingest.acceptance.state import AppState
 from ingest.metrics import ANSWER_DELAY, INFLIGHT, LISTENER_UP, LOOP_LAG, REGISTRY
 from results.metrics import JobGauges
 from results.metrics import read_job_gauges as read_gauges
@@ -105,12 +106,24 @@ async def read_job_gauges(state: AppState, timeout_s: float = 2.0) -> JobGauges 
         return None
 
 
+# How often each API process reads the job gauges (s): a scrape serves the last reading
+# (Prometheus scrapes every 15-60 s), so the gauges are at most this old.
+JOB_GAUGES_S = 10.0
+_job_gauges: JobGauges | None = None  # this process's last reading; None: none yet, or failed
+
+
+async def job_gauges_loop(state: AppState, interval_s: float = JOB_GAUGES_S) -> None:
+    global _job_gauges
+    while True:
+        _job_gauges = await read_job_gauges(state)  # None (no gauges) while unreadable
+        await asyncio.sleep(interval_s)
+
+
 router = APIRouter()
 
 
 @router.get("/metrics", include_in_schema=False)
-async def metrics(request: Request) -> Response:
-    jobs = await read_job_gauges(get_state(request))
+async def metrics() -> Response:
     # Reading every process's files is file I/O and parsing: off the event loop.
-    body = await asyncio.to_thread(generate_latest, api_registry(jobs))
+    body = await asyncio.to_thread(generate_latest, api_registry(_job_gauges))
     return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -1,6 +1,6 @@
 """A scheduler whose buffer is full stops reading without dropping what Kafka's client
 prefetched, and still hands partitions over when the group rebalances
-(scheduler/backpressure.py ``lane_hold``)."""
+(scheduler/core/backpressure.py ``lane_hold``)."""
 
 from __future__ import annotations
 

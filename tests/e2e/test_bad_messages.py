@@ -34,11 +34,11 @@ from results.db import make_engine
 from results.durability import check_durability
 from results.schema import batches, requests
 from results.store import persist
-from scheduler.batcher import Batch, BatchKey, Pending
-from scheduler.deadletter import DeadLetters
-from scheduler.dispatch import Write
-from scheduler.lane import lane_specs
-from scheduler.persister import Persister
+from scheduler.core.batcher import Batch, BatchKey, Pending
+from scheduler.core.plans import Write
+from scheduler.runtime.deadletter import DeadLetters
+from scheduler.runtime.lane import lane_specs
+from scheduler.runtime.persister import Persister
 
 PARTITIONS = 3
 pytestmark = pytest.mark.slow

@@ -1,6 +1,7 @@
-"""A short chaos run in the suite: three Kafka brokers (RF 3, min ISR 2), PostgreSQL,
-two APIs, two schedulers; one broker, one worker and one scheduler killed with -9
-under load; then the audit. The long run is ``gristmill chaos --rounds 20``."""
+"""Short chaos runs in the suite: three Kafka brokers (RF 3, min ISR 2), PostgreSQL,
+two APIs, two schedulers; under load, one broker, one worker and one scheduler killed
+with -9; a scheduler, a broker and PostgreSQL frozen; a scheduler and an API cut off
+by the network; then the audit. The long run is ``gristmill chaos --rounds 50``."""
 
 from __future__ import annotations
 
@@ -9,18 +10,19 @@ from pathlib import Path
 import pytest
 
 from core.models.sim import sim_output
+from gristmill.chaos import netns
 from gristmill.chaos.audit import Row, audit
 from gristmill.chaos.ledger import JobOutcome, Outcome
-from gristmill.chaos.runner import ChaosConfig, run_chaos
+from gristmill.chaos.runner import ChaosConfig, ChaosReport, run_chaos
 
 
-@pytest.mark.slow
-def test_short_chaos_run_loses_duplicates_and_corrupts_nothing(tmp_path: Path) -> None:
+def short_run(tmp_path: Path, kinds: tuple[str, ...], seed: int) -> ChaosReport:
+    """One fault of each kind at 20 requests/s, then the audit, which must pass."""
     cfg = ChaosConfig(
-        rounds=3,
+        rounds=len(kinds),
         rate=20,
-        seed=4,
-        kinds=("broker", "worker", "scheduler"),
+        seed=seed,
+        kinds=kinds,
         workdir=tmp_path,
         warmup_s=3,
         calm_s=2,
@@ -30,10 +32,34 @@ def test_short_chaos_run_loses_duplicates_and_corrupts_nothing(tmp_path: Path) -
     print(report.text())
     t = report.audit.total
     assert report.ok, report.text()
-    assert {f.kind for f in report.faults} == {"broker", "worker", "scheduler"}
+    assert {f.kind for f in report.faults} == set(kinds)
     assert t.accepted > 100 and t.persisted == t.accepted
     assert t.job_items_persisted == t.job_items
     assert all(f.recovery_s is not None for f in report.faults)
+    return report
+
+
+@pytest.mark.slow
+def test_short_chaos_run_loses_duplicates_and_corrupts_nothing(tmp_path: Path) -> None:
+    short_run(tmp_path, ("broker", "worker", "scheduler"), seed=4)
+
+
+@pytest.mark.slow
+def test_short_chaos_run_with_freezes(tmp_path: Path) -> None:
+    # A frozen scheduler (past its consumer session, its partitions move while it
+    # sleeps and it wakes with stale work), a frozen broker and a frozen database.
+    report = short_run(tmp_path, ("freeze-scheduler", "freeze-broker", "freeze-postgres"), 11)
+    assert all("SIGSTOP" in f.detail for f in report.faults)
+    assert (report.workdir / "recovery.png").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not netns.available(), reason="no network namespaces here (root, iproute2)")
+def test_short_chaos_run_with_partitions(tmp_path: Path) -> None:
+    # The scheduler and the API that run in namespaces of their own are cut off from
+    # Kafka, PostgreSQL or both for 8 s each, then joined again.
+    report = short_run(tmp_path, ("cut-scheduler", "cut-api"), seed=5)
+    assert all(f.detail.startswith("cut from") for f in report.faults)
 
 
 # ---- the audit itself, on made-up ledgers (fast, no services) -------------------------

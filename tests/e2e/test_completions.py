@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,6 +24,7 @@ openai = pytest.importorskip("openai")
 from gristmill.devservices.stack import Services, System  # noqa: E402
 from results.db import make_engine  # noqa: E402
 from results.schema import generation_progress, requests  # noqa: E402
+from results.tenants import create_tenant, issue_key, set_plan  # noqa: E402
 from tests.e2e.generation_system import MODEL, generation_system  # noqa: E402
 from workers.models.causal_lm import weights  # noqa: E402
 from workers.models.causal_lm.plain import generate  # noqa: E402
@@ -183,6 +185,61 @@ LONG = [  # prompts whose greedy answers run to 400 tokens (no end-of-text befor
     "The worker",
     "Decision",
 ]
+
+
+def test_streams_are_capped_per_key_and_a_resume_outlives_the_stream_it_shares(
+    lm_system: System, reference: object
+) -> None:
+    """A free key holds 4 streams on an instance (30 concurrent resumes were accepted
+    before); the resumed streams share the first one's wait for the end (the shared
+    future of ingest/acceptance/waiters.py) and each still ends when that first one is dropped."""
+    engine = make_engine(lm_system.settings.database_url)
+    with engine.begin() as conn:
+        tenant = create_tenant(conn, f"free-{uuid.uuid4().hex[:8]}", "free")
+        set_plan(conn, tenant.name, rate_rps=1e6, burst=1e6)
+        headers = {"Authorization": f"Bearer {issue_key(conn, tenant)[1]}"}
+    engine.dispose()
+    url, prompt = lm_system.url, LONG[0]
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 400, "temperature": 0, "stream": True}
+    per_key = lm_system.settings.tier_max_streams["free"]
+    with httpx.Client(timeout=60) as client:
+        first = client.send(
+            client.build_request("POST", f"{url}/v1/completions", json=body, headers=headers),
+            stream=True,
+        )
+        assert first.status_code == 200, first.read()
+        rid = first.headers["x-request-id"]
+        next(_events(first.iter_lines()))  # generating: its tokens are in the database
+        # Frozen mid-generation, so every stream stays open however fast the model is.
+        group = lm_system.procs["scheduler"].pid
+        os.killpg(group, signal.SIGSTOP)
+        try:
+            resume = client.build_request(
+                "GET", f"{url}/v1/completions/cmpl-{rid}?stream=true", headers=headers
+            )
+            resumed = [client.send(resume, stream=True) for _ in range(per_key - 1)]
+            assert [r.status_code for r in resumed] == [200] * (per_key - 1)
+            over = client.get(f"{url}/v1/completions/cmpl-{rid}?stream=true", headers=headers)
+            assert over.status_code == 429 and int(over.headers["Retry-After"]) >= 1, over.text
+            assert over.json()["error"]["type"] == "rate_limit_error"
+            first.close()  # the first caller goes; the others wait on the future it shared
+            time.sleep(0.5)
+        finally:
+            os.killpg(group, signal.SIGCONT)
+        deadline = time.monotonic() + 120
+        for r in resumed:
+            text, ended = [], False
+            for line in r.iter_lines():  # keep-alives (every 15 s) let the clock be read
+                assert time.monotonic() < deadline, "a resumed stream never ended"
+                if line == "data: [DONE]":
+                    ended = True
+                    break
+                if line.startswith("data: "):
+                    text.append(orjson.loads(line[6:])["choices"][0]["text"])
+            r.close()
+            assert ended and "".join(text) == reference(prompt, 400)  # type: ignore[operator]
+        again = client.get(f"{url}/v1/completions/cmpl-{rid}?stream=true", headers=headers)
+        assert again.status_code == 200  # the slots were given back
 
 
 def test_a_scheduler_killed_mid_generation_loses_no_stream(

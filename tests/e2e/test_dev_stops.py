@@ -10,8 +10,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -26,87 +24,12 @@ import pytest
 from gristmill.cli.dev import APPS_GRACE_S, SERVICES_GRACE_S
 from gristmill.devservices import free_port
 from gristmill.devservices.lifeline import KILL_WAIT_S
-from tests.e2e.proctree import Tree, kafka_ports
+from tests.e2e.devrun import Dev
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[2]
 # The issue's bar: after a kill -9 nothing of the tree runs 10 s later.
 LEFTOVER_LIMIT_S = 10.0
-READY_S = 300.0
-
-
-class Dev:
-    """One ``gristmill dev`` (optionally under make, as ``make dev`` runs it)."""
-
-    def __init__(
-        self, state: Path, port: int, *, via_make: bool = False, env: dict[str, str] | None = None
-    ) -> None:
-        self.state, self.port = state, port
-        self.out = state.parent / f"dev-{time.monotonic_ns()}.out"
-        cmd = [sys.executable, "-m", "gristmill", "dev", "--state-dir", str(state)]
-        cmd += ["--port", str(port), "--workers", "1", "--models", "sim"]
-        if via_make:
-            makefile = state.parent / "Makefile"
-            makefile.write_text("dev:\n\t" + " ".join(cmd) + "\n")
-            cmd = ["make", "-s", "-f", str(makefile), "dev"]
-        extra = env or {}
-        env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP", "DATABASE_URL")}
-        env["PYTHONPATH"] = str(REPO)
-        env.update(extra)
-        with self.out.open("wb") as out:
-            # Its own process group: the group signals below reach only this run.
-            self.proc = subprocess.Popen(
-                cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )  # fmt: skip
-        self.tree = Tree()
-
-    def text(self) -> str:
-        return self.out.read_text(errors="replace")
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_S
-        while "Gristmill is running" not in self.text():
-            assert self.proc.poll() is None, f"gristmill dev exited:\n{self.text()[-3000:]}"
-            assert time.monotonic() < deadline, f"not ready:\n{self.text()[-3000:]}"
-            time.sleep(0.5)
-        self.snapshot()
-
-    @property
-    def dev_pid(self) -> int:
-        """gristmill dev itself (make's child when run under make)."""
-        top = psutil.Process(self.proc.pid)
-        for p in [top, *top.children(recursive=True)]:
-            if "gristmill" in p.cmdline() and "dev" in p.cmdline():
-                return p.pid
-        raise AssertionError("no gristmill dev process")
-
-    def env(self) -> dict[str, str]:
-        lines = (self.state / "dev.env").read_text().splitlines()
-        return dict(line.split("=", 1) for line in lines if "=" in line)
-
-    def snapshot(self) -> None:
-        """Everything this run started: its process tree, the (daemonised) postmaster,
-        and every port it listens on."""
-        self.tree.add(psutil.Process(self.proc.pid))
-        self.tree.add_postmaster(self.state / "services" / "postgres" / "data")
-        env = self.env()
-        self.tree.ports[self.port] = "API"
-        self.tree.ports[int(env["DATABASE_URL"].rsplit(":", 1)[1].split("/")[0])] = "PostgreSQL"
-        for port in kafka_ports(self.state / "services" / "kafka" / "node-0"):
-            self.tree.ports[port] = "Kafka"
-
-    def wait_exit(self, timeout_s: float) -> int | None:
-        try:
-            return self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def cleanup(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.tree.kill_all()
 
 
 class Load:

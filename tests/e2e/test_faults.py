@@ -33,7 +33,7 @@ from gristmill.chaos.rig import Rig, own_services, running_rig
 from gristmill.devservices.procs import sigkill, wait_gone
 from results.db import make_engine
 from results.schema import batches, requests
-from scheduler.lane import lane_specs
+from scheduler.runtime.lane import lane_specs
 
 POISON = "§poison§"
 pytestmark = pytest.mark.slow
@@ -228,6 +228,9 @@ def _members(rig: Rig) -> int:
 def test_sigterm_scheduler_finishes_commits_and_leaves(rig: Rig, engine: Engine) -> None:
     rcs: list[int | None] = []
     left_at: list[float] = []
+    # Each scheduler is one member per lane (decision 51); two schedulers, two sets.
+    both = _members(rig)
+    assert both % 2 == 0, both
 
     def sigterm_b() -> None:
         t = time.time()
@@ -238,7 +241,7 @@ def test_sigterm_scheduler_finishes_commits_and_leaves(rig: Rig, engine: Engine)
     assert_clean(result)
     assert rcs == [0] and left_at[0] < 10, (rcs, left_at)
     assert "scheduler stopped" in (rig.system.workdir / "sched-b.log").read_text()
-    assert _members(rig) == 1, "it left the group (no wait for a session timeout)"
+    assert _members(rig) == both // 2, "it left the group (no wait for a session timeout)"
     # Handing over gracefully means nothing it persisted is computed again by the other
     # member: every batch formed since is referenced by exactly its own rows.
     with engine.connect() as conn:

@@ -18,12 +18,13 @@ from urllib.parse import urlsplit
 
 import httpx
 import orjson
+import psycopg
 import pytest
 from sqlalchemy import select
 
 from core.models.sim import sim_output
 from gristmill.devservices.stack import System
-from results.db import make_engine
+from results.db import RESULTS_CHANNEL, libpq_url, make_engine
 from results.schema import requests as requests_table
 from results.tenants import create_tenant, issue_key, list_keys, revoke_key, set_plan
 
@@ -103,6 +104,13 @@ def head(method: str, path: str, key: str, extra: str = "", length: int | None =
     if length is not None:
         lines.append(f"Content-Length: {length}")
     return "\r\n".join(lines) + "\r\n" + extra + "\r\n"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def embedding_served(system: System) -> None:
+    """Cases below name the embedding model: a fresh session may still be loading it
+    (a 503 with Retry-After, not the 4xx a case expects)."""
+    system.wait_until_serving("all-minilm-l6-v2", timeout_s=300)
 
 
 @pytest.fixture(scope="module")
@@ -413,6 +421,149 @@ def test_no_secret_in_any_log_or_error_body(
         assert db_password not in text, path
         for key in system.keys.values():
             assert key not in text, path
+
+
+# --- the newest surfaces (issue 31) ------------------------------------------------------
+
+
+def own_key(system: System, tier: str = HOSTILE, **plan: float) -> str:
+    """A key of a fresh tenant with its own plan (the system's tenants have no limits)."""
+    engine = make_engine(system.settings.database_url)
+    with engine.begin() as conn:
+        tenant = create_tenant(conn, f"{tier}-{uuid.uuid4().hex[:8]}", tier)
+        set_plan(conn, tenant.name, **{"rate_rps": 1e6, "burst": 1e6, **plan})
+        key = issue_key(conn, tenant)[1]
+    engine.dispose()
+    return key
+
+
+def kserve_body(data: bytes) -> bytes:
+    head = b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": '
+    return head + data + b"}]}"
+
+
+def test_kserve_data_nested_500_deep_is_a_400_and_writes_no_log(system: System) -> None:
+    # The reported body: 1.3 KB, a RecursionError, a 500 and 165 KB of log per request.
+    body = kserve_body(b"[" * 500 + b'"x"' + b"]" * 500)
+    log = system.workdir / "api.log"
+    before = log.stat().st_size
+    with httpx.Client(timeout=30) as client:
+        for _ in range(50):
+            r = client.post(
+                f"{system.url}/v2/models/sim/infer",
+                content=body,
+                headers={**system.headers(HOSTILE), "Content-Type": "application/json"},
+            )
+            assert r.status_code == 400, r.text
+            assert "depth limit" in r.json()["error"]
+    assert log.stat().st_size - before < 4_000  # fifty 400s: nothing of note to log
+    assert_others_answered(system)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "\u00b2",  # a superscript two: str.isdigit() says yes, int() says no
+        "\u0661\u0662".encode().decode("latin-1"),  # Arabic-Indic digits, sent as UTF-8
+        "9" * 5000,  # past int()'s digit limit
+        "-1",
+    ],
+)
+def test_inference_header_content_length_is_ascii_digits_or_a_400(
+    system: System, value: str
+) -> None:
+    body = kserve_body(b'["x"]')
+    h = head(
+        "POST",
+        "/v2/models/sim/infer",
+        system.keys[HOSTILE],
+        f"Inference-Header-Content-Length: {value}\r\n",
+        len(body),
+    )
+    status, answer = raw_http(system.url, h, body)
+    assert status == 400, answer
+    assert "Inference-Header-Content-Length" in orjson.loads(answer)["error"]
+
+
+def test_a_request_that_is_not_a_completion_is_a_404_in_openais_shape(system: System) -> None:
+    text = f"not a completion {uuid.uuid4()}"
+    rid = post(system.url, orjson.dumps({"model": "sim", "input": text}), system.keys[HOSTILE])
+    rid_ = rid.json()["request_id"]
+    for query in ("", "?stream=true"):
+        r = httpx.get(
+            f"{system.url}/v1/completions/cmpl-{rid_}{query}", headers=system.headers(HOSTILE)
+        )
+        assert r.status_code == 404, r.text  # was a 500, or a 200 cut off mid-stream
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["code"] == "not_found"
+        assert f"/v1/requests/{rid_}" in err["message"]
+
+
+@pytest.mark.parametrize("path", ["/v1/requests/{rid}", "/v1/completions/cmpl-{rid}"])
+def test_reads_by_id_draw_on_the_keys_read_rate(system: System, path: str) -> None:
+    key = own_key(system, rate_rps=2, burst=4)
+    rid = post(system.url, '{"model": "sim", "input": "read me"}', key).json()["request_id"]
+    auth = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(timeout=10) as client:
+        answers = [client.get(system.url + path.format(rid=rid), headers=auth) for _ in range(20)]
+    codes = [r.status_code for r in answers]
+    assert codes[0] in (200, 404) and 429 in codes, codes  # 80 of 80 were served before
+    refused = next(r for r in answers if r.status_code == 429)
+    assert int(refused.headers["Retry-After"]) >= 1
+
+
+def test_an_unreadable_result_announcement_stops_no_listener(system: System) -> None:
+    # A NOTIFY whose answer has a time out of datetime's range used to end every API
+    # process's result listener (its reconnect takes 100 ms and more: 503s meanwhile).
+    bad = orjson.dumps(
+        {"results": [{"request_id": str(uuid.uuid4()), "received_at": 1e20}], "ids": []}
+    ).decode()
+    codes = []
+    with psycopg.connect(libpq_url(system.settings.database_url), autocommit=True) as conn:
+        for i in range(20):
+            conn.execute("SELECT pg_notify(%s, %s)", (RESULTS_CHANNEL, bad))
+            r = post(
+                system.url,
+                f'{{"model": "sim", "input": "after a bad note {i}"}}',
+                system.keys["paid"],
+            )
+            codes.append(r.status_code)
+    assert set(codes) == {200}, codes
+
+
+def test_a_flood_of_made_up_keys_on_the_dashboards_data_is_refused_from_the_cache(
+    system: System,
+) -> None:
+    async def flood(n: int, concurrency: int) -> list[int]:
+        sem = asyncio.Semaphore(concurrency)
+        async with httpx.AsyncClient(timeout=30) as client:
+
+            async def one() -> int:
+                async with sem:
+                    key = "gm_" + secrets.token_urlsafe(32)
+                    r = await client.get(
+                        f"{system.url}/dashboard/data", headers={"Authorization": f"Bearer {key}"}
+                    )
+                    return r.status_code
+
+            return await asyncio.gather(*(one() for _ in range(n)))
+
+    assert set(asyncio.run(flood(1000, 50))) == {401}
+    plain = httpx.get(f"{system.url}/dashboard/data", headers=system.headers("paid"))
+    assert plain.status_code == 403, plain.text  # a tenant's key is no admin key
+    assert_others_answered(system)
+
+
+def test_the_catalog_without_a_key_shows_live_versions_and_no_worker_counts(
+    system: System,
+) -> None:
+    public = httpx.get(f"{system.url}/v1/models").json()["models"]
+    assert public and all(m["state"] == "live" for m in public)
+    assert not any("workers" in m for m in public)
+    keyed = httpx.get(f"{system.url}/v1/models", headers=system.headers("paid"))
+    assert keyed.status_code == 200 and not any("workers" in m for m in keyed.json()["models"])
+    bad = httpx.get(f"{system.url}/v1/models", headers={"Authorization": "Bearer gm_nope"})
+    assert bad.status_code == 401
 
 
 def test_every_accepted_request_of_this_module_was_stored(system: System) -> None:

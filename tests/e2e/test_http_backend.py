@@ -29,6 +29,7 @@ from gristmill.devservices import free_port
 from gristmill.devservices.stack import REPO, Services, System, build_system
 
 pytestmark = pytest.mark.slow
+PASSWORD = "s3cret-" + uuid.uuid4().hex[:8]
 NAME = f"up-{uuid.uuid4().hex[:6]}"
 CONCURRENCY = 4
 WORKERS = 2
@@ -78,8 +79,9 @@ def up(
     upstream.start()
     env = {"GRISTMILL_HTTP_BREAKER_FAILURES": "3", "GRISTMILL_HTTP_BREAKER_OPEN_S": "1"}
     system = build_system(services, workdir, extra_env=env)
+    # Credentials in the URL (the service ignores them): no tenant and no log may see them.
     config = {
-        "url": f"{upstream.url}/predict",
+        "url": upstream.url.replace("http://", f"http://svc:{PASSWORD}@") + "/predict",
         "request_template": {"text": "{{input}}"},
         "response_path": "result",
         "concurrency": CONCURRENCY,
@@ -198,6 +200,11 @@ def test_a_failing_upstream_opens_the_circuit_and_jobs_wait_for_it(
             assert time.time() < deadline, r.text
             time.sleep(0.3)
         assert r.headers.get("Retry-After")
+        # The upstream's URL, its password and its failure text stay with operators.
+        assert PASSWORD not in r.text and upstream.url.split("//")[1] not in r.text, r.text
+        assert "HTTP 503" not in r.text
+        for log in system.workdir.glob("*.log"):
+            assert PASSWORD not in log.read_text(errors="replace"), log
         job_id = submit(system, [f"queued {i}" for i in range(300)])  # accepted while down
         time.sleep(3)
         assert job(system, job_id)["counts"]["failed"] == 0

@@ -7,28 +7,24 @@ endpoint in this test."""
 from __future__ import annotations
 
 import gzip
-import json
 import math
 import shutil
-import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from gristmill.devservices import free_port
-from gristmill.devservices.stack import REPO, Services, System, build_system
+from gristmill.devservices.stack import Services, System, build_system
 from results.db import make_engine
 from results.tenants import create_tenant, issue_key, set_plan
-
-ALERTS = REPO / "deploy" / "prometheus" / "alerts.yaml"
+from tests.e2e.prom import MISSING, Prometheus, eventually, settled
 
 
 # ---- an OTLP/HTTP traces endpoint ------------------------------------------------------
@@ -92,92 +88,6 @@ class SpanSink:
             return [s for s in self.spans if s["trace_id"] == trace_id]
 
 
-# ---- a Prometheus server ---------------------------------------------------------------
-class Prometheus:
-    def __init__(self, workdir: Path, targets: dict[str, str]):
-        binary = shutil.which("prometheus")
-        assert binary is not None
-        self.port = free_port()
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(ALERTS)],
-            "scrape_configs": [
-                {"job_name": job, "static_configs": [{"targets": [target]}]}
-                for job, target in targets.items()
-            ],
-        }
-        cfg = workdir / "prometheus.yml"
-        cfg.write_text(json.dumps(config))  # JSON is YAML
-        self.log = (workdir / "prometheus.log").open("ab")
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={cfg}",
-                f"--storage.tsdb.path={workdir / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--log.level=warn",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited; see {workdir / 'prometheus.log'}")
-            time.sleep(0.2)
-        raise RuntimeError("prometheus did not become ready")
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        r = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5)
-        r.raise_for_status()
-        body = r.json()
-        assert body["status"] == "success", body
-        return list(body["data"]["result"])
-
-    def value(self, promql: str) -> float | None:
-        """The query's single value (None: no series)."""
-        res = self.query(promql)
-        if not res:
-            return None
-        assert len(res) == 1, res
-        return float(res[0]["value"][1])
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
-
-
-def eventually(read: Callable[[], Any], ok: Callable[[Any], bool], timeout_s: float = 30) -> Any:
-    deadline = time.time() + timeout_s
-    value = read()
-    while not ok(value) and time.time() < deadline:
-        time.sleep(0.5)
-        value = read()
-    return value
-
-
-def settled(prom: Prometheus, promql: str) -> float:
-    """The query's value once it stopped changing for a few scrapes (0 with no series)."""
-    last = prom.value(promql)
-    for _ in range(60):
-        time.sleep(2.5)
-        now = prom.value(promql)
-        if now == last:
-            return now or 0.0
-        last = now
-    raise AssertionError(f"{promql} kept changing")
-
-
 # ---- the system ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sink() -> Iterator[SpanSink]:
@@ -207,7 +117,7 @@ def prom(
     observed: tuple[System, int], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Prometheus]:
     if shutil.which("prometheus") is None:
-        pytest.skip("the prometheus binary is missing (Debian: apt-get install prometheus)")
+        pytest.skip(MISSING)
     system, metrics_port = observed
     p = Prometheus(
         tmp_path_factory.mktemp("prometheus"),

@@ -1,6 +1,6 @@
 """Each sync topic's partitions spread evenly over the schedulers whatever order they
 join in, so a host whose traffic is all in one tier still uses every scheduler
-(scheduler/lane.py ``lane_specs``: a consumer per class, one group)."""
+(scheduler/runtime/lane.py ``lane_specs``: a consumer per class, one group)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from core.config import Settings, settings_from_env
 from core.errors import GristmillError
-from core.messages import RequestMessage
+from core.messages import RequestMessage, body_hash
 from core.models.catalog import build_specs
 from core.models.sim import sim_output
 from core.models.token_ids import input_text
@@ -37,8 +37,8 @@ from results.requests import RESULT_COLUMNS
 from results.schema import idempotency_keys, requests
 from results.store import write_results
 from results.tenants import Tenant, create_tenant
-from scheduler.batcher import Batch, BatchKey, Pending
-from scheduler.rows import batch_row, succeeded_rows
+from scheduler.core.batcher import Batch, BatchKey, Pending
+from scheduler.runtime.rows import batch_row, succeeded_rows
 
 SETTINGS = Settings()
 SPECS = build_specs(SETTINGS)
@@ -150,7 +150,7 @@ def persist_and_read(
         request_id=rid,
         received=now,
         timeout_ms=body.timeout_ms or 5_000,
-        idempotency_key=key,
+        fingerprint=body_hash(body.model, body.input, body.params or {}) if key else "",
     )
     consumed = RequestMessage.decode(msg.encode())  # Kafka carries the bytes
     if key is not None:  # the claim the API writes before producing
@@ -166,6 +166,7 @@ def persist_and_read(
                     body_hash=consumed.body_hash,
                     deadline=consumed.deadline,
                     received=consumed.received_at,
+                    model_version=consumed.version,
                 )
             finally:
                 await async_engine.dispose()

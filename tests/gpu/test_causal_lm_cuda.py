@@ -14,11 +14,11 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
-from scheduler.generation.config import PolicyConfig  # noqa: E402
-from scheduler.generation.engine import Engine  # noqa: E402
-from scheduler.generation.events import Finished  # noqa: E402
-from scheduler.generation.policy import ContinuousBatcher  # noqa: E402
-from scheduler.generation.sequence import GenRequest  # noqa: E402
+from scheduler.core.generation.config import PolicyConfig  # noqa: E402
+from scheduler.core.generation.engine import Engine  # noqa: E402
+from scheduler.core.generation.events import Finished  # noqa: E402
+from scheduler.core.generation.policy import ContinuousBatcher  # noqa: E402
+from scheduler.core.generation.sequence import GenRequest  # noqa: E402
 from workers.models.causal_lm import weights  # noqa: E402
 from workers.models.causal_lm.corpus import CORPUS_PATH  # noqa: E402
 from workers.models.causal_lm.plain import generate  # noqa: E402

@@ -17,12 +17,13 @@ from core.config import Settings
 from core.messages import RequestMessage
 from core.models.sim import sim_output
 from core.vocab import PRIORITY_CLASSES
-from scheduler.batcher import Batch, BatchKey, Pending
-from scheduler.deadletter import Letter
-from scheduler.dispatch import PIPELINE_MAX_MS, DispatchCore, Step, Worker
-from scheduler.persister import Persister
-from scheduler.worker_threads import WorkerThreads
-from scheduler.workerpool import WorkerHandle, WorkerPool
+from scheduler.core.batcher import Batch, BatchKey, Pending
+from scheduler.core.dispatch import DispatchCore
+from scheduler.core.plans import PIPELINE_MAX_MS, Step, Worker
+from scheduler.runtime.deadletter import Letter
+from scheduler.runtime.persister import Persister
+from scheduler.runtime.worker_threads import WorkerThreads
+from scheduler.runtime.workerpool import WorkerHandle, WorkerPool
 
 POISON = "@@poison@@"
 
@@ -241,7 +242,7 @@ def test_batches_in_flight_compare_by_identity() -> None:
 
 
 def test_succeeded_rows_match_request_row() -> None:
-    from scheduler.rows import request_row, succeeded_rows
+    from scheduler.runtime.rows import request_row, succeeded_rows
 
     now = time.time()
     key = BatchKey("sim", "1")

@@ -27,7 +27,7 @@ CHILD = textwrap.dedent(
 PARENT = textwrap.dedent(
     """
     import os, subprocess, sys, threading, time
-    from scheduler.spawner import Spawner
+    from scheduler.runtime.spawner import Spawner
     child = [sys.executable, "-c", sys.argv[1]]
     spawner, out = Spawner(), {}
     def via_spawner(): out["spawner"] = spawner.popen(child, dict(os.environ)); time.sleep(1.5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from core.messages import RequestMessage
-from scheduler.batcher import BatchKey, Pending
+from scheduler.core.batcher import BatchKey, Pending
 
 _ids = itertools.count()
 

@@ -22,7 +22,7 @@ from core.vocab import ModelRef
 from gristmill.devservices.stack import REPO
 from ingest.operations import metrics as api_metrics
 from results.metrics import JobGauges
-from scheduler import metrics as scheduler_metrics
+from scheduler.runtime import metrics as scheduler_metrics
 
 DASHBOARD = REPO / "deploy" / "grafana" / "gristmill.json"
 

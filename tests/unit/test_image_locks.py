@@ -1,4 +1,4 @@
-"""The images' lock files (docker/requirements/*.txt, written by deploy/image/lock.py)
+"""The images' lock files (docker/requirements/*.txt, written by docker/image/lock.py)
 hold every dependency pyproject.toml names: the images install them with --no-deps, so a
 dependency added to pyproject.toml and not relocked is missing from the image (its
 processes fail at import)."""
@@ -40,7 +40,7 @@ def test_every_dependency_is_locked_at_a_version_it_allows(
 ) -> None:
     pins = locked(variant)
     missing = [str(r) for r in required(*extras) if canonicalize_name(r.name) not in pins]
-    assert not missing, f"not in docker/requirements/{variant}.txt (run deploy/image/lock.py)"
+    assert not missing, f"not in docker/requirements/{variant}.txt (run docker/image/lock.py)"
     refused = [
         f"{r} (locked {pins[canonicalize_name(r.name)]})"
         for r in required(*extras)

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -30,14 +33,16 @@ from core.models.sim import sim_output
 from core.models.token_ids import input_text
 from core.vocab import RequestStatus
 from ingest.acceptance.catalog import ModelCatalog
-from ingest.acceptance.ports import Claim, End, KeyUse, Token
+from ingest.acceptance.ports import Claim, End, KeyUse, StagedItems, Token
 from ingest.acceptance.routing import RouteTable, Served
 from ingest.acceptance.state import AppState
 from ingest.admission.load_watch import LoadWatch
 from ingest.admission.overload import Overload
-from ingest.admission.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
+from ingest.admission.ratelimit import InflightLimiter, TenantLimiter
+from ingest.admission.shared_slots import SharedSlots
 from ingest.app import create_asgi
 from ingest.edge.auth import Authenticator
+from ingest.edge.db_health import DatabaseHealth
 from ingest.edge.readiness import Readiness
 from ingest.services import Services
 from results.generation import Progress
@@ -175,14 +180,20 @@ class StubKeys:
     async def claim(self, use: KeyUse) -> Claim:
         first = self.claims.setdefault((use.tenant_id, use.key), use)
         if first is use:
-            return Claim(True, use.request_id)
+            return Claim(True, use.request_id, version=use.model_version)
         if first.body_hash != use.body_hash:
             raise IdempotencyConflict(
                 "Idempotency-Key was already used with a different request body",
                 field="Idempotency-Key",
             )
         at = datetime.fromtimestamp
-        return Claim(False, first.request_id, at(first.deadline, UTC), at(first.received, UTC))
+        return Claim(
+            False,
+            first.request_id,
+            at(first.deadline, UTC),
+            at(first.received, UTC),
+            first.model_version,
+        )
 
     async def release(self, use: KeyUse) -> None:
         first = self.claims.get((use.tenant_id, use.key))
@@ -192,10 +203,12 @@ class StubKeys:
 
 
 class StubJobs:
+    pacer = None  # the intake never pauses
+
     def __init__(self) -> None:
         self.published: list[str] = []
 
-    async def publish(self, job_id: str) -> int:
+    async def publish(self, job_id: str, staged: StagedItems | None = None) -> int:
         self.published.append(job_id)
         return 0
 
@@ -335,9 +348,10 @@ def stub_services(stubs: Stubs) -> Services:
         # Never connected: nothing on these paths reads PostgreSQL.
         engine = create_async_engine("postgresql+psycopg://stub@127.0.0.1:9/stub")
         auth = Authenticator(engine, settings)
-        auth.found.put(stubs.key, (stubs.tenant, hash_key(stubs.key)), float("inf"))
+        auth.found.put(stubs.key, (stubs.tenant, hash_key(stubs.key), None), float("inf"))
         limiter = TenantLimiter()
         waiter = stubs.waiter
+        shared = Path(tempfile.mkdtemp(prefix="gristmill-stub-slots-"))
         stubs.state = AppState(
             settings=settings,
             engine=engine,
@@ -351,16 +365,39 @@ def stub_services(stubs: Stubs) -> Services:
             inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
             load=LoadWatch(engine, settings, limiter),
             overload=Overload(),
-            uploads=SlotLimiter(settings.max_uploads, settings.max_uploads_per_tenant),
-            follows=SlotLimiter(
-                settings.max_follow_streams, settings.max_follow_streams_per_tenant
+            uploads=SharedSlots(
+                shared,
+                "uploads",
+                total=settings.max_uploads,
+                per_key=settings.max_uploads_per_tenant,
+            ),
+            follows=SharedSlots(
+                shared,
+                "follows",
+                total=settings.max_follow_streams,
+                per_key=settings.max_follow_streams_per_tenant,
+            ),
+            read_streams=SharedSlots(
+                shared,
+                "streams",
+                total=settings.max_streams,
+                per_key=min(settings.tier_max_streams.values()),
             ),
             readiness=Readiness(
-                engine, refresh_s=1.0, listening=waiter.listening.is_set, revocations=bool
+                engine,
+                refresh_s=1.0,
+                listening=waiter.listening.is_set,
+                revocations=bool,
+                health=DatabaseHealth(stale_s=settings.load_report_stale_s),
             ),
         )
-        yield stubs.state
-        await engine.dispose()
+        try:
+            yield stubs.state
+        finally:
+            for slots in (stubs.state.uploads, stubs.state.follows, stubs.state.read_streams):
+                slots.close()
+            shutil.rmtree(shared, ignore_errors=True)
+            await engine.dispose()
 
     return services
 

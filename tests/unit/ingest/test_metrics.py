@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
 
+import httpx
 import psycopg
+from fastapi import FastAPI
 
 from core.errors import RateLimited, Unavailable
 from core.messages import RequestMessage
 from core.metrics import snapshot
 from core.vocab import RequestStatus
 from ingest import metrics
+from ingest.operations import metrics as scrape
+from results.metrics import JobGauges
 
 
 def added(before: dict[str, float], name: str, **labels: str) -> float:
@@ -69,3 +76,56 @@ def test_an_answer_observes_total_and_respond_only_when_it_succeeded() -> None:
     assert after.get("gristmill_request_duration_seconds_bucket", le="0.2", **labels) == 0
     respond = after.get("gristmill_stage_duration_seconds_sum", stage="respond", **labels)
     assert 0.009 < respond < 0.05
+
+
+class _CountingEngine:
+    """Stands in for the database: counts what would have queried it."""
+
+    def __init__(self) -> None:
+        self.connects = 0
+
+    def connect(self) -> Any:
+        self.connects += 1
+        raise OSError("no database in a unit test")
+
+
+def test_a_scrape_runs_no_query_and_serves_the_last_job_gauges() -> None:
+    engine = _CountingEngine()
+    app = FastAPI()
+    app.include_router(scrape.router)
+    app.state.gristmill = SimpleNamespace(engine=engine)
+
+    async def scrapes(n: int) -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return [await client.get("/metrics") for _ in range(n)]
+
+    saved = scrape._job_gauges
+    scrape._job_gauges = JobGauges({"running": 3}, {"queued": 7})
+    try:
+        answers = asyncio.run(scrapes(50))
+    finally:
+        scrape._job_gauges = saved
+    assert engine.connects == 0
+    assert all(r.status_code == 200 for r in answers)
+    assert 'gristmill_jobs{status="running"} 3.0' in answers[-1].text
+
+
+def test_the_job_gauges_are_read_in_the_background_and_dropped_when_unreadable() -> None:
+    engine = _CountingEngine()
+
+    async def run_for(seconds: float) -> None:
+        task = asyncio.create_task(
+            scrape.job_gauges_loop(SimpleNamespace(engine=engine), interval_s=0.05)  # type: ignore[arg-type]
+        )
+        await asyncio.sleep(seconds)
+        task.cancel()
+
+    saved = scrape._job_gauges
+    scrape._job_gauges = JobGauges({"running": 1}, {})
+    try:
+        asyncio.run(run_for(0.22))
+        assert scrape._job_gauges is None  # unreadable: no stale numbers
+    finally:
+        scrape._job_gauges = saved
+    assert 3 <= engine.connects <= 6

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core.config import Settings
-from scheduler.costmodel import (
+from scheduler.core.costmodel import (
     CONFIRMED,
     DEFAULT_BUDGET_MS,
     NEAR_BEST,
@@ -17,7 +17,7 @@ from scheduler.costmodel import (
     SAMPLES_KEPT,
     CostModel,
 )
-from scheduler.retry import RetryPolicy, plan_failure
+from scheduler.core.retry import RetryPolicy, plan_failure
 from tests.unit.helpers import pending
 
 REF = ("m", "1")
@@ -290,7 +290,7 @@ def test_saturated_workers_pace_is_measured_with_the_gaps_between_batches() -> N
 
 
 def test_capacity_reports_what_saturated_workers_delivered_when_it_is_less() -> None:
-    from scheduler.capacity import capacity_by_model
+    from scheduler.core.capacity import capacity_by_model
 
     c = CostModel()
     c.seed(REF, {1: 100.0, 10: 100.0})

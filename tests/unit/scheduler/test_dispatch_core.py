@@ -1,4 +1,4 @@
-"""The dispatch core (scheduler/dispatch.py) on a fake clock: hand-built fetches,
+"""The dispatch core (scheduler/core/dispatch.py) on a fake clock: hand-built fetches,
 results, failures and lost workers; no processes, no sockets, no sleeps.
 
 Decisions covered: 11 (a free worker flushes a lingering sync queue before starting
@@ -19,20 +19,20 @@ import pytest
 
 from core.protocol import ModelInfo, WorkResult
 from core.vocab import PRIORITY_CLASSES, RequestStatus
-from scheduler.backpressure import BufferBudget
-from scheduler.batcher import Batch, BatchKey, FlushPolicy, Pending
-from scheduler.dispatch import (
+from scheduler.core.backpressure import BufferBudget
+from scheduler.core.batcher import Batch, BatchKey, FlushPolicy, Pending
+from scheduler.core.dispatch import DispatchCore
+from scheduler.core.plans import (
     BACKGROUND_RANK,
     CANCELLED_ERROR,
     EXPIRED_ERROR,
     MAX_IN_FLIGHT,
-    DispatchCore,
     InFlight,
     Reject,
     Worker,
     Write,
 )
-from scheduler.retry import RetryPolicy
+from scheduler.core.retry import RetryPolicy
 from tests.unit.helpers import pending
 
 KEY = BatchKey("sim", "1")

@@ -54,7 +54,7 @@ def test_each_worker_class_has_its_own_curve() -> None:
     entry = started(core, gpu, 0.0)
     assert entry.predicted_s == pytest.approx(0.008)
     core.on_result(gpu, entry, ok(entry, 0.0, 0.012), 0.012)
-    # A measured batch outweighs the warm-up reading (scheduler/costmodel.py).
+    # A measured batch outweighs the warm-up reading (scheduler/core/costmodel.py).
     assert core.curve("cuda").predict_ms(REF, 8) == pytest.approx(12.0)
     assert core.curve("cpu").predict_ms(REF, 8) == pytest.approx(80.0)
     # Capacity counts each worker at its own class's speed: 8/0.08 + 8/0.012.

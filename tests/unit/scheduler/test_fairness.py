@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.batcher import Batcher, FlushPolicy
-from scheduler.costmodel import CostModel
-from scheduler.fairness import FairQueue
+from scheduler.core.batcher import Batcher, FlushPolicy
+from scheduler.core.costmodel import CostModel
+from scheduler.core.fairness import FairQueue
 from tests.unit.helpers import pending
 
 

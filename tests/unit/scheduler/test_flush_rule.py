@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.batcher import Batcher, BatchKey, FlushPolicy, flush_time
-from scheduler.costmodel import CostModel
+from scheduler.core.batcher import Batcher, BatchKey, FlushPolicy, flush_time
+from scheduler.core.costmodel import CostModel
 from tests.unit.helpers import pending
 
 POLICY = FlushPolicy(max_linger_s=0.050, margin_s=0.020)

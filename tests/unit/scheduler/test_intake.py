@@ -1,4 +1,4 @@
-"""A fetched message becomes a queued request or a reject (scheduler/intake.py)."""
+"""A fetched message becomes a queued request or a reject (scheduler/core/intake.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from core.config import Settings
 from core.messages import RequestMessage
 from core.models.catalog import build_specs
 from core.vocab import PRIORITY_CLASSES
-from scheduler import intake
-from scheduler.batcher import BatchKey, Pending
-from scheduler.dispatch import Reject
-from scheduler.intake import Malformed, _message, _strict_message, decode
+from scheduler.core import intake
+from scheduler.core.batcher import BatchKey, Pending
+from scheduler.core.intake import Malformed, _message, _strict_message, decode
+from scheduler.core.plans import Reject
 
 SPECS = build_specs(Settings())
 TP = ("gm.requests.paid", 2)

@@ -1,4 +1,4 @@
-"""scheduler/metrics.py: what a computed and persisted batch adds, and the gauges of a
+"""scheduler/runtime/metrics.py: what a computed and persisted batch adds, and the gauges of a
 hand-made scheduler state."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from core.messages import RequestMessage
 from core.metrics import snapshot
 from core.protocol import WorkResult
 from core.vocab import ModelRef, RequestStatus
-from scheduler import metrics
-from scheduler.batcher import Batch, BatchKey, Pending
-from scheduler.rows import request_row, succeeded_rows
+from scheduler.core.batcher import Batch, BatchKey, Pending
+from scheduler.runtime import metrics
+from scheduler.runtime.rows import request_row, succeeded_rows
 
 SIM = ModelRef("sim", "1")
 

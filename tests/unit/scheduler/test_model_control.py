@@ -1,4 +1,4 @@
-"""The scheduler's model control (scheduler/model_control.py): registry records and worker
+"""The scheduler's model control (scheduler/core/model_control.py): registry records and worker
 statuses in, load/unload commands and what the dispatch core may send out."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from core.messages import RequestMessage
 from core.models.registry import VersionRecord, VersionState
 from core.protocol import LoadModel, ModelInfo, ModelState, ModelStatus
 from core.vocab import PRIORITY_CLASSES, ModelRef
-from scheduler.batcher import Batch, BatchKey, Pending
-from scheduler.dispatch import DispatchCore, InFlight
-from scheduler.model_control import ModelControl
+from scheduler.core.batcher import Batch, BatchKey, Pending
+from scheduler.core.dispatch import DispatchCore
+from scheduler.core.model_control import ModelControl
+from scheduler.core.plans import InFlight
 
 S = VersionState
 M1, M2, M3 = ModelRef("m", "1"), ModelRef("m", "2"), ModelRef("m", "3")

@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.offsets import OffsetTracker
+from scheduler.core.offsets import OffsetTracker
 
 TP = ("topic", 0)
 

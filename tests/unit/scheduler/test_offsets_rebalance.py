@@ -2,9 +2,9 @@
 
 A small model of Kafka (per-partition logs and committed positions), a result
 store and two consumer-group members, each driving its own ``OffsetTracker``
-the way ``scheduler/lane.py`` and ``scheduler/service.py`` do: track on consume, done after persist,
-commit what is committable, commit then forget on revoke, forget on loss.
-Results may land late and out of order, also after the partition moved on.
+the way ``scheduler/runtime/lane.py`` and ``scheduler/runtime/service.py`` do: track on
+consume, done after persist, commit what is committable, commit then forget on revoke,
+forget on loss. Results may land late and out of order, also after the partition moved on.
 
 Invariants checked after every step:
   * per partition, every offset below the committed position has a result;
@@ -21,7 +21,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from scheduler.offsets import OffsetTracker
+from scheduler.core.offsets import OffsetTracker
 
 TPS = [("gm.requests.paid", 0), ("gm.requests.paid", 1), ("gm.requests.free", 0)]
 TP = tuple[str, int]
@@ -46,7 +46,7 @@ class RebalanceMachine(RuleBasedStateMachine):
         for i, tp in enumerate(TPS):
             self._assign(self.members[i % 2], tp)
 
-    # ---- helpers mirroring scheduler/service.py --------------------------------------
+    # ---- helpers mirroring scheduler/runtime/service.py --------------------------------------
     def _assign(self, m: Member, tp: TP) -> None:
         m.owned.add(tp)
         m.fetch[tp] = self.committed.get(tp, 0)  # Kafka resumes from the committed offset

@@ -12,11 +12,11 @@ import psycopg
 
 from core.messages import RequestMessage
 from core.vocab import RequestStatus
-from scheduler import persister as persister_mod
-from scheduler.batcher import Batch, BatchKey, Pending
-from scheduler.dispatch import Write
-from scheduler.persister import Persister
-from scheduler.priority_pool import PriorityPool
+from scheduler.core.batcher import Batch, BatchKey, Pending
+from scheduler.core.plans import Write
+from scheduler.runtime import persister as persister_mod
+from scheduler.runtime.persister import Persister
+from scheduler.runtime.priority_pool import PriorityPool
 
 KEY = BatchKey("sim", "1")
 

@@ -10,9 +10,9 @@ import psycopg
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from scheduler import persister as persister_mod
-from scheduler.deadletter import Letter
-from scheduler.persister import Persister, _Refused
+from scheduler.runtime import persister as persister_mod
+from scheduler.runtime.deadletter import Letter
+from scheduler.runtime.persister import Persister, _Refused
 
 
 @pytest.fixture(autouse=True)

@@ -6,8 +6,14 @@ import threading
 
 import pytest
 
-from scheduler.backpressure import HOLD_MAX_S, BufferBudget, LaneHold, lane_hold, paused_classes
-from scheduler.priority_pool import PriorityPool
+from scheduler.core.backpressure import (
+    HOLD_MAX_S,
+    BufferBudget,
+    LaneHold,
+    lane_hold,
+    paused_classes,
+)
+from scheduler.runtime.priority_pool import PriorityPool
 
 
 def test_urgent_tasks_overtake_a_backlog() -> None:

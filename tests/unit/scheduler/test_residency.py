@@ -1,9 +1,9 @@
-"""Which versions a worker holds within its memory budget (scheduler/residency.py)."""
+"""Which versions a worker holds within its memory budget (scheduler/core/residency.py)."""
 
 from __future__ import annotations
 
 from core.vocab import ModelRef
-from scheduler.residency import FAILED_RETRY_S, Rank, Resident, Want, WorkerView, plan
+from scheduler.core.residency import FAILED_RETRY_S, Rank, Resident, Want, WorkerView, plan
 
 A, B, C = ModelRef("m", "1"), ModelRef("m", "2"), ModelRef("m", "3")
 MB = 1_000_000

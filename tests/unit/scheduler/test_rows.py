@@ -1,4 +1,4 @@
-"""Rows of a planned write, and the failed row a refused row becomes (scheduler/rows.py)."""
+"""Rows of a planned write, and the failed row a refused row becomes (scheduler/runtime/rows.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import orjson
 from core.vocab import RequestStatus
 from results.faults import NUL_ESCAPE
 from results.vectors import to_floats
-from scheduler.batcher import Batch, BatchKey
-from scheduler.dispatch import Write
-from scheduler.rows import unstorable, write_rows
+from scheduler.core.batcher import Batch, BatchKey
+from scheduler.core.plans import Write
+from scheduler.runtime.rows import unstorable, write_rows
 from tests.unit.helpers import pending
 
 KEY = BatchKey("sim", "1", (("salt", "a\x00b"),))

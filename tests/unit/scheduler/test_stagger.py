@@ -1,4 +1,4 @@
-"""Staggered starts of background batches (scheduler/stagger.py)."""
+"""Staggered starts of background batches (scheduler/core/stagger.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.stagger import Running, background_hold_until
+from scheduler.core.stagger import Running, background_hold_until
 
 
 def test_single_worker_never_holds() -> None:

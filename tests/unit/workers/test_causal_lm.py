@@ -12,11 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("tokenizers")
 
-from scheduler.generation.config import PolicyConfig, kv_blocks_for_budget  # noqa: E402
-from scheduler.generation.engine import Engine  # noqa: E402
-from scheduler.generation.events import Finished  # noqa: E402
-from scheduler.generation.policy import ContinuousBatcher  # noqa: E402
-from scheduler.generation.sequence import GenRequest  # noqa: E402
+from scheduler.core.generation.config import PolicyConfig, kv_blocks_for_budget  # noqa: E402
+from scheduler.core.generation.engine import Engine  # noqa: E402
+from scheduler.core.generation.events import Finished  # noqa: E402
+from scheduler.core.generation.policy import ContinuousBatcher  # noqa: E402
+from scheduler.core.generation.sequence import GenRequest  # noqa: E402
 from workers.models.causal_lm import weights  # noqa: E402
 from workers.models.causal_lm.config import LMConfig  # noqa: E402
 from workers.models.causal_lm.corpus import CORPUS_PATH  # noqa: E402

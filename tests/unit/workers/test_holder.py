@@ -14,7 +14,7 @@ import pytest
 from core.config import Settings
 from core.models.artifact import ArtifactError
 from core.models.registry import VersionRecord
-from core.protocol import LoadModel, ModelStatus, UnloadModel
+from core.protocol import LoadModel, ModelState, ModelStatus, UnloadModel
 from core.vocab import ModelRef
 from workers.holder import Holder
 from workers.models.loader import load_record
@@ -113,6 +113,19 @@ def test_a_digest_mismatch_fails_the_load_and_the_version_never_serves(tmp_path:
     assert states(sent, a) == ["m@2:loading", "m@2:failed"]
     assert "sha256 mismatch" in (sent[-1][1].error or "")
     assert h.begin(ModelRef("m", "2")) is None
+
+
+def test_an_upstreams_status_reaches_the_scheduler_without_its_password() -> None:
+    h, sent = holder()
+    a = Conn("a")
+    h.attach([a])  # type: ignore[list-item]
+    run(h, (a, LoadModel(sim("3"))))
+    listener = h.models[ModelRef("m", "3")].status_listener
+    assert listener is not None
+    # What the HTTP backend reports when its circuit opens (workers/models/http_backend.py).
+    listener(ModelState.UNAVAILABLE, "http://svc:hunter2@up.internal/predict is down", 2.0)
+    error = sent[-1][1].error or ""
+    assert "up.internal" in error and "hunter2" not in error
 
 
 def test_load_record_checks_the_digest_before_loading(tmp_path: Path) -> None:

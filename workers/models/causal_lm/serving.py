@@ -1,6 +1,6 @@
 """The causal LM as a worker serves it: steps of continuous batching, not batches.
 
-The scheduler's policy (scheduler/generation/) plans each step and sends it as a
+The scheduler's policy (scheduler/core/generation/) plans each step and sends it as a
 ``GenStep``; this model runs it on a paged KV pool and returns the sampled tokens. A
 pool belongs to one scheduler connection: each scheduler's policy hands out block ids
 of its own, so a worker serving several schedulers (decision 14) keeps a pool for

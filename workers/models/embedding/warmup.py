@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 # CPU: timed runs per batch size (the fastest is kept) and the time they may take in all.
 # Three runs take ~2.5 s for sizes 1..32 on the 2-core box; sizes past the budget are
-# extrapolated, then measured on real batches (scheduler/costmodel.py).
+# extrapolated, then measured on real batches (scheduler/core/costmodel.py).
 CPU_REPEATS = 3
 CPU_BUDGET_S = 3.0
 
@@ -82,7 +82,7 @@ def warmup(model: EmbeddingModel) -> dict[int, float]:
     # CPU: each size is timed CPU_REPEATS times and its fastest run kept: the warm-up runs
     # while other processes start on the same cores, and a run slowed by them says
     # nothing about the model (the scheduler replaces these provisional readings with
-    # medians of real batches, and probes larger sizes: scheduler/costmodel.py).
+    # medians of real batches, and probes larger sizes: scheduler/core/costmodel.py).
     model.predict(inputs[:1], params)  # the process's first call pays for lazy setup
     budget_end = time.perf_counter() + CPU_BUDGET_S
     measured: list[int] = []

@@ -99,6 +99,9 @@ app.kubernetes.io/component: {{ index . 1 }}
       name: {{ include "gristmill.databaseSecret" . }}
       key: {{ .Values.postgres.urlKey }}
 {{- /* libpq reads these for every connection: TLS without touching the URL. */}}
+{{- if and (hasPrefix "verify-" .Values.postgres.sslmode) (not (include "gristmill.databaseCASecret" .)) }}
+{{- fail (printf "postgres.sslmode %s needs the server's CA: set postgres.caSecret (or enable cnpg); to opt out of TLS set postgres.sslmode disable" .Values.postgres.sslmode) }}
+{{- end }}
 - name: PGSSLMODE
   value: {{ .Values.postgres.sslmode | quote }}
 {{- if include "gristmill.databaseCASecret" . }}
@@ -136,32 +139,50 @@ app.kubernetes.io/component: {{ index . 1 }}
 - name: GRISTMILL_KAFKA_SSL_KEY_LOCATION
   value: /etc/gristmill/kafka-client/{{ .Values.kafka.tls.keyKey }}
 {{- end }}
+{{- /* With GPU pods, every process (the migration that seeds the registry included)
+knows the GPU's batch limit, unless settings name it. */}}
+{{- if and .Values.gpu.enabled (not (hasKey .Values.settings "GRISTMILL_EMBED_MAX_BATCH")) }}
+- name: GRISTMILL_EMBED_MAX_BATCH
+  value: {{ .Values.gpu.embedMaxBatch | quote }}
+{{- end }}
 {{- range $name, $value := .Values.settings }}
 - name: {{ $name }}
   value: {{ $value | quote }}
 {{- end }}
 {{- end -}}
 
-{{/* Certificate volumes and their mounts, and the writable scratch folders. */}}
+{{/* The API's scratch space (bytes): every upload its processes may stage at once, at
+its largest (values.yaml, api.uploads), plus 256 MiB for the rest. */}}
+{{- define "gristmill.apiScratch" -}}
+{{- $u := .Values.api.uploads -}}
+{{- $perUpload := add (mul 2 (int64 $u.maxBytes)) (mul 100 (int64 $u.maxItems)) -}}
+{{- add (mul (int64 .Values.api.processes) (int64 $u.maxConcurrent) $perUpload) 268435456 -}}
+{{- end -}}
+
+{{/* Certificate volumes and their mounts, and the writable scratch folders with /tmp
+bounded: include with (list $ sizeLimit). */}}
 {{- define "gristmill.volumes" -}}
+{{- $ := index . 0 -}}
 - name: tmp
-  emptyDir: {}
+  emptyDir:
+    sizeLimit: {{ index . 1 }}
 - name: home
-  emptyDir: {}
-{{- if include "gristmill.databaseCASecret" . }}
+  emptyDir:
+    sizeLimit: {{ $.Values.scratch.sizeLimit }}
+{{- if include "gristmill.databaseCASecret" $ }}
 - name: postgres-ca
   secret:
-    secretName: {{ include "gristmill.databaseCASecret" . }}
+    secretName: {{ include "gristmill.databaseCASecret" $ }}
 {{- end }}
-{{- if and (include "gristmill.kafkaUsesTls" .) (include "gristmill.kafkaCASecret" .) }}
+{{- if and (include "gristmill.kafkaUsesTls" $) (include "gristmill.kafkaCASecret" $) }}
 - name: kafka-ca
   secret:
-    secretName: {{ include "gristmill.kafkaCASecret" . }}
+    secretName: {{ include "gristmill.kafkaCASecret" $ }}
 {{- end }}
-{{- if .Values.kafka.tls.clientSecret }}
+{{- if $.Values.kafka.tls.clientSecret }}
 - name: kafka-client
   secret:
-    secretName: {{ .Values.kafka.tls.clientSecret }}
+    secretName: {{ $.Values.kafka.tls.clientSecret }}
 {{- end }}
 {{- end -}}
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ingest.admission.ratelimit import TenantLimiter, TokenBucket
-from scheduler.capacity import capacity_by_model
-from scheduler.costmodel import CostModel
+from scheduler.core.capacity import capacity_by_model
+from scheduler.core.costmodel import CostModel
 
 
 def test_bucket_allows_burst_then_refuses_with_retry_after() -> None:

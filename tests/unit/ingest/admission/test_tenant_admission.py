@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from core.load_report import REST, LoadReport
 from ingest.admission.capacity import RecentAdmissions
 from ingest.admission.view import LoadView, own_queue_now, share_ahead
-from scheduler.batcher import Batcher, BatchKey, FlushPolicy
-from scheduler.costmodel import CostModel
-from scheduler.load_report import tenant_backlog
+from scheduler.core.batcher import Batcher, BatchKey, FlushPolicy
+from scheduler.core.costmodel import CostModel
+from scheduler.core.load_report import tenant_backlog
 from tests.unit.helpers import pending
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from core.config import Settings
-from core.errors import Unauthorized
+from core.errors import Forbidden, Unauthorized
 from ingest.edge.auth import Authenticator, KeyCache, bearer_key
 from results.tenants import Tenant, hash_key, new_key, well_formed
 
@@ -84,12 +84,30 @@ def test_cached_keys_answer_without_a_lookup_and_revocation_drops_them() -> None
     auth = authenticator()
     a, b = new_key(), new_key()
     ta, tb = Tenant("t-a", "a", "free"), Tenant("t-b", "b", "paid")
-    auth.found.put(a, (ta, hash_key(a)), expires_at=1e12)
-    auth.found.put(b, (tb, hash_key(b)), expires_at=1e12)
+    auth.found.put(a, (ta, hash_key(a), None), expires_at=1e12)
+    auth.found.put(b, (tb, hash_key(b), None), expires_at=1e12)
     assert asyncio.run(auth.authenticate(f"Bearer {a}")) == ta
     assert auth.hear(f"key:{hash_key(a)}") == 1
     assert auth.found.get(a, now=0) is None and auth.found.get(b, now=0) is not None
     assert auth.hear("tenant:t-b") == 1 and len(auth.found) == 0
+
+
+def test_admin_keys_are_checked_through_the_same_cache_without_a_lookup() -> None:
+    auth = authenticator()  # no engine: a lookup would fail
+    admin, plain, unknown = new_key(), new_key(), new_key()
+    t = Tenant("t-a", "a", "enterprise")
+    auth.found.put(admin, (t, hash_key(admin), "key gm_abc... of tenant a"), expires_at=1e12)
+    auth.found.put(plain, (t, hash_key(plain), None), expires_at=1e12)
+    auth.missing.put(unknown, True, expires_at=1e12)
+    assert asyncio.run(auth.admin(f"Bearer {admin}")) == "key gm_abc... of tenant a"
+    with pytest.raises(Forbidden):
+        asyncio.run(auth.admin(f"Bearer {plain}"))
+    for bad in (f"Bearer {unknown}", "Bearer gm_guess", None):
+        with pytest.raises(Unauthorized):
+            asyncio.run(auth.admin(bad))
+    assert not auth._lookups
+    auth.hear(f"key:{hash_key(admin)}")  # revoked: gone from the cache at once
+    assert auth.found.get(admin, now=0) is None
 
 
 def test_a_cached_miss_is_refused_without_a_lookup() -> None:
@@ -105,14 +123,14 @@ def test_keys_are_trusted_briefly_while_revocations_cannot_be_heard() -> None:
     assert auth.trust_s() == 2  # not listening yet
     auth.listening = True
     assert auth.trust_s() == 10
-    auth.found.put("k", (Tenant("t", "t", "free"), "h"), expires_at=1e12)
+    auth.found.put("k", (Tenant("t", "t", "free"), "h", None), expires_at=1e12)
     auth._lost()
     assert auth.trust_s() == 2 and len(auth.found) == 0
 
 
 def test_an_unreadable_announcement_forgets_everything() -> None:
     auth = authenticator()
-    auth.found.put("k", (Tenant("t", "t", "free"), "h"), expires_at=1e12)
+    auth.found.put("k", (Tenant("t", "t", "free"), "h", None), expires_at=1e12)
     before = auth._generation
     auth.hear("garbage")
     assert len(auth.found) == 0 and auth._generation == before + 1

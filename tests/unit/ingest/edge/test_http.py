@@ -29,7 +29,9 @@ from core.errors import (
     Unavailable,
 )
 from ingest.edge.http import (
+    TRACE_MAX_CHARS,
     ErrorGuard,
+    bounded_trace,
     capped,
     database_error,
     declared_too_large,
@@ -126,7 +128,39 @@ def test_a_bug_is_a_json_500_with_a_reference_logged_once_with_its_stack(
     assert err["code"] == "internal_error" and err["reference"] in err["message"]
     assert "hunter2" not in r.text and "secret.py" not in r.text
     logged = [rec for rec in caplog.records if err["reference"] in rec.getMessage()]
-    assert len(logged) == 1 and logged[0].exc_info is not None
+    assert len(logged) == 1 and "Traceback" in logged[0].getMessage()
+    assert "RuntimeError" in logged[0].getMessage()
+
+
+def test_no_bug_writes_more_than_a_bounded_log(caplog: pytest.LogCaptureFixture) -> None:
+    def deep(n: int) -> None:
+        deep(n + 1)
+
+    app = app_with_routes()
+
+    @app.get("/recursion")
+    async def recursion() -> None:
+        deep(0)  # RecursionError: a stack of ~1,000 frames, ~165 KB formatted
+
+    with caplog.at_level(logging.ERROR, logger="gristmill.ingest"):
+        for _ in range(50):
+            r = call(ErrorGuard(app), "/recursion")
+            assert r.status_code == 500
+    written = [len(rec.getMessage()) for rec in caplog.records]
+    assert len(written) == 50
+    assert max(written) <= TRACE_MAX_CHARS + 200
+    assert "RecursionError" in caplog.records[0].getMessage()
+    # Past the budget (10 stacks at once, 1 a second) a bug is one short line.
+    assert sum(written) < 11 * (TRACE_MAX_CHARS + 200) + 40 * 300, sum(written)
+
+
+def test_a_long_trace_keeps_its_start_and_its_end() -> None:
+    try:
+        raise ValueError("the end " + "x" * 20_000)
+    except ValueError as exc:
+        text = bounded_trace(exc, 1_000)
+    assert len(text) < 1_100 and text.startswith("Traceback") and "left out" in text
+    assert text.endswith("x" * 100)
 
 
 def test_known_errors_keep_their_status_and_field() -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from core.errors import RateLimited, Unavailable
-from ingest.admission.ratelimit import SlotLimiter
+from ingest.admission.shared_slots import SharedSlots
 from ingest.jobs.limits import acquire
 from ingest.jobs.quota import BURST_S, decide
 from results.job_quota import Budget
@@ -35,19 +37,8 @@ def test_refill_is_capped_at_the_burst() -> None:
     assert left == 100.0 * BURST_S
 
 
-def test_slots_per_tenant_then_per_instance() -> None:
-    slots = SlotLimiter(total=3, per_key=2)
-    assert slots.try_acquire("a") is None and slots.try_acquire("a") is None
-    assert slots.try_acquire("a") == "tenant"
-    assert slots.try_acquire("b") is None
-    assert slots.try_acquire("c") == "instance"
-    slots.release("a")
-    assert slots.try_acquire("c") is None
-    assert slots.in_use == 3 and slots.held == {"a": 1, "b": 1, "c": 1}
-
-
-def test_refused_slots_are_429_for_the_tenant_and_503_for_the_instance() -> None:
-    slots = SlotLimiter(total=2, per_key=1)
+def test_refused_slots_are_429_for_the_tenant_and_503_for_the_instance(tmp_path: Path) -> None:
+    slots = SharedSlots(tmp_path, "uploads", total=2, per_key=1)
     acquire(slots, "a", "uploads")
     with pytest.raises(RateLimited) as e:
         acquire(slots, "a", "uploads")

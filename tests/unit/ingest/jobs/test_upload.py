@@ -14,8 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core.errors import InvalidInput, PayloadTooLarge, RequestTimeout, SchemaViolation
+from core.messages import job_item_request_ids
 from core.models.sim import SimSpec
-from ingest.jobs.upload import ItemStager, LineSplitter, body_chunks, copy_text
+from ingest.jobs.upload import ItemStager, LineSplitter, body_chunks, copy_text, copy_unescape
 
 SPEC = SimSpec(name="sim", version="1", max_batch_size=100)
 
@@ -77,8 +78,14 @@ def test_copy_text_escapes_what_copy_reads_specially() -> None:
 
 
 def stager(max_items: int = 1000, tmp: str = "") -> ItemStager:
-    return ItemStager("00000000-0000-0000-0000-000000000001", SPEC, max_items=max_items,
-                      max_line=1 << 20, max_depth=32, folder=tmp)
+    return ItemStager(
+        "00000000-0000-0000-0000-000000000001",
+        SPEC,
+        max_items=max_items,
+        max_line=1 << 20,
+        max_depth=32,
+        folder=tmp,
+    )
 
 
 def rows(staged_file: object) -> list[list[str]]:
@@ -96,6 +103,42 @@ def test_jsonl_lines_become_copy_rows_in_order() -> None:
     assert [x[1] for x in r] == ["0", "1"]
     assert r[0][2] == "c\\\\1" and r[1][2] == "\\N"
     assert r[0][3] == '"a\\\\tb"'  # the JSON text, its backslash escaped for COPY
+
+
+@given(st.text(max_size=40))
+def test_copy_unescape_undoes_copy_text(value: str) -> None:
+    assert copy_unescape(copy_text(value).encode()) == value.encode()
+
+
+TEXTS = st.text(
+    st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)),
+    min_size=1,
+    max_size=30,
+).filter(str.strip)
+
+
+@given(
+    st.lists(
+        st.one_of(TEXTS, st.sampled_from(["a\\b", "x\t\n\ry", '"\\t"'])), min_size=1, max_size=60
+    ),
+    st.integers(min_value=40, max_value=2000),
+)
+def test_a_staged_job_reads_back_as_its_items_in_order(inputs: list[str], page: int) -> None:
+    """What a new job's publish sends (Staged.pages) is each item's JSON and request id,
+    in input order, whatever the page size and whatever COPY had to escape."""
+    s = stager()
+    s.feed(
+        b"".join(
+            orjson.dumps({"input": x, "custom_id": f"c\t{i}"}) + b"\n" for i, x in enumerate(inputs)
+        )
+    )
+    staged = s.finish()
+    items = [item for p in staged.pages(page) for item in p]
+    rid = job_item_request_ids("00000000-0000-0000-0000-000000000001")
+    assert [i for i, _, _, _ in items] == list(range(len(inputs)))
+    assert [orjson.loads(v) for _, v, _, _ in items] == inputs
+    assert [r for _, _, r, _ in items] == [rid(i) for i in range(len(inputs))]
+    assert {a for _, _, _, a in items} == {0}
 
 
 @pytest.mark.parametrize(
@@ -184,8 +227,14 @@ def test_a_trickle_under_the_minimum_rate_is_408() -> None:
     t = iter(range(100))
     with pytest.raises(RequestTimeout, match="slower than"):
         # a fake clock: 1 s per chunk of 1 byte, against 10 bytes/s after 2 s
-        _read([b"x"] * 10, 0, idle_timeout_s=2, max_bytes=100, min_rate_bps=10,
-              clock=lambda: float(next(t)))
+        _read(
+            [b"x"] * 10,
+            0,
+            idle_timeout_s=2,
+            max_bytes=100,
+            min_rate_bps=10,
+            clock=lambda: float(next(t)),
+        )
 
 
 def test_a_body_past_its_cap_is_413_as_it_arrives() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from core.config import Settings
 from core.errors import GristmillError, InvalidInput, SchemaViolation
-from core.messages import RequestMessage
+from core.messages import RequestMessage, body_hash
 from core.models.catalog import build_specs
 from ingest.acceptance.message import request_message
 from ingest.acceptance.pipeline import check_headers
@@ -135,7 +135,7 @@ def test_an_accepted_body_becomes_a_message_kafka_can_carry() -> None:
         request_id="r",
         received=now,
         timeout_ms=1500,
-        idempotency_key="k",
+        fingerprint=body_hash(body.model, body.input, body.params or {}),
     )
     back = RequestMessage.decode(msg.encode())
     assert back.input == "h\u00e9llo \U0001f600" and back.params == {"salt": "s"}

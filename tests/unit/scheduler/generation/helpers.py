@@ -8,10 +8,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from core.generation import StepPlan
-from scheduler.generation.config import PolicyConfig
-from scheduler.generation.events import Event, Finished, Preempted, Token
-from scheduler.generation.policy import ContinuousBatcher
-from scheduler.generation.sequence import GenRequest
+from scheduler.core.generation.config import PolicyConfig
+from scheduler.core.generation.events import Event, Finished, Preempted, Token
+from scheduler.core.generation.policy import ContinuousBatcher
+from scheduler.core.generation.sequence import GenRequest
 from tests.unit.scheduler.generation.fake_model import EOS, FakeRunner, decode
 
 _ids = itertools.count()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from scheduler.generation.config import PolicyConfig, kv_blocks_for_budget
+from scheduler.core.generation.config import PolicyConfig, kv_blocks_for_budget
 
 
 def test_running_cap_above_the_token_budget_is_refused() -> None:

@@ -6,9 +6,9 @@ import queue
 import threading
 import time
 
-from scheduler.generation.engine import Cancel, Command, Engine
-from scheduler.generation.events import Event, Finished, Token
-from scheduler.generation.sequence import FinishReason
+from scheduler.core.generation.engine import Cancel, Command, Engine
+from scheduler.core.generation.events import Event, Finished, Token
+from scheduler.core.generation.sequence import FinishReason
 from tests.unit.scheduler.generation.fake_model import FakeRunner, reference
 from tests.unit.scheduler.generation.helpers import batcher, req
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from scheduler.generation.fair import TokenDRR
+from scheduler.core.fairness import FairQueue as TokenDRR
 
 
 @dataclass(eq=False)

@@ -1,8 +1,9 @@
-"""scheduler/generation/events.py: an answer's inter-token latency as the request log keeps it."""
+"""scheduler/core/generation/events.py: an answer's inter-token latency as the request
+log keeps it."""
 
 from __future__ import annotations
 
-from scheduler.generation.events import gap_summary
+from scheduler.core.generation.events import gap_summary
 
 
 def test_no_gap_with_fewer_than_two_tokens() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.generation.kv_report import DecodeRate, kv_state
+from scheduler.core.generation.kv_report import DecodeRate, kv_state
 from tests.unit.scheduler.generation.fake_model import FakeRunner
 from tests.unit.scheduler.generation.helpers import batcher, req
 

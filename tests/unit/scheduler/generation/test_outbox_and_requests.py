@@ -11,11 +11,11 @@ import pytest
 from core.messages import RequestMessage
 from core.models.token_ids import tokenized_input
 from ingest.openai.completion_wire import ending as _ending
-from scheduler.generation.events import Finished, Preempted, Token
-from scheduler.generation.outbox import Outbox
-from scheduler.generation.requests import Progress, Refused, prepare, sampling_seed
-from scheduler.generation.sequence import FinishReason
-from scheduler.generation.service import answer
+from scheduler.core.generation.events import Finished, Preempted, Token
+from scheduler.core.generation.outbox import Outbox
+from scheduler.core.generation.requests import Progress, Refused, prepare, sampling_seed
+from scheduler.core.generation.sequence import FinishReason
+from scheduler.runtime.generation.flusher import answer
 from tests.unit.scheduler.generation.helpers import batcher, drive, req
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from core.generation import StepOutput
-from scheduler.generation.events import Finished, Preempted, Token
-from scheduler.generation.policy import InvalidRequest
-from scheduler.generation.sequence import FinishReason, State
+from scheduler.core.generation.events import Finished, Preempted, Token
+from scheduler.core.generation.policy import InvalidRequest
+from scheduler.core.generation.sequence import FinishReason, State
 from tests.unit.scheduler.generation.fake_model import EOS, FakeRunner, decode, encode, reference
 from tests.unit.scheduler.generation.helpers import batcher, drive, req
 

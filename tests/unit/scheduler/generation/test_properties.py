@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.generation.config import PolicyConfig
-from scheduler.generation.events import Token
-from scheduler.generation.fair import TokenDRR
-from scheduler.generation.policy import ContinuousBatcher
-from scheduler.generation.sequence import FinishReason, GenRequest
+from scheduler.core.fairness import FairQueue as TokenDRR
+from scheduler.core.generation.config import PolicyConfig
+from scheduler.core.generation.events import Token
+from scheduler.core.generation.policy import ContinuousBatcher
+from scheduler.core.generation.sequence import FinishReason, GenRequest
 from tests.unit.scheduler.generation.fake_model import EOS, decode, reference
 from tests.unit.scheduler.generation.helpers import drive
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from scheduler.generation.text import IncrementalText
+from scheduler.core.generation.text import IncrementalText
 
 
 def byte_decode(ids: Sequence[int]) -> str:

@@ -1,0 +1,1 @@
+"""Long runs: riding through a slow database, the soak (issue 30)."""
