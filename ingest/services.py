@@ -22,7 +22,7 @@ from ingest.acceptance.waiters import ResultWaiter
 from ingest.admission.load_watch import LoadWatch
 from ingest.admission.overload import Overload
 from ingest.admission.ratelimit import InflightLimiter, TenantLimiter
-from ingest.admission.shared_slots import SharedSlots, slots_dir
+from ingest.admission.shared_slots import InstanceSlots, slots_dir
 from ingest.edge.auth import Authenticator
 from ingest.edge.db_health import DatabaseHealth
 from ingest.edge.readiness import Readiness
@@ -90,7 +90,8 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         engine, settings.database_url, poll_interval_s=settings.result_poll_interval_ms / 1000
     )
     auth = Authenticator(engine, settings)
-    shared = slots_dir()  # the instance's processes count their open work together
+    # The instance's processes count their open work together (decision 43).
+    slots = InstanceSlots.open(slots_dir(), settings)
     # Every sign of the database feeds one judgement (ingest/edge/db_health.py): the
     # probe, the load watch's heartbeat commits, the result announcements heard.
     health = DatabaseHealth(stale_s=settings.load_report_stale_s)
@@ -115,22 +116,9 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
         load=LoadWatch(engine, settings, limiter),
         overload=overload,
-        # Counted per instance, across its processes (decision 43).
-        uploads=SharedSlots(
-            shared, "uploads", total=settings.max_uploads, per_key=settings.max_uploads_per_tenant
-        ),
-        follows=SharedSlots(
-            shared,
-            "follows",
-            total=settings.max_follow_streams,
-            per_key=settings.max_follow_streams_per_tenant,
-        ),
-        read_streams=SharedSlots(
-            shared,
-            "streams",
-            total=settings.max_streams,
-            per_key=min(settings.tier_max_streams.values()),
-        ),
+        uploads=slots.uploads,
+        follows=slots.follows,
+        read_streams=slots.read_streams,
         readiness=Readiness(
             engine,
             refresh_s=settings.readyz_refresh_s,
@@ -173,6 +161,5 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         await auth.stop()
         state.producer.close()
         state.jobs.close()
-        for slots in (state.uploads, state.follows, state.read_streams):
-            slots.close()
+        slots.close()
         await engine.dispose()

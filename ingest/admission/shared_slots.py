@@ -26,8 +26,10 @@ import os
 import random
 import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
+from core.config import Settings
 from core.metrics import multiprocess_dir
 
 # What a tenant id may look like as a file name as it is; anything else is hashed.
@@ -137,3 +139,36 @@ class SharedSlots:
         self._fds.clear()
         self._held.clear()
         self._mine.clear()
+
+
+@dataclass(frozen=True)
+class InstanceSlots:
+    """The work an API process counts with its instance's others (AppState's)."""
+
+    uploads: SharedSlots  # job and file uploads being staged and recorded
+    follows: SharedSlots  # follow=true result streams
+    read_streams: SharedSlots  # every other streamed answer (tier_max_streams per key)
+
+    @classmethod
+    def open(cls, directory: Path, s: Settings) -> InstanceSlots:
+        return cls(
+            SharedSlots(
+                directory, "uploads", total=s.max_uploads, per_key=s.max_uploads_per_tenant
+            ),
+            SharedSlots(
+                directory,
+                "follows",
+                total=s.max_follow_streams,
+                per_key=s.max_follow_streams_per_tenant,
+            ),
+            SharedSlots(
+                directory,
+                "streams",
+                total=s.max_streams,
+                per_key=min(s.tier_max_streams.values()),
+            ),
+        )
+
+    def close(self) -> None:
+        for slots in (self.uploads, self.follows, self.read_streams):
+            slots.close()

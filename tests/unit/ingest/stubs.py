@@ -39,7 +39,7 @@ from ingest.acceptance.state import AppState
 from ingest.admission.load_watch import LoadWatch
 from ingest.admission.overload import Overload
 from ingest.admission.ratelimit import InflightLimiter, TenantLimiter
-from ingest.admission.shared_slots import SharedSlots
+from ingest.admission.shared_slots import InstanceSlots
 from ingest.app import create_asgi
 from ingest.edge.auth import Authenticator
 from ingest.edge.db_health import DatabaseHealth
@@ -352,6 +352,7 @@ def stub_services(stubs: Stubs) -> Services:
         limiter = TenantLimiter()
         waiter = stubs.waiter
         shared = Path(tempfile.mkdtemp(prefix="gristmill-stub-slots-"))
+        slots = InstanceSlots.open(shared, settings)
         stubs.state = AppState(
             settings=settings,
             engine=engine,
@@ -365,24 +366,9 @@ def stub_services(stubs: Stubs) -> Services:
             inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
             load=LoadWatch(engine, settings, limiter),
             overload=Overload(),
-            uploads=SharedSlots(
-                shared,
-                "uploads",
-                total=settings.max_uploads,
-                per_key=settings.max_uploads_per_tenant,
-            ),
-            follows=SharedSlots(
-                shared,
-                "follows",
-                total=settings.max_follow_streams,
-                per_key=settings.max_follow_streams_per_tenant,
-            ),
-            read_streams=SharedSlots(
-                shared,
-                "streams",
-                total=settings.max_streams,
-                per_key=min(settings.tier_max_streams.values()),
-            ),
+            uploads=slots.uploads,
+            follows=slots.follows,
+            read_streams=slots.read_streams,
             readiness=Readiness(
                 engine,
                 refresh_s=1.0,
@@ -394,8 +380,7 @@ def stub_services(stubs: Stubs) -> Services:
         try:
             yield stubs.state
         finally:
-            for slots in (stubs.state.uploads, stubs.state.follows, stubs.state.read_streams):
-                slots.close()
+            slots.close()
             shutil.rmtree(shared, ignore_errors=True)
             await engine.dispose()
 
