@@ -5,6 +5,7 @@ The same paths run on real Kafka and PostgreSQL in tests/e2e."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Iterator
@@ -157,6 +158,46 @@ def test_a_retry_after_the_first_caller_gave_up_is_sent_again_under_its_id(
     assert len(stubs.producer.sent) == 2 and ids == {r.json()["request_id"]}
     first_at = stubs.producer.sent[0][1].received_at
     assert stubs.producer.sent[1][1].received_at == pytest.approx(first_at)
+
+
+def test_a_retry_sent_again_goes_to_the_version_its_first_attempt_was_routed_to(
+    api: tuple[TestClient, Stubs],
+) -> None:
+    # Decision 44: the claim keeps the version routing picked for the first attempt; a
+    # retry that must be sent again goes there, pinned, whatever routing says now.
+    client, stubs = api
+    stubs.worker.hold = True
+    key = {"Idempotency-Key": "rollout"}
+    body = {"model": "sim", "input": "slow", "timeout_ms": 20}
+    assert client.post("/v1/infer", json=body, headers=key).status_code == 504
+    ((tenant_key, first),) = stubs.keys.claims.items()
+    stubs.keys.claims[tenant_key] = dataclasses.replace(first, model_version="9")
+    catalog = stubs.state.catalog
+    resolve, asked = catalog.resolve, []
+
+    async def pinned(ref: str, **kw: Any) -> Any:
+        asked.append(ref)
+        spec = await resolve("sim" if ref == "sim@9" else ref, **kw)
+        return dataclasses.replace(spec, version="9") if ref == "sim@9" else spec
+
+    catalog.resolve = pinned  # type: ignore[method-assign]
+    stubs.worker.hold = False
+    assert client.post("/v1/infer", json=body, headers=key).status_code == 200
+    assert "sim@9" in asked
+    (_, again) = stubs.producer.sent[1]
+    assert (again.model, again.version) == ("sim", "9")
+    assert stubs.producer.sent[0][1].version == "1"
+
+
+def test_the_fingerprint_is_what_the_caller_sent_not_where_it_was_routed(
+    api: tuple[TestClient, Stubs],
+) -> None:
+    client, _ = api
+    key = {"Idempotency-Key": "named"}
+    assert client.post("/v1/infer", json={"model": "sim", "input": "x"}, headers=key).is_success
+    # The same version named another way is another body: the key names the first.
+    r = client.post("/v1/infer", json={"model": "sim@1", "input": "x"}, headers=key)
+    assert r.status_code == 422
 
 
 def test_kafka_down_is_503_and_the_key_is_released_for_the_retry(
