@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import threading
 import time
 import uuid
@@ -42,6 +41,7 @@ from ingest.job_pacing import PUBLISH_SLICE, Pacer
 from ingest.job_schemas import JobBody, JobOptions, check_metadata, validate
 from ingest.job_upload import Item, ItemStager, Staged, body_chunks
 from ingest.webhook_client import NotResolved, resolve
+from ingest.webhook_events import new_secret
 from results.db import make_engine
 from results.job_items import copy_items, unsent_page
 from results.job_submission import (
@@ -263,7 +263,7 @@ async def record_job(st: AppState, sub: Submission) -> Recorded:
     """Phase 1: the staged items, the budget charge and the job row, in one transaction."""
     s = st.settings
     tenant, key = sub.tenant, sub.idempotency_key
-    secret = ("whsec_" + secrets.token_urlsafe(24)) if sub.webhook_url else None
+    secret = new_secret() if sub.webhook_url else None
     try:
         async with st.engine.begin() as conn:
             if key is not None:
