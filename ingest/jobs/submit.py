@@ -13,7 +13,6 @@ in Kafka (decisions 10 and 26).
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -33,6 +32,7 @@ from ingest.jobs.destinations import AllowList, check_addresses, parse_destinati
 from ingest.jobs.schemas import JobBody, JobOptions, check_metadata, validate
 from ingest.jobs.upload import ItemStager, Staged, upload_chunks
 from ingest.jobs.webhook_client import NotResolved, resolve
+from ingest.jobs.webhook_events import new_secret
 from results.job_items import copy_items
 from results.job_submission import (
     NewJob,
@@ -237,7 +237,7 @@ async def record_job(st: AppState, sub: Submission) -> Recorded:
     """Phase 1: the staged items, the budget charge and the job row, in one transaction."""
     s = st.settings
     tenant, key = sub.tenant, sub.idempotency_key
-    secret = ("whsec_" + secrets.token_urlsafe(24)) if sub.webhook_url else None
+    secret = new_secret() if sub.webhook_url else None
     try:
         async with st.engine.begin() as conn:
             if key is not None:

@@ -3,8 +3,9 @@
 Each API instance runs ``webhook_loop``. A pass claims due deliveries under a lease
 (results/webhooks.py: each goes to one instance), delivers them concurrently with no
 database transaction open, and records each outcome as a status class. The body is
-signed with HMAC-SHA256 using the job's secret (returned once, at submission):
-header ``Gristmill-Signature: t=<unix seconds>,v1=<hex hmac of "<t>.<body>">``.
+signed by the Standard Webhooks specification with the job's secret (returned once, at
+submission); what it carries and how it is signed: ingest/jobs/webhook_events.py,
+decision 53.
 Where a webhook may go, and how one is sent: decision 27, ingest/jobs/destinations.py,
 ingest/jobs/webhook_client.py.
 """
@@ -12,8 +13,6 @@ ingest/jobs/webhook_client.py.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import logging
 import random
 import time
@@ -25,14 +24,14 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.config import Settings
-from core.vocab import JobStatus
 from ingest.jobs import webhook_client
+from ingest.jobs import webhook_events as events
 from ingest.jobs.destinations import AllowList
 from results import webhooks as store
+from results.jobs import job_status
 
 log = logging.getLogger(__name__)
 
-SIGNATURE_HEADER = "Gristmill-Signature"
 # A receiver's answer is never used; reading a little of it lets the connection end
 # cleanly, and nothing a receiver sends can fill our memory.
 MAX_RESPONSE_BYTES = 64 * 1024
@@ -43,23 +42,6 @@ LEASE_MARGIN_S = 5.0
 CLAIM_BATCH = 10
 
 
-def sign(secret: str, body: bytes, ts: int) -> str:
-    mac = hmac.new(secret.encode(), f"{ts}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={ts},v1={mac}"
-
-
-def verify(secret: str, body: bytes, header: str, *, tolerance_s: int = 300) -> bool:
-    """What a receiver does: check the signature and that it is recent."""
-    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
-    try:
-        ts = int(parts["t"])
-    except (KeyError, ValueError):
-        return False
-    if abs(time.time() - ts) > tolerance_s:
-        return False
-    return hmac.compare_digest(sign(secret, body, ts), header)
-
-
 def next_delay_s(attempt: int, rng: random.Random | None = None) -> float:
     """Exponential backoff with jitter for the ``attempt``-th failed delivery. The
     schedule lives in PostgreSQL (webhook_next_at), not in a sleeping coroutine, so
@@ -68,40 +50,35 @@ def next_delay_s(attempt: int, rng: random.Random | None = None) -> float:
     return (rng or random).uniform(cap / 2, cap)
 
 
-def payload(row: Any) -> dict[str, Any]:
-    status = (
-        JobStatus.CANCELLED
-        if row.cancelled_at
-        else (JobStatus.FAILED if row.failed and not row.succeeded else JobStatus.COMPLETED)
-    )
-    return {
-        "type": "job.finished",
-        "job_id": str(row.job_id),
-        "status": status,
-        "counts": {
-            "total": row.total_items,
-            "succeeded": row.succeeded,
-            "failed": row.failed,
-            "expired": row.expired,
-            "cancelled": row.cancelled,
-        },
-        "finished_at": row.finished_at.isoformat(),
+def event(row: Any, now: datetime) -> tuple[str, dict[str, Any]]:
+    """The claimed job's terminal event: its id and body (ingest/jobs/webhook_events.py)."""
+    job_id = str(row.job_id)
+    status = job_status(row, now)
+    if row.batch_id is not None:
+        return events.event_id(job_id), events.batch_event(
+            job_id, row.batch_id, status, row.finished_at
+        )
+    counts = {
+        "total": row.total_items,
+        "succeeded": row.succeeded,
+        "failed": row.failed,
+        "expired": row.expired,
+        "cancelled": row.cancelled,
     }
+    return events.event_id(job_id), events.job_event(job_id, status, counts, row.finished_at)
 
 
 async def deliver_one(
     engine: AsyncEngine, pool: httpcore.AsyncConnectionPool, settings: Settings, row: Any
 ) -> str | None:
     """Send one claimed delivery and record its outcome; returns the failure class."""
-    body = orjson.dumps(payload(row))
+    msg_id, content = event(row, datetime.now(UTC))
+    body = orjson.dumps(content)
     error = await webhook_client.post(
         pool,
         row.webhook_url,
         body,
-        {
-            "Content-Type": "application/json",
-            SIGNATURE_HEADER: sign(row.webhook_secret, body, int(time.time())),
-        },
+        events.headers(row.webhook_secret, msg_id, int(time.time()), body),
         deadline_s=settings.webhook_timeout_s,
         max_response_bytes=MAX_RESPONSE_BYTES,
     )

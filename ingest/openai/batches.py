@@ -32,7 +32,7 @@ from ingest.jobs import quota as job_quota
 from ingest.jobs.limits import slot
 from ingest.jobs.routes import reader
 from ingest.jobs.schemas import JobItem, check_metadata, parse_index, validate
-from ingest.jobs.submit import Submission, item_stager, record_job
+from ingest.jobs.submit import Submission, check_webhook, item_stager, record_job
 from ingest.jobs.upload import ItemStager, LineSplitter
 from ingest.openai import batch_wire as bw
 from ingest.openai.wire import list_page
@@ -55,6 +55,9 @@ class BatchBody(BaseModel):
     completion_window: str
     metadata: dict[str, str] | None = None
     output_expires_after: dict[str, Any] | None = None
+    # Gristmill's extension (the OpenAI SDK's ``extra_body``): where to send the batch's
+    # terminal event, OpenAI's ``batch.*`` body signed by Standard Webhooks (decision 53).
+    webhook_url: str | None = None
 
 
 class BatchStager:
@@ -171,6 +174,8 @@ async def create_batch(
         )
     window_s = bw.completion_window_s(body.completion_window, st.settings.max_completion_window_s)
     check_metadata(body.metadata)
+    if body.webhook_url is not None:
+        await check_webhook(st.settings, body.webhook_url)
     now = datetime.now(UTC)
     out_expiry = bw.output_expiry(body.output_expires_after, now)
     f = await files_db.get_file(st.engine, tenant.id, body.input_file_id)
@@ -189,7 +194,15 @@ async def create_batch(
             assert bs.spec is not None and bs.checks.first is not None
             first = bs.checks.first
             items.hasher.update(
-                orjson.dumps([f.file_id, body.endpoint, body.completion_window, body.metadata])
+                orjson.dumps(
+                    [
+                        f.file_id,
+                        body.endpoint,
+                        body.completion_window,
+                        body.metadata,
+                        *([body.webhook_url] if body.webhook_url is not None else []),
+                    ]
+                )
             )
             staged = await asyncio.to_thread(items.finish)
             sub = Submission(
@@ -197,7 +210,7 @@ async def create_batch(
                 bs.spec,
                 bs.spec.normalize_params(first.params),
                 window_s,
-                None,
+                body.webhook_url,
                 body.metadata,
                 key,
                 staged,
@@ -228,7 +241,10 @@ async def create_batch(
                     },
                 )
             await st.jobs.publish(recorded.job_id)
-    return ORJSONResponse(await _batch_view(st, tenant, batch_id))
+    view = await _batch_view(st, tenant, batch_id)
+    if recorded.webhook_secret:  # once, as for a job (a replay of the key has none)
+        view["webhook_secret"] = recorded.webhook_secret
+    return ORJSONResponse(view)
 
 
 async def _batch_view(st: AppState, tenant: Tenant, batch_id: str) -> dict[str, Any]:
