@@ -201,16 +201,21 @@ class Reconciler:
         for tp, book in self.books.items():
             s = book.settle()
             taken = s.taken if s else 0
-            caught_up = None
-            if taken == len(book):
-                t0 = time.time()  # before the end is asked for: nothing later is counted
-                _low, high = self.consumer.get_watermark_offsets(
-                    TopicPartition(*tp), timeout=5, cached=False
-                )
-                if book.position >= high:
-                    caught_up = t0
-            else:
-                _low, high = self.consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+            caught_up, high = None, -1
+            try:
+                if taken == len(book):
+                    t0 = time.time()  # before the end is asked for: nothing later is counted
+                    _low, high = self.consumer.get_watermark_offsets(
+                        TopicPartition(*tp), timeout=5, cached=False
+                    )
+                    if book.position >= high >= 0:
+                        caught_up = t0
+                else:
+                    _low, high = self.consumer.get_watermark_offsets(
+                        TopicPartition(*tp), cached=True
+                    )
+            except KafkaException as exc:  # unknown for now: the stored time stays
+                log.debug("ledger watermark of %s: %s", tp, exc)
             lag += max(0, high - book.position) if high >= 0 else 0
             new = s.new_offset if s else book.stored
             steps.append(sql.Step(tp, book.stored, new, book.settled_through(taken, caught_up)))
