@@ -540,6 +540,22 @@ class ObservabilitySettings(_Concern):
     trace_sample_ratio: float = Field(1.0, ge=0, le=1)
 
 
+class LedgerSettings(_Concern):
+    """The durability ledger (gristmill/ledger/, decision 54)."""
+
+    # Past its deadline plus this, a request without a terminal row is overdue (alerted):
+    # the scheduler writes an ``expired`` row for one it cannot run in time, so the grace
+    # covers a scheduler's restart (drain, rejoin, re-read) before that row is due (s).
+    ledger_grace_s: float = Field(60.0, ge=0)
+    # The ledger's Prometheus endpoint (host as metrics_host); 0: none.
+    ledger_metrics_port: int = Field(9465, ge=0, le=65_535)
+    # Messages one partition may hold in memory behind one not yet reconciled; the
+    # partition's reading pauses there (a backlog of job items waits in Kafka instead).
+    ledger_window: int = Field(50_000, ge=2)
+    # How often counts, positions and pending are stored (s).
+    ledger_store_interval_s: float = Field(2.0, gt=0)
+
+
 class Settings(
     KafkaSettings,
     DatabaseSettings,
@@ -554,6 +570,7 @@ class Settings(
     WorkerSettings,
     ModelSettings,
     ObservabilitySettings,
+    LedgerSettings,
     BaseSettings,
 ):
     model_config = SettingsConfigDict(

@@ -368,3 +368,63 @@ openai_batches = Table(
     Column("output_expires_at", DateTime(timezone=True)),
     Index("openai_batches_tenant_created", "tenant_id", "created_at"),
 )
+
+# --- The durability ledger (gristmill/ledger/, decision 54) ---
+
+# Where the ledger of a consumer group stands on each request-topic partition: every
+# message below next_offset is counted in ledger_counts, and every message appended
+# before settled_through is below it. Advanced in the transaction that adds the counts,
+# only from the offset its writer read (a compare-and-set): a redelivery or a second
+# instance never counts a message twice.
+ledger_partitions = Table(
+    "ledger_partitions",
+    metadata,
+    Column("consumer_group", Text, primary_key=True),
+    Column("topic", Text, primary_key=True),
+    Column("partition", Integer, primary_key=True),
+    Column("next_offset", BigInteger, nullable=False),
+    Column("settled_through", DateTime(timezone=True)),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# Counted messages by tenant and minute of their received time: accepted (distinct
+# requests: terminal + missing) and the copies of a request already counted (duplicate).
+ledger_counts = Table(
+    "ledger_counts",
+    metadata,
+    Column("consumer_group", Text, primary_key=True),
+    Column("tenant_id", UUID(as_uuid=False), primary_key=True),
+    Column("minute", DateTime(timezone=True), primary_key=True),
+    Column("accepted", BigInteger, nullable=False, server_default="0"),
+    Column("terminal", BigInteger, nullable=False, server_default="0"),
+    Column("missing", BigInteger, nullable=False, server_default="0"),
+    Column("duplicate", BigInteger, nullable=False, server_default="0"),
+)
+
+# Messages read and not yet counted, per partition (replaced at each store): an export's
+# pending. Small: what the ledger holds in memory.
+ledger_pending = Table(
+    "ledger_pending",
+    metadata,
+    Column("consumer_group", Text, primary_key=True),
+    Column("topic", Text, primary_key=True),
+    Column("partition", Integer, primary_key=True),
+    Column("tenant_id", UUID(as_uuid=False), primary_key=True),
+    Column("minute", DateTime(timezone=True), primary_key=True),
+    Column("pending", BigInteger, nullable=False),
+)
+
+# Each message found missing, by name, for the operator who gets the alert.
+ledger_missing = Table(
+    "ledger_missing",
+    metadata,
+    Column("consumer_group", Text, primary_key=True),
+    Column("topic", Text, primary_key=True),
+    Column("partition", Integer, primary_key=True),
+    Column("kafka_offset", BigInteger, primary_key=True),
+    Column("request_id", UUID(as_uuid=False), nullable=False),
+    Column("tenant_id", UUID(as_uuid=False), nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False),
+    Column("found_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ledger_missing_tenant", "tenant_id", "received_at"),
+)
