@@ -48,7 +48,9 @@ from core import tracing
 from core.config import Settings
 from core.errors import DeadlineExceeded, InvalidInput, ModelError, Unavailable
 from core.messages import RequestMessage, body_hash
+from core.models.embedding import EmbedSpec
 from core.models.spec import ModelSpec
+from core.models.token_ids import is_tokenized
 from core.topics import request_topic
 from core.vocab import RequestStatus
 from ingest import metrics
@@ -60,7 +62,7 @@ from ingest.acceptance.waiters import ARRIVED_AT
 from ingest.admission.policy import check_admission, check_kv, check_rate, take_instance_slot
 from ingest.edge.auth import received_at
 from ingest.edge.refusal_counts import TIMEOUTS, Timeout
-from ingest.edge.tracing import annotate
+from ingest.edge.tracing import annotate, genai_attributes
 from results.requests import AnswerRow
 from results.tenants import Tenant
 
@@ -313,7 +315,8 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
         # key; the deadline stays this attempt's), so a resend meets the rows it wrote.
         for m in msgs:
             m.received_at = claim.first_received.timestamp()
-    annotate(ids[0], spec.ref, tenant.tier)
+    if tracing.enabled():
+        annotate(ids[0], spec.ref, tenant.tier, _genai(order, msgs))
     futs: list[asyncio.Future[AnswerRow]] = []
     try:
         for rid in ids:
@@ -341,6 +344,29 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
     finally:
         for rid in ids:
             st.waiter.discard(rid)
+
+
+def _genai(order: Order, msgs: list[RequestMessage]) -> dict[str, Any]:
+    """The request's GenAI attributes (ingest/edge/tracing.py): its operation by the
+    model's kind, and the tokens counted where the API counted them (a generation's
+    prompt, the ids of inputs it tokenized)."""
+    spec, g = order.spec, order.generation
+    tokens: int | None
+    if g is not None:
+        operation, tokens = "text_completion", g.prompt_tokens
+    else:
+        operation = "embeddings" if isinstance(spec, EmbedSpec) else "infer"
+        counted = [len(m.input["ids"]) for m in msgs if is_tokenized(m.input)]
+        tokens = sum(counted) if counted and len(counted) == len(msgs) else None
+    temperature = order.params.get("temperature")
+    return genai_attributes(
+        operation=operation,
+        requested=order.asked or spec.name,
+        served=spec.ref,
+        input_tokens=tokens,
+        max_tokens=g.max_tokens if g is not None else None,
+        temperature=temperature if isinstance(temperature, int | float) else None,
+    )
 
 
 async def _aim_at_first(

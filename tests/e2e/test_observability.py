@@ -80,12 +80,19 @@ class SpanSink:
                                 "span_id": s.span_id.hex(),
                                 "parent": s.parent_span_id.hex(),
                                 "links": [(lk.trace_id.hex(), lk.span_id.hex()) for lk in s.links],
+                                "attrs": {a.key: _value(a.value) for a in s.attributes},
                             }
                         )
 
     def of_trace(self, trace_id: str) -> list[dict[str, Any]]:
         with self.lock:
             return [s for s in self.spans if s["trace_id"] == trace_id]
+
+
+def _value(v: Any) -> Any:
+    """An OTLP AnyValue as Python (the kinds span attributes use here)."""
+    kind = v.WhichOneof("value")
+    return getattr(v, kind) if kind else None
 
 
 # ---- the system ------------------------------------------------------------------------
@@ -276,3 +283,56 @@ def test_one_trace_spans_api_scheduler_and_worker(
     assert batch["parent"] == schedule["span_id"]
     assert (trace_id, schedule["span_id"]) in batch["links"]
     assert compute["service"] == "gristmill-worker" and compute["parent"] == batch["span_id"]
+
+
+def test_spans_carry_the_genai_conventions_on_every_model_route(
+    observed: tuple[System, int], sink: SpanSink
+) -> None:
+    """Decision 55: each route that asks a model has its span, with gen_ai.* beside
+    gristmill.*, as a backend that reads vLLM's spans expects."""
+    system, _ = observed
+    key = system.keys["enterprise"]
+    sent: dict[str, str] = {}
+
+    def post(path: str, body: dict[str, Any]) -> None:
+        trace_id = uuid.uuid4().hex
+        r = httpx.post(
+            f"{system.url}{path}",
+            json=body,
+            headers={
+                "Authorization": f"Bearer {key}",
+                "traceparent": f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01",
+            },
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        sent[path] = trace_id
+
+    post("/v1/embeddings", {"model": "all-minilm-l6-v2", "input": ["two short texts", "here"]})
+    post("/v1/infer", {"model": "sim", "input": "traced with gen_ai"})
+    post(
+        "/v2/models/sim/infer",
+        {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["kserve"]}]},
+    )
+
+    def api_span(path: str, name: str) -> dict[str, Any]:
+        spans = eventually(
+            lambda: [s for s in sink.of_trace(sent[path]) if s["service"] == "gristmill-api"],
+            lambda ss: len(ss) >= 1,
+            timeout_s=20,
+        )
+        (span,) = [s for s in spans if s["name"] == name]
+        return span["attrs"]  # type: ignore[no-any-return]
+
+    emb = api_span("/v1/embeddings", "POST /v1/embeddings")
+    assert emb["gen_ai.operation.name"] == "embeddings"
+    assert emb["gen_ai.request.model"] == "all-minilm-l6-v2"
+    assert emb["gen_ai.response.model"].startswith("all-minilm-l6-v2@")
+    assert emb["gen_ai.provider.name"] == "gristmill"
+    # [CLS] two short texts [SEP] and [CLS] here [SEP]: counted where the API tokenized.
+    assert emb["gen_ai.usage.input_tokens"] >= 6
+    assert emb["gristmill.tier"] == "enterprise" and emb["gristmill.request_id"]
+    native = api_span("/v1/infer", "POST /v1/infer")
+    assert native["gen_ai.operation.name"] == "infer" and native["gen_ai.request.model"] == "sim"
+    kserve = api_span("/v2/models/sim/infer", "POST /v2/models/{model}/infer")
+    assert kserve["gen_ai.operation.name"] == "infer" and kserve["gen_ai.response.model"] == "sim@1"
