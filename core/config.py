@@ -32,7 +32,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from core.vocab import TIERS
+from core.vocab import TIERS, Tier
 
 PositiveMs = Annotated[int, Field(gt=0)]
 
@@ -263,6 +263,11 @@ class TierSettings(_Concern):
         "paid": 64,
         "enterprise": 256,
     }
+    # Behind the Gateway API Inference Extension each request names an InferenceObjective
+    # (x-gateway-inference-objective): the tier each objective asks for. A tier's own
+    # name always asks for that tier; a name not here asks for nothing. A hint only: a
+    # request is never scheduled above its key's tier (decision 56).
+    gateway_objective_tiers: dict[Annotated[str, Field(min_length=1, max_length=253)], Tier] = {}
 
     @model_validator(mode="after")
     def _tier_orderings(self) -> Self:

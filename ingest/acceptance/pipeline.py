@@ -54,6 +54,7 @@ from core.models.token_ids import is_tokenized
 from core.topics import request_topic
 from core.vocab import RequestStatus
 from ingest import metrics
+from ingest.acceptance.gateway import OBJECTIVE_HEADER, objective_tier, scheduled_tier
 from ingest.acceptance.idempotency import aim, check_key, first_version
 from ingest.acceptance.message import request_message
 from ingest.acceptance.ports import Claim, KeyUse
@@ -271,6 +272,8 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
     )
     deadline = call.received + timeout_ms / 1000
     limit_headers = _admit(st, tenant, order, timeout_ms, deadline)
+    hint = objective_tier(s.gateway_objective_tiers, call.header(OBJECTIVE_HEADER))
+    tier = scheduled_tier(order.tier or tenant.tier, hint)
     first, claim, use = str(uuid.uuid4()), None, None
     if key is not None:
         what = order.inputs if order.many else order.inputs[0]
@@ -306,7 +309,7 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
                 # A lone input's message carries the claim's fingerprint; a request
                 # of many is fingerprinted once, as the list.
                 fingerprint=use.body_hash if use is not None and not order.many else "",
-                tier=order.tier,
+                tier=tier,
             )
         )
     retry = claim is not None and not claim.first
