@@ -52,11 +52,16 @@ def host(
 
 
 def _of(proc: subprocess.Popen[bytes], command: str) -> list[psutil.Process]:
-    return [
-        c
-        for c in psutil.Process(proc.pid).children()
-        if f"gristmill {command}" in " ".join(c.cmdline())
-    ]
+    """The live children running ``gristmill <command>`` (a killed one not yet reaped by
+    the host is a zombie, and no longer one of them)."""
+    out = []
+    for c in psutil.Process(proc.pid).children():
+        try:
+            if f"gristmill {command}" in " ".join(c.cmdline()):
+                out.append(c)
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue
+    return out
 
 
 def _all_answered(system: System, n: int, tag: str) -> None:

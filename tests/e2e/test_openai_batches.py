@@ -196,7 +196,6 @@ def test_hostile_input_gets_a_4xx_naming_the_problem(bsys: System) -> None:
 
     good = json.dumps(embed_line(0, "fine")).encode()
     cases = {
-        "line 2": good + b"\n{not json\n",
         "line 2.url": jsonl([embed_line(0, "a"), {**gen_line(1, "b")}]),
         "line 2.custom_id": jsonl([embed_line(0, "a"), embed_line(0, "b")]),
         "line 1.body.input": jsonl(
@@ -206,6 +205,11 @@ def test_hostile_input_gets_a_4xx_naming_the_problem(bsys: System) -> None:
             [embed_line(0, "a"), {**embed_line(1, "b"), "body": {"model": "sim", "input": "b"}}]
         ),
     }
+    # Not JSONL at all: refused at the upload already, naming the line (decision 42).
+    code, body = status_of(
+        lambda: c.files.create(file=("x.jsonl", good + b"\n{not json\n"), purpose="batch")
+    )
+    assert code == 400 and body["param"] == "file" and "line 2" in str(body["message"]), body
     for param, raw in cases.items():
         code, body = batch_of(raw)
         assert code == 400, (param, body)
