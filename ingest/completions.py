@@ -39,7 +39,7 @@ from core.vocab import TIER_TO_CLASS, RequestStatus
 from ingest.error_shapes import Shape, declared
 from ingest.idempotency import aim, claim, first_version
 from ingest.infer import check_headers, send_claimed
-from ingest.job_limits import check_reads, hold_stream
+from ingest.job_limits import check_reads, hold_stream, hold_stream_of
 from ingest.jobs import HeldStream
 from ingest.policy import check_kv, check_rate
 from ingest.schemas import parse_body
@@ -487,8 +487,7 @@ async def get_completion(
         return ORJSONResponse(
             completion_body(rid, created, data["model"], data["output"]), headers=limit_headers
         )
-    release = hold_stream(st, tenant)
-    fut = st.waiter.register(rid)
+    release, fut = hold_stream_of(st, tenant, rid)
     if row is not None and not fut.done():
         fut.set_result(dict(row._mapping))
     start = 0 if last is None else last + 1

@@ -10,10 +10,11 @@ across the instance's processes (ingest/shared_slots.py, decision 43).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.config import Settings
 from core.errors import RateLimited, Unavailable
@@ -93,3 +94,16 @@ def hold_stream(st: AppState, tenant: Tenant) -> Callable[[], None]:
             st.read_streams.release(tenant.id)
 
     return release
+
+
+def hold_stream_of(
+    st: AppState, tenant: Tenant, request_id: str
+) -> tuple[Callable[[], None], asyncio.Future[dict[str, Any]]]:
+    """A stream slot and the shared wait for ``request_id``'s end, or neither: when the
+    waiter refuses (503, results unreachable) the slot is given back at once."""
+    release = hold_stream(st, tenant)
+    try:
+        return release, st.waiter.register(request_id)
+    except BaseException:
+        release()
+        raise

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from core.errors import RateLimited, Unavailable
-from ingest.job_limits import acquire
+from ingest.job_limits import acquire, hold_stream_of
 from ingest.job_quota import BURST_S, decide
 from ingest.shared_slots import SharedSlots
+from ingest.waiters import ResultWaiter
 from results.job_quota import Budget
 
 
@@ -47,3 +51,31 @@ def test_refused_slots_are_429_for_the_tenant_and_503_for_the_instance(tmp_path:
     with pytest.raises(Unavailable) as e2:
         acquire(slots, "c", "uploads")
     assert e2.value.retry_after_s and e2.value.status == 503
+
+
+def test_a_resumed_stream_refused_by_the_waiter_keeps_no_slot(tmp_path: Path) -> None:
+    asyncio.run(_refused_by_the_waiter(tmp_path))
+
+
+async def _refused_by_the_waiter(tmp_path: Path) -> None:
+    # Results unreachable (the listener down): each resume is a 503, and none of them
+    # may keep the slot it took, or the key is locked out of streams on this process.
+    waiter = ResultWaiter(None, "postgresql://u@h/db", poll_interval_s=3600)  # type: ignore[arg-type]
+    st: Any = SimpleNamespace(
+        read_streams=SharedSlots(tmp_path, "streams", total=10, per_key=2),
+        settings=SimpleNamespace(tier_max_streams={"free": 2}),
+        waiter=waiter,
+    )
+    tenant: Any = SimpleNamespace(id="t", tier="free")
+    for _ in range(3):
+        with pytest.raises(Unavailable):
+            hold_stream_of(st, tenant, "r")
+    assert st.read_streams.held_here("t") == 0
+    waiter.listening.set()  # back: both slots are there, the shared wait too
+    (r1, fut), (r2, fut2) = hold_stream_of(st, tenant, "r"), hold_stream_of(st, tenant, "r")
+    assert fut is fut2 and st.read_streams.held_here("t") == 2
+    with pytest.raises(RateLimited):
+        hold_stream_of(st, tenant, "r")
+    r1()
+    r2()
+    assert st.read_streams.held_here("t") == 0
