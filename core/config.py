@@ -180,7 +180,7 @@ def _check_tier_order(name: str, values: Mapping[str, object], rises: bool) -> N
 
 class EdgeSettings(_Concern):
     """What one request may carry and how API keys are checked (core/limits.py,
-    ingest/schemas.py, ingest/auth.py). The caps and why they sit where they do:
+    ingest/native/wire.py, ingest/edge/auth.py). The caps and why they sit where they do:
     docs/decisions/0025-edge-validation-caps-and-error-mapping.md."""
 
     # A model reference ("name" or "name@version"); echoed in errors, never stored.
@@ -213,7 +213,7 @@ class EdgeSettings(_Concern):
 
 
 class TierSettings(_Concern):
-    """Per-tier promises and limits (ingest/policy.py, ingest/admission.py)."""
+    """Per-tier promises and limits (ingest/admission/policy.py, ingest/admission/capacity.py)."""
 
     # A request's deadline when the caller gives no timeout_ms: its tier's SLO.
     tier_slo_ms: dict[str, PositiveMs] = {"enterprise": 1_000, "paid": 2_000, "free": 5_000}
@@ -236,7 +236,7 @@ class TierSettings(_Concern):
     # Admission has no thresholds of its own: it derives them from each request's
     # deadline, the model's measured cost curve and the live workers (decision 24).
     # Event-loop lag (ms) at which an API instance starts refusing a tier's new sync
-    # requests, and at which it refuses them all (ingest/overload.py, decision 15): its
+    # requests, and at which it refuses them all (ingest/admission/overload.py, decision 15): its
     # own CPU saturation, which the workers' load reports cannot show.
     loop_lag_shed_ms: dict[str, tuple[float, float]] = {
         "free": (50.0, 150.0),
@@ -287,7 +287,7 @@ class TierSettings(_Concern):
 
 
 class JobSettings(_Concern):
-    """Client batches (ingest/jobs.py, ingest/job_submit.py, ingest/webhooks.py)."""
+    """Client batches (ingest/jobs/routes.py, ingest/jobs/submit.py, ingest/jobs/webhooks.py)."""
 
     max_job_items: int = Field(1_000_000, ge=1)  # per job, JSONL upload
     max_job_json_items: int = Field(100_000, ge=1)  # per job, JSON body
@@ -356,7 +356,7 @@ class JobSettings(_Concern):
 
 
 class FileSettings(_Concern):
-    """OpenAI's Files on a budget (ingest/file_budget.py, decision 42): the bytes live in
+    """OpenAI's Files on a budget (ingest/openai/file_budget.py, decision 42): the bytes live in
     PostgreSQL, so what one tenant may keep there is bounded by its tier."""
 
     # Bytes of unexpired files a tenant may keep, and how many files.
@@ -540,6 +540,22 @@ class ObservabilitySettings(_Concern):
     trace_sample_ratio: float = Field(1.0, ge=0, le=1)
 
 
+class LedgerSettings(_Concern):
+    """The durability ledger (gristmill/ledger/, decision 54)."""
+
+    # Past its deadline plus this, a request without a terminal row is overdue (alerted):
+    # the scheduler writes an ``expired`` row for one it cannot run in time, so the grace
+    # covers a scheduler's restart (drain, rejoin, re-read) before that row is due (s).
+    ledger_grace_s: float = Field(60.0, ge=0)
+    # The ledger's Prometheus endpoint (host as metrics_host); 0: none.
+    ledger_metrics_port: int = Field(9465, ge=0, le=65_535)
+    # Messages one partition may hold in memory behind one not yet reconciled; the
+    # partition's reading pauses there (a backlog of job items waits in Kafka instead).
+    ledger_window: int = Field(50_000, ge=2)
+    # How often counts, positions and pending are stored (s).
+    ledger_store_interval_s: float = Field(2.0, gt=0)
+
+
 class Settings(
     KafkaSettings,
     DatabaseSettings,
@@ -554,6 +570,7 @@ class Settings(
     WorkerSettings,
     ModelSettings,
     ObservabilitySettings,
+    LedgerSettings,
     BaseSettings,
 ):
     model_config = SettingsConfigDict(

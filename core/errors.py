@@ -1,7 +1,7 @@
 """The error tree. Each error knows its HTTP status; ingest maps them in one place.
 
 Client mistakes are 4xx and name the problem; dependency trouble is 503 with a
-Retry-After. The root's 500 is only for bugs: ingest/http.py answers those with a
+Retry-After. The root's 500 is only for bugs: ingest/edge/http.py answers those with a
 reference id and logs the stack, never the exception's text.
 """
 

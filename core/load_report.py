@@ -2,7 +2,7 @@
 
 Written by the scheduler (scheduler/core/load_report.py builds the tenant part), stored
 by results/load.py (one ``scheduler_load`` row per scheduler), read back and summed
-by every API instance (ingest/admission.py). Keys are ``name@version`` model refs
+by every API instance (ingest/admission/capacity.py). Keys are ``name@version`` model refs
 and priority class names, as JSON keeps them.
 """
 

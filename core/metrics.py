@@ -147,7 +147,7 @@ def _collect(families: Iterable[object]) -> Snapshot:
 
 def snapshot(source: CollectorRegistry | Collector) -> Snapshot:
     """The current values of a registry (in this process; for the API's registry from
-    ``ingest.metrics.api_registry()``, every uvicorn process of the instance)."""
+    ``ingest.operations.metrics.api_registry()``, every uvicorn process of the instance)."""
     return _collect(source.collect())
 
 

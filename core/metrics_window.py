@@ -4,7 +4,7 @@ Once a second a scheduler, and each uvicorn process of an API instance, takes a
 snapshot of the few metric families the dashboard shows, sums away the labels the page
 does not show, and publishes, beside its load report in PostgreSQL, each series' value
 now and its increase over the last ``WINDOW_S`` seconds; the API's dashboard endpoint
-sums what the live processes published (ingest/dashboard_summary.py). Increases are
+sums what the live processes published (ingest/operations/dashboard_summary.py). Increases are
 taken inside the process, where a counter never resets, so summing processes that start
 and stop stays exact (decision 33). Pure: the caller passes the clock and the snapshot.
 """

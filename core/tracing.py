@@ -7,7 +7,7 @@ OTLP over HTTP with protobuf), tagged with its service name:
 
 * the API (``gristmill-api``) continues the caller's ``traceparent`` (or starts a
   trace) with a span for ``POST /v1/infer`` and puts its context in the Kafka
-  message's headers (ingest/tracing.py);
+  message's headers (ingest/edge/tracing.py);
 * the scheduler (``gristmill-scheduler``) continues it with a span per request
   from consumed to persisted, and a span per batch that links to the spans of
   all its requests; the batch span's parent is its first traced request, so that
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from core.config import ObservabilitySettings
 
-log = logging.getLogger("gristmill.tracing")
+log = logging.getLogger(__name__)
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"

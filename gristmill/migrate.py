@@ -14,7 +14,7 @@ from core.models.artifact import ArtifactError, artifact_sha256
 from core.models.registry import Backend, VersionRecord, builtin_records
 from results.db import make_engine, sqlalchemy_url
 
-log = logging.getLogger("gristmill.migrate")
+log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 SEED_ACTOR = "gristmill migrate"

@@ -39,7 +39,7 @@ from results import modelregistry
 from results.schema import requests, tenants
 from results.tenants import create_tenant, get_tenant
 
-log = logging.getLogger("gristmill.replay")
+log = logging.getLogger(__name__)
 
 REPLAY_TENANT = "gristmill-replay"
 _NS = uuid.UUID("6f1d2c4e-8a35-4c1b-9f0e-2b7d5a9c3e01")

@@ -4,11 +4,11 @@ uvicorn, in front of FastAPI.
 The sync endpoint is the hot path. At 1,000 requests/s FastAPI's layers around it
 (middleware stack, routing, dependency solving for two headers) were a fifth of the
 API's CPU, about as much as the endpoint's own work (docs/bench/profile.md). This
-wrapper serves that one route with the same handler the FastAPI route uses
-(``answer_infer``), the same key check, the same body limits and the same error
-mapping (ingest/http.py); every other request, and the lifespan, goes to FastAPI,
-which still documents the route in OpenAPI. Decision 16 says why a route bypasses
-the framework.
+wrapper serves that one route through the same door the FastAPI route uses (``INFER``
+on the acceptance pipeline), the same key check as the gate (``authenticate_scope``),
+the same body limits and the same error mapping (ingest/edge/http.py); every other
+request, and the lifespan, goes to FastAPI, which still documents the route in
+OpenAPI. Decision 16 says why a route bypasses the framework.
 
 Order, cheapest refusal first: the key (from the headers), the headers' own values,
 then the body (capped in size and in time), then everything that reads it.
@@ -16,7 +16,6 @@ then the body (capped in size and in time), then everything that reads it.
 
 from __future__ import annotations
 
-import logging
 import time
 
 from fastapi import FastAPI
@@ -24,19 +23,17 @@ from starlette.types import Receive, Scope, Send
 
 from core.config import Settings
 from ingest import metrics
-from ingest.error_shapes import shape_for
-from ingest.http import answer, capped, declared_too_large, timed, too_large
-from ingest.infer import answer_infer, check_headers
-from ingest.openai_compat import answer_embeddings
-from ingest.openai_wire import parse_prefer
-from ingest.state import AppState
-
-log = logging.getLogger("gristmill.ingest")
+from ingest.acceptance.pipeline import Call, Door, check_headers, serve
+from ingest.acceptance.state import AppState
+from ingest.edge.auth import authenticate_scope
+from ingest.edge.error_shapes import shape_for
+from ingest.edge.http import answer, capped, declared_too_large, timed, too_large
+from ingest.native.routes import INFER
+from ingest.openai.embeddings import EMBEDDINGS
 
 PATH = "/v1/infer"
 # OpenAI's embeddings route takes the same path: its clients' traffic is as hot.
-EMBEDDINGS = "/v1/embeddings"
-PATHS = frozenset({PATH, EMBEDDINGS})
+DOORS: dict[str, Door] = {PATH: INFER, "/v1/embeddings": EMBEDDINGS}
 
 
 class _Disconnected(Exception):
@@ -50,32 +47,27 @@ class InferFastPath:
         self.body_timeout_s = settings.body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path")
-        if scope["type"] != "http" or path not in PATHS or scope["method"] != "POST":
+        path = scope.get("path", "")
+        door = DOORS.get(path)
+        if scope["type"] != "http" or door is None or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         received = time.time()
         error: Exception | None = None
         try:
-            authorization = idempotency_key = None
-            prefer: list[str] = []
-            for name, value in scope["headers"]:
-                if name == b"authorization":
-                    authorization = value.decode("latin-1")
-                elif name == b"idempotency-key":
-                    idempotency_key = value.decode("latin-1")
-                elif name == b"prefer":
-                    prefer.append(value.decode("latin-1"))
             state: AppState = self.app.state.gristmill
-            tenant = await state.auth.authenticate(authorization)  # before the body
+            # In front of the gate (FastAPI runs it): the fast path is its paths' gate.
+            scope.setdefault("state", {})["received"] = received
+            tenant = await authenticate_scope(state.auth, scope)  # before the body
+            idempotency_key = None
+            for name, value in scope["headers"]:
+                if name == b"idempotency-key":
+                    idempotency_key = value.decode("latin-1")
+                    break
             check_headers(state.settings, idempotency_key)
             body = await self._body(scope, receive)
-            if path == PATH:
-                response = await answer_infer(state, tenant, idempotency_key, body, received)
-            else:
-                response = await answer_embeddings(
-                    state, tenant, idempotency_key, parse_prefer(prefer), body, received
-                )
+            call = Call(tenant, idempotency_key, body, received, scope["headers"])
+            response = await serve(state, door, call)
         except _Disconnected:
             return
         except Exception as exc:

@@ -17,11 +17,14 @@ from __future__ import annotations
 import binascii
 from collections.abc import Container, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
 from results.vectors import from_base64
+
+if TYPE_CHECKING:  # the shape only: this module stays pure
+    from results.requests import AnswerRow
 
 # Below PostgreSQL's 8000-byte cap, with room for the envelope.
 PAYLOAD_MAX = 7000
@@ -140,9 +143,7 @@ def _row(r: dict[str, Any]) -> dict[str, Any]:
     return r
 
 
-def parse(
-    payload: str, wanted: Container[str] | None = None
-) -> tuple[list[dict[str, Any]], list[str]]:
+def parse(payload: str, wanted: Container[str] | None = None) -> tuple[list[AnswerRow], list[str]]:
     """(answers as rows, like a fetched row; ids to fetch) from one payload. With
     ``wanted``, only the answers whose request id it holds are made into rows: every API
     process hears every announcement, and most answers are another process's. An answer
@@ -158,7 +159,7 @@ def parse(
         if not isinstance(rid, str) or (wanted is not None and rid not in wanted):
             continue
         try:
-            rows.append(_row(r))
+            rows.append(cast("AnswerRow", _row(r)))
         except _UNREADABLE:
             fetch.append(rid)
     return rows, fetch

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any, TypeVar
 
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-# Results are announced on this channel; payload: comma-separated request ids.
+# Results are announced on this channel (results/announce.py says what a payload holds).
 RESULTS_CHANNEL = "gristmill_results"
+# Generation flushes name the requests they wrote on this channel; payload:
+# comma-separated request ids (results/generation.py).
+STREAMS_CHANNEL = "gristmill_streams"
+
+T = TypeVar("T")
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -27,24 +34,34 @@ def libpq_url(url: str) -> str:
 
 # Statement parameters stay out of exception texts and logs: they hold clients' data and
 # secrets (webhook signing secrets, key hashes).
+def _pooled(pool_size: int) -> dict[str, Any]:
+    return {
+        "pool_size": pool_size,
+        "max_overflow": pool_size,
+        "pool_pre_ping": True,
+        "hide_parameters": True,
+    }
+
+
 def make_engine(url: str, *, pool_size: int = 5) -> Engine:
-    return create_engine(
-        sqlalchemy_url(url),
-        pool_size=pool_size,
-        max_overflow=pool_size,
-        pool_pre_ping=True,
-        hide_parameters=True,
-    )
+    return create_engine(sqlalchemy_url(url), **_pooled(pool_size))
 
 
 def make_async_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
-    return create_async_engine(
-        sqlalchemy_url(url),
-        pool_size=pool_size,
-        max_overflow=pool_size,
-        pool_pre_ping=True,
-        hide_parameters=True,
-    )
+    return create_async_engine(sqlalchemy_url(url), **_pooled(pool_size))
+
+
+async def in_transaction(engine: AsyncEngine, fn: Callable[[Connection], T]) -> T:
+    """A synchronous results/ function of a connection, in one transaction on the API's
+    async engine (the registry's writes, which ``gristmill models`` calls too)."""
+    async with engine.begin() as conn:
+        return await conn.run_sync(fn)
+
+
+async def ping(engine: AsyncEngine) -> None:
+    """One round trip to the database (readiness); raises what the trip raised."""
+    async with engine.connect() as conn:
+        await conn.execute(text("select 1"))
 
 
 def ts(epoch_s: float | None) -> datetime | None:

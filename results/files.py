@@ -6,7 +6,7 @@ quota) and the sweeper deletes it (results/sweeper.py, decision 42)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import IO, Any
 
@@ -14,15 +14,7 @@ from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, t
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from results.job_items import page_with_results
-from results.schema import (
-    job_items,
-    jobs,
-    openai_batches,
-    requests,
-    stored_file_chunks,
-    stored_files,
-)
+from results.schema import jobs, openai_batches, stored_file_chunks, stored_files
 
 # Bytes per stored chunk: an upload or a download holds one at a time (1 MiB: large
 # enough that a 1 GB file is ~1,000 rows, small enough to be nothing in memory).
@@ -57,44 +49,38 @@ async def usage(engine: AsyncEngine, tenant_id: str) -> FileUsage:
     return FileUsage(int(size), int(n))
 
 
+@dataclass(frozen=True)
+class NewFile:
+    """A ``stored_files`` row to write (its fields are the row's columns)."""
+
+    file_id: str
+    tenant_id: str
+    purpose: str
+    filename: str
+    bytes: int
+    expires_at: datetime | None
+
+
 async def store_file(
-    engine: AsyncEngine,
-    *,
-    file_id: str,
-    tenant_id: str,
-    purpose: str,
-    filename: str,
-    staged: IO[bytes],
-    size: int,
-    expires_at: datetime | None,
-    admit: Callable[[FileUsage], None],
+    engine: AsyncEngine, f: NewFile, staged: IO[bytes], admit: Callable[[FileUsage], None]
 ) -> None:
-    """The staged bytes, chunk by chunk, and the file row last, in one transaction: a
-    file is listed only once all of it is stored. ``admit`` sees the tenant's usage
-    under the tenant's lock first and raises to refuse (its quota): concurrent uploads
-    of one tenant are stored one after another, each seeing the one before."""
+    """The file row and its staged bytes, chunk by chunk, in one transaction: a file is
+    listed only once all of it is stored. ``admit`` sees the tenant's usage under the
+    tenant's lock first and raises to refuse (its quota): concurrent uploads of one
+    tenant are stored one after another, each seeing the one before."""
     staged.seek(0)
     async with engine.begin() as conn:
         await conn.execute(
             text("SELECT pg_advisory_xact_lock(:ns, hashtext(:t))"),
-            {"ns": _FILES_LOCK, "t": tenant_id},
+            {"ns": _FILES_LOCK, "t": f.tenant_id},
         )
-        n, used = (await conn.execute(_usage_stmt(tenant_id))).one()
+        n, used = (await conn.execute(_usage_stmt(f.tenant_id))).one()
         admit(FileUsage(int(used), int(n)))
-        await conn.execute(
-            insert(stored_files).values(
-                file_id=file_id,
-                tenant_id=tenant_id,
-                purpose=purpose,
-                filename=filename,
-                bytes=size,
-                expires_at=expires_at,
-            )
-        )
+        await conn.execute(insert(stored_files).values(**asdict(f)))
         seq = 0
         while block := staged.read(CHUNK_BYTES):
             await conn.execute(
-                insert(stored_file_chunks).values(file_id=file_id, seq=seq, data=block)
+                insert(stored_file_chunks).values(file_id=f.file_id, seq=seq, data=block)
             )
             seq += 1
 
@@ -216,22 +202,3 @@ async def batch_page(
         )
         by_id = {str(j.job_id): j for j in found}
     return [(r, by_id[str(r.job_id)]) for r in rows if str(r.job_id) in by_id]
-
-
-async def result_page(engine: AsyncEngine, job_id: str, start: int, limit: int) -> Sequence[Any]:
-    """Items from index ``start`` in input order, with their request id, input and the
-    current attempt's result (an unfinished item has no status)."""
-    return await page_with_results(
-        engine,
-        job_id,
-        start,
-        limit,
-        job_items.c.item_index,
-        job_items.c.custom_id,
-        job_items.c.request_id,
-        job_items.c.input,
-        requests.c.status,
-        requests.c.output,
-        requests.c.output_vector,  # an embedding's float32 bytes, where stored so
-        requests.c.error,
-    )

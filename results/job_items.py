@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from results.schema import job_items, requests
 
-# COPY text format, in the column order the staging writes (ingest/job_upload.py).
+# COPY text format, in the column order the staging writes (ingest/jobs/upload.py).
 COPY_ITEMS = "COPY job_items (job_id, item_index, custom_id, input, request_id) FROM STDIN"
 _COPY_BLOCK = 1 << 20  # bytes handed to the driver at a time
 
@@ -28,22 +28,28 @@ async def copy_items(conn: AsyncConnection, staged: IO[bytes]) -> None:
             await copy.write(block)
 
 
-async def items_page(engine: AsyncEngine, job_id: str, start: int, limit: int) -> Sequence[Any]:
-    """Items from index ``start`` in input order, with their current attempt's result."""
-    return await page_with_results(
-        engine,
-        job_id,
-        start,
-        limit,
-        job_items.c.item_index,
-        job_items.c.custom_id,
-        job_items.c.attempt,
-        requests.c.status,
-        requests.c.output,
-        requests.c.output_vector,
-        requests.c.error,
-        requests.c.attempts,
-    )
+# An item's place, its current attempt and that attempt's result (null until it has one).
+_ITEM_RESULT = (
+    job_items.c.item_index,
+    job_items.c.custom_id,
+    job_items.c.attempt,
+    job_items.c.request_id,
+    requests.c.status,
+    requests.c.output,
+    requests.c.output_vector,  # an embedding's float32 bytes, where stored so
+    requests.c.error,
+    requests.c.attempts,
+)
+
+
+async def items_page(
+    engine: AsyncEngine, job_id: str, start: int, limit: int, *, inputs: bool = False
+) -> Sequence[Any]:
+    """Items from index ``start`` in input order, with their current attempt's result
+    (the job API's items; with ``inputs``, the Batch API's result files, whose lines
+    count an input's tokens)."""
+    columns = (*_ITEM_RESULT, job_items.c.input) if inputs else _ITEM_RESULT
+    return await page_with_results(engine, job_id, start, limit, *columns)
 
 
 async def page_with_results(

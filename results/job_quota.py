@@ -2,7 +2,7 @@
 every API instance charges the same bucket and concurrent submissions are charged one
 after another (the row lock), never all against the same balance.
 
-The bucket's arithmetic is the tenant policy's (ingest/job_quota.py); this module only
+The bucket's arithmetic is the tenant policy's (ingest/jobs/quota.py); this module only
 reads and writes the row. Times come from PostgreSQL's clock (``clock_timestamp()``),
 the one clock every instance shares."""
 

@@ -4,7 +4,7 @@ finished by any API instance if the one that started it died."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -32,9 +32,7 @@ class NewJob:
     webhook_secret: str | None
 
 
-async def forget_expired_key(
-    conn: AsyncConnection, tenant_id: str, key: str, ttl_h: float
-) -> None:
+async def forget_expired_key(conn: AsyncConnection, tenant_id: str, key: str, ttl_h: float) -> None:
     """A key older than its ``ttl_h`` hours is free again: the job keeps its row, not the
     key (the sweeper does the same in bulk; this makes expiry exact at the boundary)."""
     await conn.execute(
@@ -63,20 +61,7 @@ async def insert_job(conn: AsyncConnection, job: NewJob) -> bool:
     """Insert the job row; False when a concurrent submission took its idempotency key."""
     stmt = (
         insert(jobs)
-        .values(
-            job_id=job.job_id,
-            tenant_id=job.tenant_id,
-            model=job.model,
-            model_version=job.model_version,
-            params=job.params,
-            metadata=job.metadata,
-            total_items=job.total_items,
-            expires_at=job.expires_at,
-            idempotency_key=job.idempotency_key,
-            body_hash=job.body_hash,
-            webhook_url=job.webhook_url,
-            webhook_secret=job.webhook_secret,
-        )
+        .values(**asdict(job))  # its fields are the row's columns
         .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
         .returning(jobs.c.job_id)
     )

@@ -13,55 +13,44 @@ from sqlalchemy import Select, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from core.vocab import ItemStatus, JobStatus
 from results.schema import job_items, jobs, requests
-
-ITEM_STATUSES = ("queued", "succeeded", "failed", "expired", "cancelled")
-JOB_STATUSES = (
-    "queued",
-    "running",
-    "completed",
-    "failed",
-    "cancelling",
-    "cancelled",
-    "expired",
-)
-FINISHED_STATUSES = ("completed", "failed", "cancelled", "expired")
 
 
 def finished_count(j: Any) -> int:
     return int(j.succeeded + j.failed + j.expired + j.cancelled)
 
 
-def job_status(j: Any, now: datetime) -> str:
-    """The job's status from its counters and times (see JOB_STATUSES)."""
+def job_status(j: Any, now: datetime) -> JobStatus:
+    """The job's status from its counters and times."""
     done = finished_count(j) >= j.total_items
     window_closed = now >= j.expires_at
     if done:
         if j.cancelled_at is not None:
-            return "cancelled"
+            return JobStatus.CANCELLED
         if j.expired and not (j.succeeded or j.failed):
-            return "expired"
+            return JobStatus.EXPIRED
         if j.failed and not j.succeeded:
-            return "failed"
-        return "completed"
+            return JobStatus.FAILED
+        return JobStatus.COMPLETED
     if j.cancelled_at is not None:
-        return "cancelling"
+        return JobStatus.CANCELLING
     if window_closed:
-        return "expired"
+        return JobStatus.EXPIRED
     if j.started_at is not None or finished_count(j):
-        return "running"
-    return "queued"
+        return JobStatus.RUNNING
+    return JobStatus.QUEUED
 
 
-def item_status(result_status: str | None, j: Any, now: datetime) -> str:
+def item_status(result_status: str | None, j: Any, now: datetime) -> ItemStatus:
     """An item without a result row yet reads as cancelled/expired once the job says so."""
     if result_status is not None:
-        return result_status
+        return ItemStatus(result_status)
     if j.cancelled_at is not None:
-        return "cancelled"
+        return ItemStatus.CANCELLED
     if now >= j.expires_at:
-        return "expired"
-    return "queued"
+        return ItemStatus.EXPIRED
+    return ItemStatus.QUEUED
 
 
 def counts(j: Any) -> dict[str, int]:

@@ -17,6 +17,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.load_report import LoadReport
 from results.schema import api_instances, scheduler_load
@@ -124,20 +125,18 @@ def live_metrics_stmt(stale_s: float, deployment: str) -> CompoundSelect:
     (kind "scheduler" or "api", process id, metrics)."""
     prefix = process_id(deployment, "")
     fresh = func.now() - func.make_interval(0, 0, 0, 0, 0, 0, stale_s)
-    schedulers = select(
-        literal("scheduler").label("kind"),
-        scheduler_load.c.scheduler_id.label("process"),
-        scheduler_load.c.metrics,
-    ).where(
-        scheduler_load.c.updated_at > fresh,
-        scheduler_load.c.scheduler_id.startswith(prefix, autoescape=True),
-    )
-    apis = select(
-        literal("api").label("kind"),
-        api_instances.c.instance_id.label("process"),
-        api_instances.c.metrics,
-    ).where(
-        api_instances.c.last_seen_at > fresh,
-        api_instances.c.instance_id.startswith(prefix, autoescape=True),
-    )
-    return schedulers.union_all(apis)
+
+    def live(kind: str, process: Any, seen: Any, metrics: Any) -> Select[Any]:
+        return select(literal(kind).label("kind"), process.label("process"), metrics).where(
+            seen > fresh, process.startswith(prefix, autoescape=True)
+        )
+
+    s, a = scheduler_load.c, api_instances.c
+    schedulers = live("scheduler", s.scheduler_id, s.updated_at, s.metrics)
+    return schedulers.union_all(live("api", a.instance_id, a.last_seen_at, a.metrics))
+
+
+async def live_metrics(engine: AsyncEngine, stale_s: float, deployment: str) -> list[Any]:
+    """``live_metrics_stmt``'s rows: (kind, process, metrics)."""
+    async with engine.connect() as conn:
+        return list((await conn.execute(live_metrics_stmt(stale_s, deployment))).all())

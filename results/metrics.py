@@ -1,6 +1,6 @@
 """What the request log tells the metrics: jobs not yet finished and their items.
 
-Read at scrape time by the API's ``/metrics`` (ingest/metrics.py): one aggregate over
+Read at scrape time by the API's ``/metrics`` (ingest/operations/metrics.py): one aggregate over
 the unfinished jobs, so its cost follows the jobs in flight. The job's status is
 derived as results/jobs.py ``job_status`` derives it for one job.
 """
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import TextClause, text
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.vocab import ItemStatus, JobStatus
 
@@ -44,8 +45,9 @@ class JobGauges:
     items: dict[str, int]  # their items by ItemStatus
 
 
-def job_gauges_stmt() -> TextClause:
-    return _UNFINISHED
+async def read_job_gauges(engine: AsyncEngine) -> JobGauges:
+    async with engine.connect() as conn:
+        return job_gauges_of((await conn.execute(_UNFINISHED)).one())
 
 
 def job_gauges_of(row: object) -> JobGauges:

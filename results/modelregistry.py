@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 from sqlalchemy import Connection, Select, and_, delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import Conflict, NotFound
 from core.models.lifecycle import Change, ModelVersions
@@ -76,17 +77,16 @@ def live_stmt() -> Select[Any]:
 
 # ---- versions -----------------------------------------------------------------------
 def record_from_row(row: Any) -> VersionRecord:
+    """A ``model_versions`` row as the record every stage reads."""
+    m = row._mapping
+    plain = {k: m[k] for k in ("name", "version", "backend", "max_batch_size", "artifact")}
     return VersionRecord(
-        name=row.name,
-        version=row.version,
-        backend=row.backend,
-        max_batch_size=row.max_batch_size,
-        config=dict(row.config or {}),
-        artifact=row.artifact,
-        sha256=row.sha256,
-        state=VersionState(row.state),
-        canary_share=float(row.canary_share),
-        memory_bytes=int(row.memory_bytes),
+        **plain,
+        config=dict(m["config"] or {}),
+        sha256=m["sha256"],
+        state=VersionState(m["state"]),
+        canary_share=float(m["canary_share"]),
+        memory_bytes=int(m["memory_bytes"]),
     )
 
 
@@ -140,7 +140,7 @@ def _audit(
 
 
 def _notify(conn: Connection, name: str) -> None:
-    # Delivered at commit, to every API instance listening (ingest/registry_view.py).
+    # Delivered at commit, to every API instance listening (ingest/acceptance/catalog.py).
     conn.execute(text("select pg_notify(:ch, :name)"), {"ch": MODELS_CHANNEL, "name": name})
 
 
@@ -280,7 +280,7 @@ def readiness_stmt(
 ) -> Select[Any]:
     """Fresh readiness summed over schedulers, per version; ``deployment``: only the
     schedulers of that one (results/load.py ``process_id``: a topic prefix); ``stale_s``:
-    how old a report may be (longer while commits are slow: ingest/db_health.py)."""
+    how old a report may be (longer while commits are slow: ingest/edge/db_health.py)."""
     fresh = model_readiness.c.updated_at > func.now() - func.make_interval(
         0, 0, 0, 0, 0, 0, stale_s
     )
@@ -300,6 +300,17 @@ def readiness_stmt(
         .where(fresh)
         .group_by(model_readiness.c.name, model_readiness.c.version)
     )
+
+
+async def read_registry(
+    engine: AsyncEngine, deployment: str | None, *, stale_s: float = READINESS_STALE_S
+) -> tuple[list[Any], dict[tuple[str, str], Readiness]]:
+    """Every version's row (``versions_stmt``) and the fresh readiness of each, summed
+    over the deployment's schedulers, read together (``stale_s``: ``readiness_stmt``'s)."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(versions_stmt())).all()
+        ready = (await conn.execute(readiness_stmt(deployment, stale_s=stale_s))).all()
+    return list(rows), readiness_from_rows(ready)
 
 
 def readiness_from_rows(rows: Iterable[Any]) -> dict[tuple[str, str], Readiness]:

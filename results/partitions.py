@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine, text
 
 from results.retention import Partition, Slot
 
-log = logging.getLogger("gristmill.results.partitions")
+log = logging.getLogger(__name__)
 
 # A DDL statement waits at most this long for its lock, then gives up until the next
 # sweep: writers queued behind a waiting DDL lock would wait as long (a sync answer's

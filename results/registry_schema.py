@@ -12,11 +12,10 @@ from sqlalchemy import (
     Integer,
     Table,
     Text,
-    func,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
-from results.schema import metadata
+from results.schema import metadata, version_key, written_at
 
 model_names = Table(
     "model_names",
@@ -24,15 +23,14 @@ model_names = Table(
     Column("name", Text, primary_key=True),
     Column("previous_live", Text),  # where a rollback goes
     Column("sticky", Text, nullable=False, server_default="tenant"),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("created_at"),
+    written_at("updated_at"),
 )
 
 model_versions = Table(
     "model_versions",
     metadata,
-    Column("name", Text, primary_key=True),
-    Column("version", Text, primary_key=True),
+    *version_key(),
     Column("backend", Text, nullable=False),
     Column("artifact", Text, nullable=False, server_default=""),
     Column("sha256", Text, nullable=False, server_default=""),
@@ -42,15 +40,15 @@ model_versions = Table(
     Column("state", Text, nullable=False, server_default="staged"),  # a VersionState
     Column("canary_share", Float, nullable=False, server_default="0"),
     Column("created_by", Text, nullable=False, server_default=""),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("created_at"),
+    written_at("updated_at"),
 )
 
 model_audit = Table(
     "model_audit",
     metadata,
     Column("id", BigInteger, primary_key=True, autoincrement=True),
-    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("at"),
     Column("actor", Text, nullable=False),
     Column("action", Text, nullable=False),
     Column("name", Text, nullable=False),
@@ -62,27 +60,25 @@ model_readiness = Table(
     "model_readiness",
     metadata,
     Column("scheduler_id", Text, primary_key=True),
-    Column("name", Text, primary_key=True),
-    Column("version", Text, primary_key=True),
+    *version_key(),
     Column("ready_workers", Integer, nullable=False, server_default="0"),
     Column("loading_workers", Integer, nullable=False, server_default="0"),
     Column("unavailable_workers", Integer, nullable=False, server_default="0"),
     Column("failed_workers", Integer, nullable=False, server_default="0"),
     Column("error", Text),
     Column("retry_after_s", Float),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("updated_at"),
 )
 
 model_curves = Table(
     "model_curves",
     metadata,
-    Column("name", Text, primary_key=True),
-    Column("version", Text, primary_key=True),
+    *version_key(),
     Column("worker_class", Text, primary_key=True),
     Column("max_batch_size", Integer, nullable=False),
     Column("profile_ms", JSONB, nullable=False, server_default="{}"),
     Column("workers", Integer, nullable=False, server_default="0"),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("updated_at"),
 )
 
 model_replays = Table(
@@ -93,7 +89,7 @@ model_replays = Table(
     Column("candidate", Text, nullable=False),
     Column("actor", Text, nullable=False),
     Column("since", DateTime(timezone=True), nullable=False),
-    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("started_at"),
     Column("finished_at", DateTime(timezone=True)),
     Column("items", Integer, nullable=False, server_default="0"),
     Column("passed", Boolean),

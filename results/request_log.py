@@ -1,7 +1,7 @@
 """Writing the API's side of the request log: refusal counts and answer timeouts.
 
 Each is one statement for everything gathered since the last write (about a second's
-worth, ingest/request_log_flush.py): arrays in, unnest on the server.
+worth, ingest/edge/request_log_flush.py): arrays in, unnest on the server.
 """
 
 from __future__ import annotations

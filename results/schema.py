@@ -4,6 +4,8 @@ queries are written against typed columns."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -29,13 +31,24 @@ from core.vocab import TIERS, RequestStatus
 
 metadata = MetaData()
 
+
+def written_at(name: str) -> Column[Any]:
+    """A time the database sets when the row is written (``now()``)."""
+    return Column(name, DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+def version_key() -> tuple[Column[Any], Column[Any]]:
+    """(name, version): one version of one model, in the key of the registry's tables."""
+    return Column("name", Text, primary_key=True), Column("version", Text, primary_key=True)
+
+
 tenants = Table(
     "tenants",
     metadata,
     Column("id", UUID(as_uuid=False), primary_key=True, server_default=func.gen_random_uuid()),
     Column("name", Text, nullable=False, unique=True),
     Column("tier", Text, nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("created_at"),
     # The tenant's plan: its share inside its tier, and overrides of the tier's limits.
     Column("weight", Float, nullable=False, server_default="1"),
     Column("rate_rps", Float),
@@ -58,20 +71,19 @@ api_keys = Table(
     # lets every request be authenticated with one indexed lookup.
     Column("key_hash", Text, nullable=False, unique=True),
     Column("prefix", Text, nullable=False),  # first characters, to recognise a key in listings
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("created_at"),
     Column("revoked_at", DateTime(timezone=True)),
-    # Admin scope: operator routes (ingest/admin_auth.py); tenant keys cannot reach them.
+    # Admin scope: operator routes (ingest/operations/admin_auth.py); tenant keys cannot reach them.
     Column("admin", Boolean, nullable=False, server_default="false"),
 )
 
 models = Table(
     "models",
     metadata,
-    Column("name", Text, primary_key=True),
-    Column("version", Text, primary_key=True),
+    *version_key(),
     Column("max_batch_size", Integer, nullable=False),
     Column("profile_ms", JSONB, nullable=False, server_default="{}"),
-    Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("last_seen_at"),
 )
 
 # The request log and result store: exactly one row per request id. Partitioned by
@@ -105,7 +117,7 @@ requests = Table(
     Column("batched_at", DateTime(timezone=True)),
     Column("compute_start_at", DateTime(timezone=True)),
     Column("compute_end_at", DateTime(timezone=True)),
-    Column("persisted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("persisted_at"),
     Column("deadline_at", DateTime(timezone=True)),
     Column("kafka_topic", Text),
     Column("kafka_partition", Integer),
@@ -133,7 +145,7 @@ generation_progress = Table(
     Column("tenant_id", UUID(as_uuid=False), nullable=False),
     Column("token_ids", JSONB, nullable=False),  # [int, ...]
     Column("texts", JSONB, nullable=False),  # [str, ...]: the text each token released
-    Column("written_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("written_at"),
 )
 
 
@@ -158,7 +170,7 @@ batches = Table(
     Column("compute_start_at", DateTime(timezone=True)),
     Column("compute_end_at", DateTime(timezone=True)),
     Column("compute_ms", Float),
-    Column("persisted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("persisted_at"),
     Index("batches_formed", "formed_at"),
 )
 
@@ -172,7 +184,7 @@ idempotency_keys = Table(
     # When the first attempt's caller gave up: a retry after it re-sends the request,
     # in case the first attempt died between claiming the key and reaching Kafka.
     Column("deadline_at", DateTime(timezone=True), nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("created_at"),
     # The first attempt's received_at: a resent request keeps it, so its row lands where
     # the first attempt's would (the request log's partition key). NULL: claimed before
     # the column existed.
@@ -202,7 +214,7 @@ jobs = Table(
     Column("expired", Integer, nullable=False, server_default="0"),
     Column("cancelled", Integer, nullable=False, server_default="0"),
     Column("attempt", Integer, nullable=False, server_default="0"),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("created_at"),
     Column("started_at", DateTime(timezone=True)),
     Column("finished_at", DateTime(timezone=True)),
     Column("cancelled_at", DateTime(timezone=True)),
@@ -238,7 +250,7 @@ job_item_budgets = Table(
     metadata,
     Column("tenant_id", UUID(as_uuid=False), primary_key=True),
     Column("tokens", Float),  # NULL: never charged; negative: a large job's debt
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("updated_at"),
 )
 
 job_items = Table(
@@ -256,7 +268,7 @@ api_instances = Table(
     "api_instances",
     metadata,
     Column("instance_id", Text, primary_key=True),
-    Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("last_seen_at"),
     # this process's metrics window (core/metrics_window.py), for the dashboard
     Column("metrics", JSONB, nullable=False, server_default="{}"),
 )
@@ -274,11 +286,11 @@ scheduler_load = Table(
     Column("metrics", JSONB, nullable=False, server_default="{}"),
     # generation model ref -> its KV cache (core.load_report.KVState), for KV admission
     Column("kv", JSONB, nullable=False, server_default="{}"),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("updated_at"),
 )
 
 # Refused requests (401, 429, 503, 504), counted per second, tenant, tier, status and
-# reason by each API process and written about once a second (ingest/refusal_counts.py):
+# reason by each API process and written about once a second (ingest/edge/refusal_counts.py):
 # an overload never becomes a row per refusal. Partitioned by range of ``at``.
 refusals = Table(
     "refusals",
@@ -318,7 +330,7 @@ stored_files = Table(
     Column("purpose", Text, nullable=False),
     Column("filename", Text, nullable=False),
     Column("bytes", BigInteger, nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("created_at"),
     # Past it the file is gone for its tenant and the sweeper deletes it (decision 42).
     Column("expires_at", DateTime(timezone=True)),
     Index("stored_files_tenant_created", "tenant_id", "created_at"),
@@ -352,7 +364,67 @@ openai_batches = Table(
     Column("completion_window", Text, nullable=False),
     Column("metadata", JSONB),
     Column("item_params", JSONB),  # per-endpoint options for the answer (encoding_format)
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    written_at("created_at"),
     Column("output_expires_at", DateTime(timezone=True)),
     Index("openai_batches_tenant_created", "tenant_id", "created_at"),
+)
+
+# --- The durability ledger (gristmill/ledger/, decision 54) ---
+
+# Where the ledger of a consumer group stands on each request-topic partition: every
+# message below next_offset is counted in ledger_counts, and every message appended
+# before settled_through is below it. Advanced in the transaction that adds the counts,
+# only from the offset its writer read (a compare-and-set): a redelivery or a second
+# instance never counts a message twice.
+ledger_partitions = Table(
+    "ledger_partitions",
+    metadata,
+    Column("consumer_group", Text, primary_key=True),
+    Column("topic", Text, primary_key=True),
+    Column("partition", Integer, primary_key=True),
+    Column("next_offset", BigInteger, nullable=False),
+    Column("settled_through", DateTime(timezone=True)),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# Counted messages by tenant and minute of their received time: accepted (distinct
+# requests: terminal + missing) and the copies of a request already counted (duplicate).
+ledger_counts = Table(
+    "ledger_counts",
+    metadata,
+    Column("consumer_group", Text, primary_key=True),
+    Column("tenant_id", UUID(as_uuid=False), primary_key=True),
+    Column("minute", DateTime(timezone=True), primary_key=True),
+    Column("accepted", BigInteger, nullable=False, server_default="0"),
+    Column("terminal", BigInteger, nullable=False, server_default="0"),
+    Column("missing", BigInteger, nullable=False, server_default="0"),
+    Column("duplicate", BigInteger, nullable=False, server_default="0"),
+)
+
+# Messages read and not yet counted, per partition (replaced at each store): an export's
+# pending. Small: what the ledger holds in memory.
+ledger_pending = Table(
+    "ledger_pending",
+    metadata,
+    Column("consumer_group", Text, primary_key=True),
+    Column("topic", Text, primary_key=True),
+    Column("partition", Integer, primary_key=True),
+    Column("tenant_id", UUID(as_uuid=False), primary_key=True),
+    Column("minute", DateTime(timezone=True), primary_key=True),
+    Column("pending", BigInteger, nullable=False),
+)
+
+# Each message found missing, by name, for the operator who gets the alert.
+ledger_missing = Table(
+    "ledger_missing",
+    metadata,
+    Column("consumer_group", Text, primary_key=True),
+    Column("topic", Text, primary_key=True),
+    Column("partition", Integer, primary_key=True),
+    Column("kafka_offset", BigInteger, primary_key=True),
+    Column("request_id", UUID(as_uuid=False), nullable=False),
+    Column("tenant_id", UUID(as_uuid=False), nullable=False),
+    Column("received_at", DateTime(timezone=True), nullable=False),
+    Column("found_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Index("ledger_missing_tenant", "tenant_id", "received_at"),
 )

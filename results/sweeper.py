@@ -47,7 +47,7 @@ from results.retention import (
     to_drop,
 )
 
-log = logging.getLogger("gristmill.results.sweeper")
+log = logging.getLogger(__name__)
 
 # The advisory lock whose holder is the sweeper ("gmsw").
 LEADER_LOCK = 0x676D7377

@@ -91,7 +91,7 @@ def get_tenant(conn: Connection, name: str) -> Tenant:
 
 def issue_key(conn: Connection, tenant: Tenant, *, admin: bool = False) -> tuple[str, str]:
     """Returns (key id, the key in clear): the only moment the clear key exists.
-    ``admin``: the key may also reach operator routes (ingest/admin_auth.py)."""
+    ``admin``: the key may also reach operator routes (ingest/operations/admin_auth.py)."""
     key = new_key()
     row = conn.execute(
         api_keys.insert()

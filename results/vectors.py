@@ -21,6 +21,7 @@ import base64
 import binascii
 import sys
 from array import array
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -68,21 +69,39 @@ def from_base64(text: str) -> bytes:
     return raw
 
 
-def to_floats(vector: bytes) -> list[float]:
-    """The values of a stored vector, as Python floats (each exactly its float32)."""
+def as_array(vector: bytes) -> array[float]:
+    """The values of a stored vector as a float32 array."""
     values = array("f")
     values.frombytes(vector)
     if sys.byteorder == "big":
         values.byteswap()
-    return values.tolist()
+    return values
 
 
-def from_floats(values: list[float]) -> bytes:
-    """Little-endian float32 bytes of ``values`` (tests; a client checking an answer)."""
+def to_floats(vector: bytes) -> list[float]:
+    """The values of a stored vector, as Python floats (each exactly its float32)."""
+    return as_array(vector).tolist()
+
+
+def from_floats(values: Iterable[float]) -> bytes:
+    """Little-endian float32 bytes of ``values`` (a shortened vector's answer; tests)."""
     out = array("f", values)
     if sys.byteorder == "big":
         out.byteswap()
     return out.tobytes()
+
+
+def stored_vector(row: Mapping[str, Any]) -> array[float]:
+    """The float32 vector of a finished request's row: stored as little-endian float32
+    bytes (``output_vector``) where the result store keeps them so, else as the JSON
+    list of numbers the worker's float32 row was written as (exact in float64)."""
+    raw = row.get("output_vector")
+    if isinstance(raw, bytes | bytearray | memoryview):
+        return as_array(bytes(raw))
+    out = row.get("output")
+    if isinstance(out, list) and all(isinstance(x, int | float) for x in out):
+        return array("f", out)
+    raise ValueError(f"the model's answer is not a vector (got {type(out).__name__})")
 
 
 def answer_output(output: Any, vector: bytes | None, encoding: EncodingFormat) -> Any:

@@ -26,7 +26,10 @@ _CLAIM = text("""
           AND webhook_url IS NOT NULL AND finished_at IS NOT NULL
         ORDER BY webhook_next_at LIMIT :n FOR UPDATE SKIP LOCKED))
     RETURNING job_id, webhook_url, webhook_secret, webhook_attempts, total_items,
-              succeeded, failed, expired, cancelled, cancelled_at, finished_at""")
+              succeeded, failed, expired, cancelled, cancelled_at, finished_at,
+              started_at, expires_at,
+              (SELECT b.batch_id FROM openai_batches b WHERE b.job_id = jobs.job_id)
+                AS batch_id""")
 
 
 async def claim_due(engine: AsyncEngine, lease_s: float, limit: int) -> list[Row[Any]]:

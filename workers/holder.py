@@ -38,7 +38,7 @@ from core.vocab import ModelRef
 from workers.models.base import Model
 from workers.models.loader import Loaded, load_record
 
-log = logging.getLogger("gristmill.worker.holder")
+log = logging.getLogger(__name__)
 
 # How often an unload waiting for its last batches looks again (s).
 DRAIN_POLL_S = 0.05

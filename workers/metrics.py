@@ -16,7 +16,7 @@ import logging
 import time
 from typing import Any
 
-log = logging.getLogger("gristmill.worker.metrics")
+log = logging.getLogger(__name__)
 
 # NVML's utilization is averaged over its own sample period (1/6 s to 1 s by GPU);
 # reading it more often than this per result costs time for nothing new.

@@ -64,7 +64,7 @@ from workers.models.base import Launched, Model, ModelUnavailable
 from workers.models.loader import boot_records, load_record
 
 REDIAL_S = 0.5  # how often a worker looks for a scheduler that went away
-log = logging.getLogger("gristmill.worker")
+log = logging.getLogger(__name__)
 
 # Batches launched and not yet finished: the running one and up to two queued behind
 # it. One scheduler sends at most two at a time (decision 0012); a worker serving

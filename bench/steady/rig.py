@@ -126,7 +126,7 @@ class KafkaLag:
 
 
 def refusals(system: System, t0: float, t1: float) -> list[dict[str, Any]]:
-    """The API's own refusal counts (the request log's, ingest/refusal_counts.py) by second."""
+    """The API's own refusal counts (the request log's, ingest/edge/refusal_counts.py) by second."""
     with psycopg.connect(dsn(system), autocommit=True) as conn:
         rows = conn.execute(
             "SELECT extract(epoch FROM at)::bigint, status, reason, sum(count)::int FROM refusals"

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Readiness:
-    """One scheduler's workers for one version."""
+    """One scheduler's workers for one version (or, read back, every scheduler's summed;
+    routing, ingest/acceptance/routing.py, needs only the counts)."""
 
-    name: str
-    version: str
+    name: str = ""
+    version: str = ""
     ready: int = 0
     loading: int = 0
     unavailable: int = 0

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("gristmill.tokenizer")
+log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _cache: dict[tuple[str | None, int], Any] = {}

@@ -29,9 +29,10 @@ from gristmill.chaos.load import LoadGenerator
 from gristmill.chaos.recovery import measure
 from gristmill.chaos.rig import Rig, own_services, running_rig
 from gristmill.chaos.table import fault_lines, render
+from gristmill.chaos.witness import Witness, client_accepted, witness
 from results.db import make_engine
 
-log = logging.getLogger("gristmill.chaos")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -65,10 +66,12 @@ class ChaosReport:
     workdir: Path
     unsettled: int = 0
     not_recovered: list[str] = field(default_factory=list)
+    witness: Witness | None = None  # the durability ledger's account (decision 54)
 
     @property
     def ok(self) -> bool:
-        return self.audit.ok and self.unsettled == 0 and not self.not_recovered
+        lost = self.witness is not None and self.witness.failed
+        return self.audit.ok and self.unsettled == 0 and not self.not_recovered and not lost
 
     def text(self) -> str:
         lines = [
@@ -83,6 +86,8 @@ class ChaosReport:
             lines.append(f"{self.unsettled} accepted requests never got a row (counted as lost)")
         if self.not_recovered:
             lines.append(f"not recovered in time: {', '.join(self.not_recovered)}")
+        if self.witness is not None:
+            lines.append(self.witness.line())
         if self.audit.problems:
             lines += ["", "problems:", *(f"  {p}" for p in self.audit.problems)]
         lines.append("PASS: nothing lost, duplicated or wrong" if self.ok else "FAIL")
@@ -128,6 +133,7 @@ def _run(
     workdir: Path,
     on_round: Callable[[Fault], None] | None,
 ) -> ChaosReport:
+    started = time.time()
     tenant_ids = list(rig.system.tenant_ids.values())
     engine = make_engine(rig.system.settings.database_url, pool_size=2)
     jobs = rig.has_jobs_api() if cfg.jobs is None else cfg.jobs
@@ -179,6 +185,9 @@ def _run(
         job_ids=fetch_job_ids(engine, tenant_ids),
     )
     ledger.write(workdir / "ledger.jsonl")
+    told = client_accepted(ledger.outcomes, ledger.jobs)
+    second = witness(rig.system.settings, tenant_ids, started - 60, told)
+    log.info("%s", second.line())
     (workdir / "faults.json").write_text(json.dumps([asdict(f) for f in done], indent=1))
     recovery_chart([asdict(f) for f in done], workdir / "recovery.png")
     report = ChaosReport(
@@ -190,6 +199,7 @@ def _run(
         workdir=workdir,
         unsettled=left,
         not_recovered=not_recovered,
+        witness=second,
     )
     (workdir / "report.txt").write_text(report.text() + "\n")
     return report

@@ -14,6 +14,7 @@ from core.config import load_settings
 from core.metrics import MULTIPROC_ENV, multiprocess_env
 from gristmill.cli.doctor import doctor
 from gristmill.cli.jobs import app as jobs_app
+from gristmill.cli.ledger import app as ledger_app
 from gristmill.cli.models import app as models_app
 from gristmill.simulate.cli import simulate as simulate_cmd
 
@@ -26,6 +27,7 @@ tenants_app = typer.Typer(help="Tenants and their API keys.", no_args_is_help=Tr
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(models_app, name="models")
+app.add_typer(ledger_app, name="ledger")
 app.command("doctor")(doctor)
 app.command("simulate")(simulate_cmd)
 
@@ -343,20 +345,6 @@ def chaos(ctx: typer.Context) -> None:
     from gristmill.chaos.cli import main as chaos_main
 
     raise typer.Exit(chaos_main(ctx.args))
-
-
-@app.command(
-    context_settings={
-        "allow_extra_args": True,
-        "ignore_unknown_options": True,
-        "help_option_names": [],
-    }
-)
-def bench(ctx: typer.Context) -> None:
-    """Open-loop sweep against Gristmill and its peers (see docs/bench/README.md)."""
-    from bench.sweep import main as sweep_main
-
-    raise typer.Exit(sweep_main(ctx.args))
 
 
 @app.command("plan")

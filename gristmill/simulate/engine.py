@@ -1,14 +1,14 @@
 """A discrete-event simulation of the whole request path, on a virtual clock.
 
-It runs the project's own pure policy code, unchanged, where the real processes run
-it: per-tenant rate limits (ingest/ratelimit.py) and admission (ingest/admission.py)
-in each API instance; in each scheduler the dispatch core (scheduler/core/dispatch.py, or
-another ``Dispatch``: gristmill/simulate/dispatch.py) with its batcher, flush rule,
-fairness, stagger, retries, offsets, cost model, capacity and load reports, and the
-partition backpressure. What it replaces by numbers is I/O: Kafka's transit,
-PostgreSQL's commit, the answer's way back (``Overheads``), and the model, whose
-batches take what its cost curve says. Reports reach the API instances as in the real
-system: written every ``report_s``, read every ``refresh_s``.
+It runs the project's own pure policy code, unchanged, where the real processes run it:
+per-tenant rate limits (ingest/admission/ratelimit.py) and admission
+(ingest/admission/capacity.py) in each API instance; in each scheduler the dispatch core
+(scheduler/core/dispatch.py, or another ``Dispatch``: gristmill/simulate/dispatch.py) with
+its batcher, flush rule, fairness, stagger, retries, offsets, cost model, capacity and
+load reports, and the partition backpressure. What it replaces by numbers is I/O:
+Kafka's transit, PostgreSQL's commit, the answer's way back (``Overheads``), and the
+model, whose batches take what its cost curve says. Reports reach the API instances as
+in the real system: written every ``report_s``, read every ``refresh_s``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from core.vocab import PRIORITY_CLASSES, ModelRef, RequestStatus
 from gristmill.simulate.dispatch import FACTORIES, Dispatch
 from gristmill.simulate.report import ORDER_WINDOW_S, Result
 from gristmill.simulate.scenario import Scenario
-from ingest.admission import Admission, LoadView
-from ingest.ratelimit import TenantLimiter
+from ingest.admission.capacity import Admission
+from ingest.admission.ratelimit import TenantLimiter
+from ingest.admission.view import LoadView
 from scheduler.core.batcher import BatchKey, Pending
 from scheduler.core.offsets import TopicPartition
 from scheduler.core.plans import InFlight, Worker, Write

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gristmill.simulate.scenario import TIER_ORDER
-from ingest.admission import ORDER_WINDOW_S
+from ingest.admission.capacity import ORDER_WINDOW_S
 
 if TYPE_CHECKING:
     from gristmill.simulate.scenario import Scenario, Stream

@@ -333,7 +333,7 @@ class Batcher:
             that start together stay together (a burst started them at once); held
             once to the stagger point, their starts are spread for good, and a request
             arriving later waits for a worker at most a batch time over the worker
-            count, which admission counts on (ingest/admission.py).
+            count, which admission counts on (ingest/admission/capacity.py).
         A urgent queue smaller than a batch with nothing to fill it goes at once.
         """
         s = sizing or self.sizing

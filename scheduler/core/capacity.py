@@ -1,6 +1,6 @@
 """What a scheduler's live workers can do, from measured batch costs. Pure.
 
-Admission (ingest/admission.py) needs more than items/s: how long a batch takes at the
+Admission (ingest/admission/capacity.py) needs more than items/s: how long a batch takes at the
 size batches get (a request waits out one and runs in one), what a batch of one costs
 (the least latency any request can have) and how many workers share the queue (how
 often one comes free). So each model's entry is a small record.

@@ -1,6 +1,6 @@
 """What a scheduler tells the API instances about who owns its queues. Pure.
 
-Admission (ingest/admission.py) predicts a request's delay from the work queued
+Admission (ingest/admission/capacity.py) predicts a request's delay from the work queued
 ahead of it; inside a class that depends on the request's tenant, because the
 class's tenants are served by weighted round robin. So the report names, per
 model and class, the tenants with the largest queues; the many small ones are

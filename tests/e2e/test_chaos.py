@@ -36,6 +36,8 @@ def short_run(tmp_path: Path, kinds: tuple[str, ...], seed: int) -> ChaosReport:
     assert t.accepted > 100 and t.persisted == t.accepted
     assert t.job_items_persisted == t.job_items
     assert all(f.recovery_s is not None for f in report.faults)
+    # The durability ledger, the second witness, read the whole run (decision 54).
+    assert report.witness is not None and report.witness.complete, report.text()
     return report
 
 

@@ -18,7 +18,7 @@ from sqlalchemy import Text, cast, func, literal, select
 from tritonclient.utils import InferenceServerException
 
 from gristmill.devservices.stack import System
-from ingest.fanout import item_request_id
+from ingest.acceptance.pipeline import item_request_id
 from results.db import make_engine
 from results.schema import idempotency_keys, requests
 

@@ -191,8 +191,9 @@ def test_streams_are_capped_per_key_and_a_resume_outlives_the_stream_it_shares(
     lm_system: System, reference: object
 ) -> None:
     """A free key holds its tier's share of an instance's streams (30 concurrent resumes
-    were accepted before); the resumed streams share the first one's wait for the end (the shared
-    future of ingest/waiters.py) and each still ends when that first one is dropped."""
+    were accepted before); the resumed streams share the first one's wait for the end
+    (the shared future of ingest/acceptance/waiters.py) and each still ends when that
+    first one is dropped."""
     engine = make_engine(lm_system.settings.database_url)
     with engine.begin() as conn:
         tenant = create_tenant(conn, f"free-{uuid.uuid4().hex[:8]}", "free")

@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import event, text
 
 from gristmill.devservices.stack import Services, System, build_system
-from ingest import batch_wire as bw
+from ingest.openai import batch_wire as bw
 from results import files as files_db
 from results.db import make_async_engine, make_engine
 from results.sweeper import Sweeper

@@ -9,12 +9,14 @@ import uuid
 from typing import Any
 
 import httpx
+import openai
 import orjson
 import pytest
+import standardwebhooks
 
 from core.models.sim import sim_output
 from gristmill.devservices.stack import System
-from ingest.webhooks import SIGNATURE_HEADER, verify
+from ingest.jobs import webhook_events as ev
 
 
 def submit(
@@ -198,11 +200,11 @@ def test_completion_window_expires_unfinished_items(system: System) -> None:
 
 
 class _Hook(http.server.BaseHTTPRequestHandler):
-    received: list[tuple[bytes, str]] = []
+    received: list[tuple[bytes, dict[str, str]]] = []
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        _Hook.received.append((body, self.headers[SIGNATURE_HEADER]))
+        _Hook.received.append((body, {k.lower(): v for k, v in self.headers.items()}))
         self.send_response(204)
         self.end_headers()
 
@@ -220,10 +222,18 @@ def test_webhook_is_signed_and_delivered_on_completion(system: System) -> None:
         deadline = time.time() + 60
         while not _Hook.received and time.time() < deadline:
             time.sleep(0.2)
-        body, sig = _Hook.received[0]
-        assert verify(secret, body, sig)
-        assert not verify("whsec_wrong", body, sig)
-        event = orjson.loads(body)
+        body, headers = _Hook.received[0]
+        # Standard Webhooks (decision 53): the receivers' own tools verify it.
+        event = standardwebhooks.Webhook(secret).verify(body, headers)
         assert event["job_id"] == r.json()["job_id"] and event["status"] == "completed"
+        assert headers["webhook-id"] == event["id"] == ev.event_id(r.json()["job_id"])
+        sdk = openai.OpenAI(api_key="unused", base_url=f"{system.url}/v1")
+        sdk.webhooks.verify_signature(body, headers, secret=secret)
+        with pytest.raises(openai.InvalidWebhookSignatureError):
+            sdk.webhooks.verify_signature(body, headers, secret=ev.new_secret())
+        # The deprecated header, for one release.
+        legacy = headers[ev.LEGACY_SIGNATURE_HEADER.lower()]
+        assert ev.legacy_verify(secret, body, legacy, int(time.time()))
+        assert not ev.legacy_verify("whsec_wrong", body, legacy, int(time.time()))
     finally:
         server.shutdown()

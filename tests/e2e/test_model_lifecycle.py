@@ -26,7 +26,7 @@ from sqlalchemy import select
 
 from core.models.sim import sim_output
 from gristmill.devservices.stack import Services, System, build_system
-from ingest.routing import bucket
+from ingest.acceptance.routing import bucket
 from results.db import make_engine
 from results.modelregistry import readiness_stmt
 from results.schema import requests

@@ -3,7 +3,9 @@ real HTTP, Kafka and PostgreSQL: embeddings and completions (gristmill-lm) items
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -262,3 +264,81 @@ def test_large_upload_memory_is_bounded(bsys: System) -> None:
     print(f"uploaded {len(raw) >> 20} MiB: API peak RSS grew by {grew >> 10} MiB")
     assert grew < 64 << 10, grew
     assert c.files.delete(f.id).deleted
+
+
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    received: list[tuple[bytes, dict[str, str]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        _Receiver.received.append((body, {k.lower(): v for k, v in self.headers.items()}))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_batch_webhook_is_openais_event_and_the_sdk_unwraps_it(bsys: System) -> None:
+    """Decision 53: ``extra_body={"webhook_url": ...}`` asks for the batch's terminal
+    event; it arrives in OpenAI's shape, signed by Standard Webhooks, and the unmodified
+    SDK's ``webhooks.unwrap()`` verifies and types it."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        c = sdk(bsys)
+        url = f"http://127.0.0.1:{server.server_port}/hooks/batches"
+        f = c.files.create(file=("in.jsonl", jsonl([embed_line(0, "hooked")])), purpose="batch")
+        b = c.batches.create(
+            input_file_id=f.id,
+            endpoint="/v1/embeddings",
+            completion_window="24h",
+            extra_body={"webhook_url": url},
+        )
+        secret = (b.model_extra or {})["webhook_secret"]
+        assert secret.startswith("whsec_")
+        assert "webhook_secret" not in (c.batches.retrieve(b.id).model_extra or {})  # once
+        wait_done(c, b.id)
+        deadline = time.time() + 60
+        while not _Receiver.received and time.time() < deadline:
+            time.sleep(0.2)
+        body, headers = _Receiver.received[0]
+        event = c.webhooks.unwrap(body, headers, secret=secret)
+        assert event.type == "batch.completed" and event.data.id == b.id
+        assert type(event).__name__ == "BatchCompletedWebhookEvent"
+        with pytest.raises(openai.InvalidWebhookSignatureError):
+            c.webhooks.unwrap(body, headers, secret=sdk_secret_of_another_batch(c, f.id))
+        assert len(_Receiver.received) == 1  # delivered once
+    finally:
+        server.shutdown()
+
+
+def sdk_secret_of_another_batch(c: openai.OpenAI, file_id: str) -> str:
+    other = c.batches.create(
+        input_file_id=file_id,
+        endpoint="/v1/embeddings",
+        completion_window="24h",
+        extra_body={"webhook_url": "http://127.0.0.1:9/never"},
+    )
+    c.batches.cancel(other.id)
+    return str((other.model_extra or {})["webhook_secret"])
+
+
+@pytest.mark.parametrize(
+    ("webhook_url", "status"),
+    [("ftp://x", 400), ("http://169.254.169.254/latest", 400), ("http://a\u0000b/", 400), (5, 422)],
+)
+def test_a_bad_batch_webhook_is_refused_naming_it(
+    bsys: System, webhook_url: object, status: int
+) -> None:
+    c = sdk(bsys)
+    f = c.files.create(file=("in.jsonl", jsonl([embed_line(0, "x")])), purpose="batch")
+    code, body = status_of(
+        lambda: c.batches.create(
+            input_file_id=f.id,
+            endpoint="/v1/embeddings",
+            completion_window="24h",
+            extra_body={"webhook_url": webhook_url},
+        )
+    )
+    assert code == status and body["param"] == "webhook_url", body

@@ -1,6 +1,6 @@
 """Property: any body the API accepts can be carried by Kafka, stored in PostgreSQL and
 answered. Generated bodies (hostile strings, numbers, nesting, headers) go through the
-API's own validation (ingest/schemas.py, the model specs, ingest/infer.py); each one
+API's own validation (ingest/native/wire.py, the model specs, ingest/native/routes.py); each one
 accepted becomes the Kafka message, is decoded as the scheduler would, is written as
 the persister writes it (the idempotency claim, the request row and the batch row)
 into a real PostgreSQL, and is read back as the API answers it."""
@@ -28,11 +28,12 @@ from core.models.sim import sim_output
 from core.models.token_ids import input_text
 from gristmill.devservices.stack import Services
 from gristmill.migrate import migrate_database
-from ingest.idempotency import claim
-from ingest.infer import accept, check_headers, request_message, result_body
-from ingest.schemas import parse_infer
-from ingest.waiters import RESULT_COLUMNS
+from ingest.acceptance.idempotency import claim
+from ingest.acceptance.message import request_message
+from ingest.acceptance.pipeline import check_headers
+from ingest.native.wire import accept, parse_infer, result_body
 from results.db import make_engine, sqlalchemy_url
+from results.requests import RESULT_COLUMNS
 from results.schema import idempotency_keys, requests
 from results.store import write_results
 from results.tenants import Tenant, create_tenant

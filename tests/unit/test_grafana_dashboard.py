@@ -20,7 +20,7 @@ from core.metrics import parse_exposition
 from core.metrics_window import API_SERIES, SCHEDULER_SERIES
 from core.vocab import ModelRef
 from gristmill.devservices.stack import REPO
-from ingest import metrics as api_metrics
+from ingest.operations import metrics as api_metrics
 from results.metrics import JobGauges
 from scheduler.runtime import metrics as scheduler_metrics
 

@@ -45,7 +45,7 @@ from core.protocol import ModelState
 from workers.models.base import Model, ModelUnavailable
 from workers.models.breaker import Breaker, Circuit
 
-log = logging.getLogger("gristmill.worker.http")
+log = logging.getLogger(__name__)
 
 TRANSIENT_STATUS = frozenset({429, 502, 503, 504})
 # Backoff between tries of one call (s): full jitter, exponential from 50 ms, capped at

@@ -28,7 +28,7 @@ from core.vocab import ModelRef
 from workers.models.base import Model
 from workers.models.sim import SimModel
 
-log = logging.getLogger("gristmill.worker.loader")
+log = logging.getLogger(__name__)
 
 
 def load_model(spec: ModelSpec, settings: Settings) -> Model:

@@ -5,7 +5,7 @@ model ref: its worker's KV pool (blocks, block size), the blocks in use, the blo
 that waiting sequences want per priority class (each the blocks of its prompt +
 max_tokens: its worst case, what the policy's ``cost`` counts), and the decode rate:
 tokens sampled per second of stepping over the last ``DECODE_RATE_WINDOW_S``. The API
-decides from these (ingest/kv_admission.py).
+decides from these (ingest/admission/kv.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The admission policy's promises, checked on the simulator over random model shapes
 (batch time 10-2,000 ms, batch limit 8-1,024), fleets, tier and tenant mixes and bursts.
 
-Each example runs the real policy code (ingest/admission.py, the batcher, fairness,
+Each example runs the real policy code (ingest/admission/capacity.py, the batcher, fairness,
 stagger, rate limits) on a virtual clock. Shapes whose capacity would need more than
 ``MAX_RATE`` requests/s to overload are left to the scale scenarios (docs/scaling.md):
 the property loop must stay fast.

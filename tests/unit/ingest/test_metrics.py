@@ -17,6 +17,7 @@ from core.messages import RequestMessage
 from core.metrics import snapshot
 from core.vocab import RequestStatus
 from ingest import metrics
+from ingest.operations import metrics as scrape
 from results.metrics import JobGauges
 
 
@@ -91,20 +92,20 @@ class _CountingEngine:
 def test_a_scrape_runs_no_query_and_serves_the_last_job_gauges() -> None:
     engine = _CountingEngine()
     app = FastAPI()
-    app.include_router(metrics.router)
+    app.include_router(scrape.router)
     app.state.gristmill = SimpleNamespace(engine=engine)
 
-    async def scrape(n: int) -> list[httpx.Response]:
+    async def scrapes(n: int) -> list[httpx.Response]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             return [await client.get("/metrics") for _ in range(n)]
 
-    saved = metrics._job_gauges
-    metrics._job_gauges = JobGauges({"running": 3}, {"queued": 7})
+    saved = scrape._job_gauges
+    scrape._job_gauges = JobGauges({"running": 3}, {"queued": 7})
     try:
-        answers = asyncio.run(scrape(50))
+        answers = asyncio.run(scrapes(50))
     finally:
-        metrics._job_gauges = saved
+        scrape._job_gauges = saved
     assert engine.connects == 0
     assert all(r.status_code == 200 for r in answers)
     assert 'gristmill_jobs{status="running"} 3.0' in answers[-1].text
@@ -115,16 +116,16 @@ def test_the_job_gauges_are_read_in_the_background_and_dropped_when_unreadable()
 
     async def run_for(seconds: float) -> None:
         task = asyncio.create_task(
-            metrics.job_gauges_loop(SimpleNamespace(engine=engine), interval_s=0.05)  # type: ignore[arg-type]
+            scrape.job_gauges_loop(SimpleNamespace(engine=engine), interval_s=0.05)  # type: ignore[arg-type]
         )
         await asyncio.sleep(seconds)
         task.cancel()
 
-    saved = metrics._job_gauges
-    metrics._job_gauges = JobGauges({"running": 1}, {})
+    saved = scrape._job_gauges
+    scrape._job_gauges = JobGauges({"running": 1}, {})
     try:
         asyncio.run(run_for(0.22))
-        assert metrics._job_gauges is None  # unreadable: no stale numbers
+        assert scrape._job_gauges is None  # unreadable: no stale numbers
     finally:
-        metrics._job_gauges = saved
+        scrape._job_gauges = saved
     assert 3 <= engine.connects <= 6

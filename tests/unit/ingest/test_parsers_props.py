@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from core.config import Settings
 from core.errors import InvalidInput, SchemaViolation
 from core.limits import ascii_decimal
-from ingest import batch_wire as bw
-from ingest.completions import _resume_from
-from ingest.job_schemas import parse_index
-from ingest.openai_wire import parse_embeddings, parse_prefer
-from ingest.schemas import parse_infer
+from ingest.jobs.schemas import parse_index
+from ingest.native.wire import parse_infer
+from ingest.openai import batch_wire as bw
+from ingest.openai.completion_wire import resume_from as _resume_from
+from ingest.openai.wire import parse_embeddings, parse_prefer
 from tests.unit.json_strategies import json_values
 
 S = Settings()

@@ -24,7 +24,7 @@ from workers.models.base import Model
 from workers.models.causal_lm import weights
 from workers.models.causal_lm.runner import ModelRunner, default_dtype
 
-log = logging.getLogger("gristmill.worker.lm")
+log = logging.getLogger(__name__)
 
 # Tokens a KV block holds (decision 23: at most 15 slots wasted a sequence, 3% of 512).
 BLOCK_SIZE = 16

@@ -10,7 +10,7 @@ import pytest
 
 from core.messages import RequestMessage
 from core.models.token_ids import tokenized_input
-from ingest.completions import _ending
+from ingest.openai.completion_wire import ending as _ending
 from scheduler.core.generation.events import Finished, Preempted, Token
 from scheduler.core.generation.outbox import Outbox
 from scheduler.core.generation.requests import Progress, Refused, prepare, sampling_seed

@@ -1,0 +1,101 @@
+"""The request messages the API puts in Kafka, made in one place. Pure.
+
+A message carries everything the scheduler needs without a database lookup
+(core/messages.py): who sent it (tenant, priority class, weight), the resolved model
+version, what the model takes, when it arrived and when its caller stops waiting. A
+front door's request becomes one with ``request_message``; a job's items with
+``JobItems``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from core.messages import RequestMessage
+from core.models.spec import ModelSpec
+from core.vocab import TIER_TO_CLASS, PriorityClass
+from results.tenants import Tenant
+
+
+def request_message(
+    spec: ModelSpec,
+    input_: Any,
+    params: dict[str, Any],
+    *,
+    tenant: Tenant,
+    request_id: str,
+    received: float,
+    timeout_ms: int,
+    fingerprint: str = "",
+    tier: str | None = None,
+) -> RequestMessage:
+    """The message of one accepted input. ``fingerprint``: what its Idempotency-Key
+    claim recorded of the body (acceptance/idempotency.py), if it has one of its own.
+    ``tier``: the tier it is scheduled in (a client may lower its priority, never raise
+    it: kserve/wire.py); else the key's."""
+    return RequestMessage(
+        request_id=request_id,
+        tenant_id=tenant.id,
+        priority=TIER_TO_CLASS[tier or tenant.tier],
+        model=spec.name,
+        version=spec.version,
+        input=spec.message_input(input_),  # token ids too, where the model takes them
+        params=params,
+        deadline=received + timeout_ms / 1000,
+        received_at=received,
+        body_hash=fingerprint,
+        weight=tenant.weight,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class JobItems:
+    """What every item message of one job shares, worked out once (a job may have a
+    million items): ``JobItems.of(job, job_id)`` with ``job`` its row
+    (results/job_submission.py ``job_to_publish``)."""
+
+    job_id: str
+    tenant_id: str
+    model: str
+    version: str
+    params: dict[str, Any]
+    deadline: float  # the completion window
+    received_at: float
+    weight: float
+
+    @classmethod
+    def of(cls, job: Any, job_id: str) -> JobItems:
+        return cls(
+            job_id,
+            str(job.tenant_id),
+            job.model,
+            job.model_version,
+            job.params,
+            job.expires_at.timestamp(),
+            job.created_at.timestamp(),
+            job.weight,
+        )
+
+    def message(
+        self, index: int, value: str | bytes, request_id: str, job_attempt: int
+    ) -> RequestMessage:
+        """The message of one item; ``value`` its input as the JSON it was staged as
+        (written as it is)."""
+        return RequestMessage(
+            request_id=request_id,
+            tenant_id=self.tenant_id,
+            priority=PriorityClass.JOBS,
+            model=self.model,
+            version=self.version,
+            input=orjson.Fragment(value),
+            params=self.params,
+            deadline=self.deadline,
+            received_at=self.received_at,
+            job_id=self.job_id,
+            item_index=index,
+            job_attempt=job_attempt,
+            weight=self.weight,
+        )

@@ -1,0 +1,463 @@
+"""The one acceptance pipeline: what every front door does with a request.
+
+A front door (``Door``: /v1/infer, /v1/embeddings, /v1/completions, KServe's infer)
+knows its protocol's wire: how to read its body into an ``Order`` and how to answer
+an ``Outcome``. Everything between is here, the same for every door:
+
+1. The key was checked by the gate (edge/auth.py), the headers by ``check_headers``,
+   before the body was read (a ``Call``).
+2. ``serve``: the instance's own saturation and slots (admission/policy.py), for the
+   doors that hold one while they answer.
+3. The door parses and validates (a 4xx whatever the load), resolving the model.
+4. ``run``: the tenant's rate and admission (a generation's KV cache first: its 400
+   comes before any charge), the deadline.
+5. The Idempotency-Key claimed (ports.IdempotencyKeys) for the first input's id, with
+   a fingerprint of what the caller sent (the model as it named it, not the version
+   routing picked); the others' ids derive from it, so a retry names the same rows.
+6. The messages made (message.py) and every waiter registered, before producing, so a
+   fast result cannot slip past.
+7. A retry: rows already stored are its answer; the rest are sent again only when the
+   first attempt's caller gave up (it may never have reached Kafka) and, for a
+   generation, none is generating (same ids: at most one row each either way), to the
+   version the first attempt was routed to (decision 44).
+8. Produced with acks=all, together (librdkafka's linger puts them in one produce
+   request per partition): now they are accepted. A claim of which nothing reached
+   Kafka is released, so the client's retry sends at once.
+9. Waited for, until the deadline (or less: ``Prefer: wait``), or handed to the door
+   as a stream.
+
+Each input is its own request message: the scheduler batches a many-input request's
+inputs with everyone else's, exactly as it would as many single requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from core import tracing
+from core.config import Settings
+from core.errors import DeadlineExceeded, InvalidInput, ModelError, Unavailable
+from core.messages import RequestMessage, body_hash
+from core.models.spec import ModelSpec
+from core.topics import request_topic
+from core.vocab import RequestStatus
+from ingest import metrics
+from ingest.acceptance.idempotency import aim, check_key, first_version
+from ingest.acceptance.message import request_message
+from ingest.acceptance.ports import Claim, KeyUse
+from ingest.acceptance.state import AppState
+from ingest.acceptance.waiters import ARRIVED_AT
+from ingest.admission.policy import check_admission, check_kv, check_rate, take_instance_slot
+from ingest.edge.auth import received_at
+from ingest.edge.refusal_counts import TIMEOUTS, Timeout
+from ingest.edge.tracing import annotate
+from results.requests import AnswerRow
+from results.tenants import Tenant
+
+Headers = Sequence[tuple[bytes, bytes]]  # an ASGI scope's headers: lower-case names
+
+# The request path allocates little (slots, no lists for a lone input): each object is
+# work for the collector, whose passes over the process's long-lived objects were most
+# of what the first version of this pipeline added to a request's CPU.
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One request at a front door: its key checked (``tenant``), its headers too, its
+    body read (capped in size and time)."""
+
+    tenant: Tenant
+    idempotency_key: str | None
+    body: bytes
+    received: float  # epoch s: when the request arrived
+    headers: Headers = ()
+    path: Mapping[str, Any] | None = None  # the route's path parameters
+
+    def header_values(self, name: bytes) -> list[str]:
+        return [v.decode("latin-1") for k, v in self.headers if k == name]
+
+    def header(self, name: bytes) -> str | None:
+        values = self.header_values(name)
+        return values[0] if values else None
+
+
+def check_headers(settings: Settings, idempotency_key: str | None) -> None:
+    """What the request's own headers carry, checked before its body is read."""
+    check_key(settings, idempotency_key)
+
+
+async def call_of(
+    st: AppState, request: Request, tenant: Tenant, idempotency_key: str | None
+) -> Call:
+    """A FastAPI route's request as a ``Call``: its headers checked, then its body read
+    (BodyLimit caps it, edge/http.py)."""
+    check_headers(st.settings, idempotency_key)
+    return Call(
+        tenant,
+        idempotency_key,
+        await request.body(),
+        received_at(request),
+        request.scope["headers"],
+        dict(request.path_params),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A generation request's size, for admission against the KV cache."""
+
+    prompt_tokens: int
+    max_tokens: int
+
+
+@dataclass(slots=True)
+class Order:
+    """What a door asks the pipeline to accept: validated inputs of one model version."""
+
+    spec: ModelSpec
+    inputs: list[Any]
+    params: dict[str, Any]
+    # A request of many inputs (an array) is fingerprinted as the list, and its
+    # messages carry no fingerprint; a request of one input as that input.
+    many: bool = False
+    timeout_ms: int | None = None  # the caller's deadline; None: its tier's SLO
+    tier: str | None = None  # the tier its messages are scheduled in (None: the key's)
+    # How long to wait for the answers at most, from when they are sent (s); None:
+    # until the deadline. A generation's deadline is its first token's, so it is waited
+    # for this long whatever its deadline.
+    wait_s: float | None = None
+    generation: Generation | None = None
+    stream: bool = False  # hand the accepted request to the door unwaited
+    wire: Any = None  # the door's own parsed request, for its answer
+    # What an Idempotency-Key fingerprints (decision 44): the model as the caller named
+    # it ("": the spec's ref) and the parameters it sent (None: ``params``), not what
+    # routing and the model made of them, so a retry is one whatever routing decides.
+    asked: str = ""
+    sent: dict[str, Any] | None = None
+    # ``params`` for another version of the model, from (its spec, ``wire``): a retry
+    # sent again to its first attempt's version. None: the same params.
+    reparams: Callable[[ModelSpec, Any], dict[str, Any]] | None = None
+    # What the door holds for this order while it answers (a stream's slot), given back
+    # here if the order fails before the door's answer takes it over.
+    release: Callable[[], None] | None = None
+
+
+def model_defaults(spec: ModelSpec, _wire: Any) -> dict[str, Any]:
+    """An ``Order.reparams`` for doors that send the model's default parameters."""
+    return spec.normalize_params(None)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What became of an order: every row (in input order) when all finished in time,
+    else None; the ids to fetch them by later either way."""
+
+    request_ids: list[str]
+    messages: list[RequestMessage]
+    rows: list[AnswerRow] | None
+    limit_headers: dict[str, str]
+    timeout_ms: int
+    retry: bool = False  # the Idempotency-Key named an earlier request
+    replayed: bool = False  # every row was stored before this call: a retry's answer
+    unanswered: Sequence[RequestMessage] = ()
+
+    def gave_up(self, message: str) -> DeadlineExceeded:
+        """The 504 of a sync request whose deadline passed: remembered, so the request
+        log tells a result stored later from one answered in time."""
+        now = time.time()
+        for m in self.unanswered:
+            TIMEOUTS.record(Timeout(m.request_id, m.tenant_id, m.received_at, now))
+        return DeadlineExceeded(message)
+
+
+class Door(Protocol):
+    """A front door: its protocol's wire on both sides of the pipeline."""
+
+    holds_slot: bool  # holds one of the instance's in-flight slots while it answers
+
+    async def order(self, st: AppState, call: Call) -> Order:
+        """The body parsed, the model resolved, every input validated (4xx)."""
+        ...
+
+    def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:
+        """The door's answer; raises the error to answer with (edge/http.py maps it)."""
+        ...
+
+
+def validate_each(spec: ModelSpec, inputs: list[Any], field_of: Callable[[int], str]) -> None:
+    """The model's checks on every input; an error names the input it is about."""
+    for i, value in enumerate(inputs):
+        try:
+            spec.validate_input(value)
+        except InvalidInput as exc:
+            where = field_of(i)
+            raise InvalidInput(exc.message.replace("input", where, 1), field=where) from None
+
+
+def raise_if_unsuccessful(row: AnswerRow, field: str = "input") -> None:
+    """The error a finished request's caller gets when it failed or expired."""
+    if row["status"] == RequestStatus.EXPIRED:
+        raise DeadlineExceeded(
+            "the deadline passed before a worker could run the request", reason="expired"
+        )
+    if row["status"] == RequestStatus.FAILED:
+        raise ModelError(f"the model failed on this input: {row['error']}", field=field)
+
+
+def item_request_id(first: str, index: int) -> str:
+    """Input ``index``'s request id, from input 0's (which an Idempotency-Key claims):
+    every retry of the request names the same rows."""
+    return first if index == 0 else str(uuid.uuid5(uuid.UUID(first), str(index)))
+
+
+def default_timeout_ms(slo_ms: int, n: int, max_batch: int, max_timeout_ms: int) -> int:
+    """The deadline of ``n`` inputs when the client sets none: the tier's SLO for each
+    batch they fill at least (n / the model's largest batch, rounded up), since one
+    worker runs those batches one after another; never past ``max_timeout_ms``."""
+    return min(max_timeout_ms, slo_ms * -(-n // max_batch))
+
+
+async def serve(st: AppState, door: Door, call: Call) -> Response:
+    """A front door's request, from its body to its answer."""
+    if door.holds_slot:
+        take_instance_slot(st.overload, st.inflight, st.settings, call.tenant.tier)
+    try:
+        order = await door.order(st, call)
+        try:
+            return door.answer(st, call, order, await run(st, call, order))
+        except BaseException:
+            if order.release is not None:
+                order.release()
+            raise
+    finally:
+        if door.holds_slot:
+            st.inflight.release()
+
+
+def _admit(
+    st: AppState, tenant: Tenant, order: Order, timeout_ms: int, deadline: float
+) -> dict[str, str]:
+    """The tenant's rate and admission (decision 24); the answer's RateLimit-* headers."""
+    s, n = st.settings, len(order.inputs)
+    if order.generation is not None:
+        g = order.generation
+        check_kv(st.load, tenant, order.spec.ref, g.prompt_tokens, g.max_tokens, deadline)
+        return check_rate(st.limiter, s, tenant, items=n)
+    headers = check_rate(st.limiter, s, tenant, items=n)
+    check_admission(st.load, s, tenant, order.spec.ref, timeout_ms)
+    return headers
+
+
+async def run(st: AppState, call: Call, order: Order) -> Outcome:
+    """Admit, claim, make durable and wait for ``order`` (validated by its door).
+    Raises 429/503 before anything is produced."""
+    s, tenant, key, spec = st.settings, call.tenant, call.idempotency_key, order.spec
+    n = len(order.inputs)
+    slo_ms = s.tier_slo_ms.get(tenant.tier, s.default_timeout_ms)
+    timeout_ms = order.timeout_ms or default_timeout_ms(
+        slo_ms, n, spec.max_batch_size, s.max_timeout_ms
+    )
+    deadline = call.received + timeout_ms / 1000
+    limit_headers = _admit(st, tenant, order, timeout_ms, deadline)
+    first, claim, use = str(uuid.uuid4()), None, None
+    if key is not None:
+        what = order.inputs if order.many else order.inputs[0]
+        sent = order.params if order.sent is None else order.sent
+        fingerprint = body_hash(order.asked or spec.ref, what, sent)
+        use = KeyUse(
+            tenant.id,
+            key,
+            first,
+            fingerprint,
+            deadline,
+            call.received,
+            spec.version,
+            # As claims before decision 44 fingerprinted it (the routed version's ref).
+            lambda: body_hash(spec.ref, what, order.params),
+        )
+        claim = await st.keys.claim(use)
+        first = claim.request_id  # a retry: the first attempt's
+    ids: list[str] = []
+    msgs: list[RequestMessage] = []
+    for i, value in enumerate(order.inputs):
+        rid = item_request_id(first, i)
+        ids.append(rid)
+        msgs.append(
+            request_message(
+                spec,
+                value,
+                order.params,
+                tenant=tenant,
+                request_id=rid,
+                received=call.received,
+                timeout_ms=timeout_ms,
+                # A lone input's message carries the claim's fingerprint; a request
+                # of many is fingerprinted once, as the list.
+                fingerprint=use.body_hash if use is not None and not order.many else "",
+                tier=order.tier,
+            )
+        )
+    retry = claim is not None and not claim.first
+    if retry and claim is not None and claim.first_received is not None:
+        # A retry's messages carry the first attempt's time (the request log's partition
+        # key; the deadline stays this attempt's), so a resend meets the rows it wrote.
+        for m in msgs:
+            m.received_at = claim.first_received.timestamp()
+    annotate(ids[0], spec.ref, tenant.tier)
+    futs: list[asyncio.Future[AnswerRow]] = []
+    try:
+        for rid in ids:
+            futs.append(st.waiter.register(rid))
+        send = True
+        pending: Sequence[int] = range(n)
+        if retry and claim is not None:
+            send = await _replay(st, tenant, order, claim, ids, futs)
+            pending = [i for i, f in enumerate(futs) if not f.done()]
+            if send and pending:
+                await _aim_at_first(st, order, claim, msgs, pending)
+        if send and pending:
+            await _send(st, tenant, _picked(msgs, pending), claim, use)
+        out = Outcome(ids, msgs, None, limit_headers, timeout_ms, retry, retry and not pending)
+        if order.stream:
+            return out
+        if pending:
+            await _wait(order, futs, pending, deadline)
+        if not all(f.done() for f in futs):
+            out.unanswered = [m for m, f in zip(msgs, futs, strict=True) if not f.done()]
+            return out
+        out.rows = [f.result() for f in futs]
+        _answered(st, msgs, out.rows, pending)
+        return out
+    finally:
+        for rid in ids:
+            st.waiter.discard(rid)
+
+
+async def _aim_at_first(
+    st: AppState, order: Order, claim: Claim, msgs: list[RequestMessage], pending: Sequence[int]
+) -> None:
+    """A retry sent again goes to the version its first attempt was routed to, pinned,
+    whatever a canary, promote, rollback or pin decided meanwhile (decision 44)."""
+    spec = await first_version(st.catalog, order.spec, claim)
+    if spec is order.spec:
+        return
+    params = order.params if order.reparams is None else order.reparams(spec, order.wire)
+    for i in pending:
+        aim(msgs[i], spec, order.inputs[i])
+        msgs[i].params = params
+
+
+def _picked(msgs: list[RequestMessage], pending: Sequence[int]) -> list[RequestMessage]:
+    return msgs if len(pending) == len(msgs) else [msgs[i] for i in pending]
+
+
+async def _replay(
+    st: AppState,
+    tenant: Tenant,
+    order: Order,
+    claim: Claim,
+    ids: list[str],
+    futs: list[asyncio.Future[AnswerRow]],
+) -> bool:
+    """A retry: its stored rows answer it; whether to send the rest again."""
+    done = {str(r["request_id"]): r for r in await st.waiter.fetch(ids)}
+    for rid, f in zip(ids, futs, strict=True):
+        if rid in done and not f.done():
+            f.set_result(done[rid])
+    if all(f.done() for f in futs):
+        return False
+    generation = order.generation is not None
+    if generation and (await st.waiter.progress(ids[0], tenant.id)).generating:
+        return False  # running: its stream goes on, whatever the first caller did
+    # Still running: wait for the first attempt, unless its caller gave up, in which
+    # case some may never have reached Kafka.
+    return claim.first_deadline is not None and claim.first_deadline < datetime.now(UTC)
+
+
+async def _send(
+    st: AppState,
+    tenant: Tenant,
+    msgs: list[RequestMessage],
+    claim: Claim | None,
+    use: KeyUse | None,
+) -> None:
+    """Every message produced at once and awaited together. Those that are durable run
+    and are stored under their own ids; if any is not, the first failure (a 503)."""
+    headers = tracing.headers()
+    s = st.settings
+    if len(msgs) == 1:  # the hot path: no task and no lists for a lone message
+        m = msgs[0]
+        try:
+            await st.producer.produce(request_topic(s, m.priority), m.encode(), headers=headers)
+        except Unavailable:
+            if claim is not None and claim.first and use is not None:
+                await st.keys.release(use)  # nothing reached Kafka: the retry sends at once
+            raise
+        metrics.admitted(tenant.tier)
+        return
+    outcomes = await asyncio.gather(
+        *(
+            st.producer.produce(request_topic(s, m.priority), m.encode(), headers=headers)
+            for m in msgs
+        ),
+        return_exceptions=True,
+    )
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    for _ in range(len(outcomes) - len(failed)):
+        metrics.admitted(tenant.tier)
+    if not failed:
+        return
+    if claim is not None and claim.first and len(failed) == len(outcomes) and use is not None:
+        # Nothing reached Kafka: the client's retry sends it all again at once. (When
+        # some did, the claim stays: a retry after this deadline resends the rest.)
+        await st.keys.release(use)
+    raise failed[0]
+
+
+async def _wait(
+    order: Order, futs: list[asyncio.Future[AnswerRow]], pending: Sequence[int], deadline: float
+) -> None:
+    """Until the pending answers are in, the deadline passed or the order's wait ran out."""
+    if order.generation is not None and order.wait_s is not None:
+        wait = order.wait_s
+    else:
+        wait = max(0.0, deadline - time.time())
+        if order.wait_s is not None:
+            wait = min(wait, order.wait_s)
+    if wait <= 0:
+        return
+    if len(pending) == 1:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(futs[pending[0]]), timeout=wait)
+        return
+    await asyncio.wait([futs[i] for i in pending], timeout=wait)
+
+
+def _answered(
+    st: AppState, msgs: list[RequestMessage], rows: list[AnswerRow], heard: Sequence[int]
+) -> None:
+    """Answers heard (not replayed) reach their callers now: the stage metrics, and the
+    delay since the last reached this instance (what the overload guard sheds on,
+    decision 15: this instance's own part, not the database's commit)."""
+    if not heard:
+        return
+    now = time.time()
+    last: float | None = None
+    for i in heard:
+        row = rows[i]
+        metrics.answered(msgs[i], row, now)
+        arrived = row.get(ARRIVED_AT)
+        if arrived is not None:
+            last = arrived if last is None else max(last, arrived)
+    if last is not None:
+        st.overload.answer.observe((now - last) * 1000)

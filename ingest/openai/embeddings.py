@@ -1,0 +1,133 @@
+"""``POST /v1/embeddings`` as OpenAI's, on the acceptance pipeline of ``/v1/infer``.
+
+Accepted means durable (every input in Kafka), as everywhere; the key's tier sets
+limits, admission and the deadline; an ``Idempotency-Key`` makes a retry name the
+same results. Each input is its own request, batched by the scheduler with all other
+traffic (ingest/acceptance/pipeline.py). ``Prefer: respond-async, wait=N`` (RFC 7240)
+answers 202 with ``Location: /v1/requests/{id}`` when the answer is not ready within N
+seconds. Errors are in OpenAI's shape (ingest/edge/error_shapes.py). The wire format is
+ingest/openai/wire.py; what differs from OpenAI's service: decision 34. In production
+the fast path serves it (ingest/fast_path.py), through the same door (``EMBEDDINGS``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Header, Request
+from fastapi.responses import ORJSONResponse
+from starlette.responses import Response
+
+from core.errors import InvalidInput
+from ingest.acceptance import pipeline
+from ingest.acceptance.pipeline import Call, Order, Outcome
+from ingest.acceptance.state import AppState, get_state
+from ingest.edge.auth import Caller
+from ingest.edge.error_shapes import Shape, declared
+from ingest.openai.wire import (
+    EmbeddingsRequest,
+    Prefer,
+    check_dimensions,
+    embeddings_answer,
+    parse_embeddings,
+    parse_prefer,
+    prompt_tokens,
+)
+
+router = APIRouter()
+
+
+class EmbeddingsDoor:
+    """One input or up to 2,048, answered in input order (or 202 when preferred)."""
+
+    holds_slot = True
+
+    async def order(self, st: AppState, call: Call) -> Order:
+        prefer = parse_prefer(call.header_values(b"prefer"))
+        body = parse_embeddings(call.body, st.settings)
+        spec = await st.catalog.resolve(
+            body.model, tenant_id=call.tenant.id, idempotency_key=call.idempotency_key
+        )
+        dim = spec.embedding_dim()
+        if dim is None:
+            raise InvalidInput(
+                f"model {spec.ref} does not answer with embeddings; see GET /v1/models",
+                field="model",
+            )
+        check_dimensions(body.dimensions, dim, spec.ref)
+        many = len(body.inputs) > 1
+        pipeline.validate_each(spec, body.inputs, lambda i: f"input[{i}]" if many else "input")
+        return Order(
+            spec,
+            body.inputs,
+            spec.normalize_params(None),  # the model's defaults (embeddings: normalized)
+            many=True,
+            timeout_ms=body.timeout_ms,
+            # respond-async: the client takes a 202 once Kafka has it, or after ``wait`` s.
+            wait_s=(prefer.wait_s or 0) if prefer.respond_async else None,
+            wire=(body, prefer),
+            asked=body.model,  # an Idempotency-Key's fingerprint: what was sent
+            sent={},
+            reparams=pipeline.model_defaults,
+        )
+
+    def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:
+        body, prefer = order.wire
+        if outcome.rows is None:
+            return _pending(outcome, body, prefer)
+        many = len(outcome.rows) > 1
+        for i, row in enumerate(outcome.rows):
+            pipeline.raise_if_unsuccessful(row, f"input[{i}]" if many else "input")
+        tokens = sum(prompt_tokens(m.input) for m in outcome.messages)
+        return ORJSONResponse(
+            embeddings_answer(
+                outcome.rows,
+                model=order.spec.ref,
+                encoding=body.encoding,
+                dimensions=body.dimensions,
+                tokens=tokens,
+            ),
+            headers=outcome.limit_headers,
+        )
+
+
+EMBEDDINGS = EmbeddingsDoor()
+
+
+@router.post(
+    "/v1/embeddings",
+    summary="OpenAI's embeddings API: one input or up to 2,048, answered in input order",
+    responses={
+        202: {"description": "Prefer: respond-async and not ready in time; see Location"},
+        **declared(Shape.OPENAI),
+    },
+)
+async def embeddings(
+    request: Request, tenant: Caller, idempotency_key: str | None = Header(default=None)
+) -> Response:
+    st = get_state(request)
+    call = await pipeline.call_of(st, request, tenant, idempotency_key)
+    return await pipeline.serve(st, EMBEDDINGS, call)
+
+
+def _pending(outcome: Outcome, body: EmbeddingsRequest, prefer: Prefer) -> ORJSONResponse:
+    """Not all answered in time: 202 when the client prefers it, else the deadline's 504.
+    Either way every input is accepted and its result is kept under its request id."""
+    where = f"/v1/requests/{outcome.request_ids[0]}"
+    if not prefer.respond_async:
+        raise outcome.gave_up(
+            "no answer before the deadline; the inputs stay accepted and their results "
+            f"can be fetched at /v1/requests/{{id}} (first: {where})"
+        )
+    content: dict[str, Any] = {
+        "object": "list",
+        "status": "in_progress",
+        "model": body.model,
+        "data": [
+            {"object": "request", "index": i, "request_id": rid, "url": f"/v1/requests/{rid}"}
+            for i, rid in enumerate(outcome.request_ids)
+        ],
+    }
+    applied = "respond-async" + (f", wait={prefer.wait_s}" if prefer.wait_s is not None else "")
+    headers = {**outcome.limit_headers, "Location": where, "Preference-Applied": applied}
+    return ORJSONResponse(content, status_code=202, headers=headers)
