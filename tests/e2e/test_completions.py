@@ -190,9 +190,10 @@ LONG = [  # prompts whose greedy answers run to 400 tokens (no end-of-text befor
 def test_streams_are_capped_per_key_and_a_resume_outlives_the_stream_it_shares(
     lm_system: System, reference: object
 ) -> None:
-    """A free key holds 4 streams on an instance (30 concurrent resumes were accepted
-    before); the resumed streams share the first one's wait for the end (the shared
-    future of ingest/acceptance/waiters.py) and each still ends when that first one is dropped."""
+    """A free key holds its tier's share of an instance's streams (30 concurrent resumes
+    were accepted before); the resumed streams share the first one's wait for the end
+    (the shared future of ingest/acceptance/waiters.py) and each still ends when that
+    first one is dropped."""
     engine = make_engine(lm_system.settings.database_url)
     with engine.begin() as conn:
         tenant = create_tenant(conn, f"free-{uuid.uuid4().hex[:8]}", "free")
@@ -209,7 +210,11 @@ def test_streams_are_capped_per_key_and_a_resume_outlives_the_stream_it_shares(
         )
         assert first.status_code == 200, first.read()
         rid = first.headers["x-request-id"]
-        next(_events(first.iter_lines()))  # generating: its tokens are in the database
+        # Kept: an iterator over a response that is dropped half read closes its
+        # connection (httpcore closes on GeneratorExit), which would end this stream and
+        # free its slot before the others are counted.
+        first_events = _events(first.iter_lines())
+        next(first_events)  # generating: its tokens are in the database
         # Frozen mid-generation, so every stream stays open however fast the model is.
         group = lm_system.procs["scheduler"].pid
         os.killpg(group, signal.SIGSTOP)
@@ -219,9 +224,15 @@ def test_streams_are_capped_per_key_and_a_resume_outlives_the_stream_it_shares(
             )
             resumed = [client.send(resume, stream=True) for _ in range(per_key - 1)]
             assert [r.status_code for r in resumed] == [200] * (per_key - 1)
-            over = client.get(f"{url}/v1/completions/cmpl-{rid}?stream=true", headers=headers)
+            # Streamed, so a stream wrongly accepted fails here instead of reading forever.
+            over = client.send(resume, stream=True)
+            if over.status_code == 200:
+                over.close()
+                pytest.fail(f"stream {per_key + 1} of a key that may hold {per_key} was accepted")
+            over.read()
             assert over.status_code == 429 and int(over.headers["Retry-After"]) >= 1, over.text
             assert over.json()["error"]["type"] == "rate_limit_error"
+            first_events.close()
             first.close()  # the first caller goes; the others wait on the future it shared
             time.sleep(0.5)
         finally:
