@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -291,15 +291,20 @@ def raise_fd_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def _child(args: tuple[LoadSpec, int, int, float]) -> dict[str, Any]:
+def run_in_child(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """A load-generating child's loop: all the file descriptors it may have, and uvloop
+    where installed (the event loop the API itself runs on: less client CPU a request)."""
     raise_fd_limit()
-    spec, index, n, start = args
-    try:  # the event loop the API itself runs on: less client CPU a request
+    try:
         import uvloop
 
-        return uvloop.run(_drive(spec, index, n, start))
+        return uvloop.run(coro)
     except ImportError:
-        return asyncio.run(_drive(spec, index, n, start))
+        return asyncio.run(coro)
+
+
+def _child(args: tuple[LoadSpec, int, int, float]) -> dict[str, Any]:
+    return run_in_child(_drive(*args))
 
 
 async def _drive(spec: LoadSpec, index: int, n: int, start: float) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from bench.openloop import HDR_MAX_US, new_hist, raise_fd_limit
+from bench.openloop import HDR_MAX_US, new_hist, run_in_child
 from bench.rawhttp import HttpError, RawPool
 
 # The start of a refusal's message -> its reason (core/errors.py's words where the API
@@ -128,14 +128,7 @@ def run_traffic(spec: TrafficSpec, processes: int = 1) -> Traffic:
 
 
 def _child(args: tuple[TrafficSpec, int, int, float]) -> dict[str, Any]:
-    raise_fd_limit()
-    spec, index, n, start = args
-    try:  # the event loop the API itself runs on: less client CPU a request
-        import uvloop
-
-        return uvloop.run(_drive(spec, index, n, start))
-    except ImportError:
-        return asyncio.run(_drive(spec, index, n, start))
+    return run_in_child(_drive(*args))
 
 
 async def _drive(spec: TrafficSpec, index: int, n: int, start: float) -> dict[str, Any]:
