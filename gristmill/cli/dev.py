@@ -3,11 +3,11 @@
 Starts a throwaway Kafka (KRaft, from Maven jars) and PostgreSQL (initdb) under
 the state directory, unless KAFKA_BOOTSTRAP / DATABASE_URL point at real ones;
 migrates; creates a ``dev`` tenant with a fresh key; starts the API and a
-scheduler with its workers; checks one request end to end; prints how to call
-it and writes ``.gristmill/dev.env``.
+scheduler with its workers; checks one request end to end; starts the durability
+ledger (decision 54); prints how to call it and writes ``.gristmill/dev.env``.
 
-Supervising (decision 46): an API or scheduler process that dies is started again (and
-it says so) while the rest keep serving, as an orchestrator would; a scheduler's
+Supervising (decision 46): an API, scheduler or ledger process that dies is started again
+(and it says so) while the rest keep serving, as an orchestrator would; a scheduler's
 workers are restarted by the scheduler itself.
 
 Stopping (decision 28): Ctrl-C or SIGTERM stops everything in order, within
@@ -46,7 +46,12 @@ from gristmill.devservices.leftovers import (
 )
 from gristmill.devservices.lifeline import Group, lifeline, stop
 from gristmill.devservices.ports import port_free, port_holder
-from gristmill.devservices.stack import LOOPBACK_WEBHOOKS, api_command, scheduler_command
+from gristmill.devservices.stack import (
+    LOOPBACK_WEBHOOKS,
+    api_command,
+    ledger_command,
+    scheduler_command,
+)
 from gristmill.devservices.stopsignals import StopSignals
 from gristmill.restarts import RestartPolicy
 from scheduler.runtime.service import SHUTDOWN_DRAIN_S
@@ -82,8 +87,8 @@ def _port_message(port: int, holder: str) -> str:
 
 
 class _Apps:
-    """The API and the scheduler: each leads its own session, held by the lifeline, and
-    is started again when it dies (``supervise``)."""
+    """The API, the scheduler and the ledger: each leads its own session, held by the
+    lifeline, and is started again when it dies (``supervise``)."""
 
     def __init__(self, env: dict[str, str], logs: Path) -> None:
         self.env, self.logs = env, logs
@@ -168,7 +173,8 @@ class _Apps:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(1)
         if targets:
-            _say(f"API and scheduler stopped in {time.monotonic() - started:.1f} s")
+            what = "API, scheduler and ledger" if "ledger" in self.procs else "API and scheduler"
+            _say(f"{what} stopped in {time.monotonic() - started:.1f} s")
         if survivors:
             _say(f"still running after SIGKILL: {'; '.join(survivors)}")
         for g in targets:
@@ -349,6 +355,15 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
             f"export KAFKA_BOOTSTRAP={env['KAFKA_BOOTSTRAP']}\n"
             f"export DATABASE_URL={env['DATABASE_URL']}\n",
         )
+        # The ledger once the system answers: it is not on a request's path, so it
+        # neither delays nor fails the start-up (a ledger that dies is restarted).
+        ledger_port = _ledger_metrics_port(env, settings.ledger_metrics_port)
+        apps.start(
+            "ledger",
+            ledger_command(),
+            "durability ledger",
+            lambda: {"GRISTMILL_LEDGER_METRICS_PORT": str(ledger_port)},
+        )
         answer = answers[served[0]]
         _say(
             f"""
@@ -357,6 +372,7 @@ Gristmill is running.
   API key:   {key}
   Kafka:     {env["KAFKA_BOOTSTRAP"]}
   Postgres:  {env["DATABASE_URL"]}
+  Ledger:    {_ledger_note(ledger_port)}
   Logs:      {logs}
   Env file:  {state_dir / "dev.env"}
 
@@ -366,7 +382,7 @@ Try it:
 
 Models served (each answered): {", ".join(served)}
 First answer: {answer.get("output")}  (batch of {answer.get("batch_size")})
-{_unserved_note(url, served)}An API or scheduler process that dies is restarted.
+{_unserved_note(url, served)}An API, scheduler or ledger process that dies is restarted.
 Press Ctrl-C to stop."""
         )
         while not stop_signals.orderly.wait(1.0):
@@ -391,6 +407,19 @@ Press Ctrl-C to stop."""
         lifeline().close()  # its watchdog exits too before we do
 
 
+def _ledger_metrics_port(env: dict[str, str], configured: int) -> int:
+    """The ledger's metrics port: the one set, else its default while free, else any free
+    one (a second dev system, a test's, may hold the default)."""
+    if "GRISTMILL_LEDGER_METRICS_PORT" in env or configured == 0 or port_free(configured):
+        return configured
+    return free_port()
+
+
+def _ledger_note(port: int) -> str:
+    where = f"http://127.0.0.1:{port}/metrics" if port else "metrics off"
+    return f"{where}   (its account of a tenant: gristmill ledger export --help)"
+
+
 def _unserved_note(url: str, served: list[str]) -> str:
     """A line naming the models ``GET /v1/models`` lists that no worker here serves
     (``--models`` left them out), or nothing."""
@@ -411,8 +440,8 @@ def _unserved_note(url: str, served: list[str]) -> str:
 def _shutdown(
     apps: _Apps, kafka: KafkaCluster | None, pg: PostgresServer | None, now: threading.Event
 ) -> None:
-    """API and scheduler first (the scheduler still needs Kafka and PostgreSQL to finish
-    its batch and commit), then Kafka and PostgreSQL; then anything still held."""
+    """API, scheduler and ledger first (the scheduler still needs Kafka and PostgreSQL to
+    finish its batch and commit), then Kafka and PostgreSQL; then anything still held."""
     if not apps.procs and kafka is None and pg is None and not lifeline().held():
         return
     started = time.monotonic()

@@ -445,7 +445,8 @@ def dev(
         help="models the workers serve (every built-in one: all that GET /v1/models lists)",
     ),
 ) -> None:
-    """Start Kafka, PostgreSQL, the API, a scheduler and workers locally; print a key."""
+    """Start Kafka, PostgreSQL, the API, a scheduler with workers and the durability ledger
+    locally; print a key."""
     from gristmill.cli.dev import run_dev
 
     _logging("WARNING")

@@ -90,6 +90,11 @@ def scheduler_command(workers: int, models: str, socket_dir: Path) -> list[str]:
     ]
 
 
+def ledger_command() -> list[str]:
+    """The durability ledger (decision 54), as a deployment starts it."""
+    return [sys.executable, "-m", "gristmill", "ledger", "run"]
+
+
 @dataclass
 class Services:
     bootstrap: str

@@ -5,8 +5,8 @@ safe by default). Run by deploy/check.sh after the tools are built:
 
 Each test renders the chart for some values and checks what a cluster would be given:
 egress only to named peers, an Ingress that publishes the APIs alone, bounded scratch
-space, TLS to Kafka and PostgreSQL unless opted out, and the refusals that keep an
-unsafe value from rendering at all.
+space, TLS to Kafka and PostgreSQL unless opted out, the refusals that keep an
+unsafe value from rendering at all, and the durability ledger's one scraped pod.
 """
 
 from __future__ import annotations
@@ -326,6 +326,82 @@ def a_gpu_pod_has_the_hosts_shape() -> None:
         assert env_of(c).get("GRISTMILL_EMBED_MAX_BATCH") == "1024", name
     cpu_only = render()  # no GPU pods: the CPU's own batch limit stays
     assert all("GRISTMILL_EMBED_MAX_BATCH" not in env_of(c) for _, c in containers(cpu_only))
+
+
+# ---- the durability ledger -----------------------------------------------------------
+def matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+@test
+def the_ledger_runs_once_and_is_scraped() -> None:
+    """Decision 54: one `gristmill ledger run` pod, its metrics port open to Prometheus
+    (annotations and the common policy's metricsFrom), Kafka and PostgreSQL reached as
+    every other pod's, with the chart's connection settings."""
+    objs = render(FULL)
+    ledger = named(objs, "Deployment", "-ledger")
+    assert ledger["spec"]["replicas"] == 1
+    pod = ledger["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    assert c["args"] == ["ledger", "run"], c["args"]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9465, "protocol": "TCP"}]
+    env = env_of(c)
+    assert env["GRISTMILL_LEDGER_METRICS_PORT"] == "9465"
+    assert env["GRISTMILL_METRICS_HOST"] == "0.0.0.0"  # reachable from Prometheus
+    scheduler = env_of(
+        named(objs, "Deployment", "-scheduler")["spec"]["template"]["spec"]["containers"][0]
+    )
+    for name in (
+        "KAFKA_BOOTSTRAP",
+        "DATABASE_URL",
+        "GRISTMILL_CONSUMER_GROUP",
+        "GRISTMILL_TOPIC_PREFIX",
+        "GRISTMILL_KAFKA_SASL_PASSWORD",
+        "GRISTMILL_KAFKA_SSL_CA_LOCATION",
+        "PGSSLROOTCERT",
+    ):
+        assert env[name] == scheduler[name], name
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "9465"
+    assert c["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert c["resources"]["limits"]["memory"], "the ledger's memory is bounded"
+    common = named(objs, "NetworkPolicy", "gristmill")["spec"]
+    assert matches(common["podSelector"], pod["metadata"]["labels"])
+    (scrape,) = common["ingress"]
+    assert scrape["from"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "monitoring"
+    }
+    moved = render(metrics__ledgerPort="9999", ledger__resources='{"limits": {"memory": "3Gi"}}')
+    c = named(moved, "Deployment", "-ledger")["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(c)["GRISTMILL_LEDGER_METRICS_PORT"] == "9999"
+    assert c["ports"][0]["containerPort"] == 9999
+    assert c["resources"]["limits"] == {"memory": "3Gi"}
+
+
+@test
+def the_strimzi_user_may_read_as_the_ledger() -> None:
+    """The ledger's group is <consumerGroup>.ledger: inside the user's group prefix ACL."""
+    objs = strimzi_cnpg()
+    (user,) = of_kind(objs, "KafkaUser")
+    groups = [a for a in user["spec"]["authorization"]["acls"] if a["resource"]["type"] == "group"]
+    ledger_env = env_of(
+        named(objs, "Deployment", "-ledger")["spec"]["template"]["spec"]["containers"][0]
+    )
+    group = ledger_env["GRISTMILL_CONSUMER_GROUP"] + ".ledger"
+    assert any(
+        a["resource"]["patternType"] == "prefix"
+        and group.startswith(a["resource"]["name"])
+        and "Read" in a["operations"]
+        for a in groups
+    ), groups
+
+
+@test
+def the_ledger_is_absent_when_disabled() -> None:
+    objs = render(ledger__enabled="false")
+    assert not [o for o in of_kind(objs, "Deployment") if o["metadata"]["name"].endswith("-ledger")]
+    assert named(objs, "Deployment", "-scheduler"), "only the ledger goes"
 
 
 def strimzi_cnpg() -> list[dict[str, Any]]:
