@@ -168,7 +168,12 @@ class _Apps:
         started = time.monotonic()
         # SIGTERM to each group (uvicorn's processes stop, the scheduler drains, its
         # workers ignore it and wait for their scheduler), SIGKILL after the grace.
-        _, survivors = stop(targets, grace_s=APPS_GRACE_S, give_up=now.is_set)
+        _, survivors = stop(
+            targets,
+            grace_s=APPS_GRACE_S,
+            give_up=now.is_set,
+            on_kill=lambda left: _say(f"SIGKILL, still running after the grace: {'; '.join(left)}"),
+        )
         for p in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(1)

@@ -142,9 +142,11 @@ def stop(
     grace_s: float = GRACE_S,
     kill_wait_s: float = KILL_WAIT_S,
     give_up: Callable[[], bool] = lambda: False,
+    on_kill: Callable[[list[str]], None] = lambda _left: None,
 ) -> tuple[list[str], list[str]]:
     """SIGTERM every target at once, SIGKILL what is left after ``grace_s`` (at once when
-    ``give_up()`` turns true). Returns (what was running, what survived even SIGKILL)."""
+    ``give_up()`` turns true; ``on_kill`` hears which, before). Returns (what was running,
+    what survived even SIGKILL)."""
     running = [(t, pids) for t in targets if (pids := members(t))]
     for t, _ in running:
         _polite(t)
@@ -153,6 +155,8 @@ def stop(
     while left and time.monotonic() < deadline and not give_up():
         time.sleep(_POLL_S)
         left = [t for t in left if members(t)]
+    if left:
+        on_kill([describe(t, members(t)) for t in left])
     deadline = time.monotonic() + kill_wait_s
     while left and time.monotonic() < deadline:
         for t in left:  # again each round: a dying supervisor may have forked once more

@@ -15,8 +15,15 @@ import threading
 import time
 from collections.abc import Sequence
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import (
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from sqlalchemy.exc import SQLAlchemyError
 
 from core.config import Settings
@@ -82,10 +89,12 @@ class Reconciler:
     # --- assignment ---
 
     def _assigned(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
-        lows: dict[TP, int] = {}
-        for p in parts:
-            low, _high = consumer.get_watermark_offsets(p, timeout=10)
-            lows[(p.topic, p.partition)] = max(0, low)
+        tps = [(p.topic, p.partition) for p in parts]
+        lows = self._offsets(tps, OffsetSpec.earliest(), timeout_s=10)
+        for tp in tps:
+            if tp not in lows:  # the batch failed for it: ask once more, or fail the assignment
+                lows[tp] = consumer.get_watermark_offsets(TopicPartition(*tp), timeout=10)[0]
+            lows[tp] = max(0, lows[tp])
         with self.engine.begin() as conn:
             stored = sql.start_offsets(conn, self.group, lows)
         for p in parts:
@@ -193,29 +202,49 @@ class Reconciler:
             row = RowSeen(rows[entry.request_id]) if entry.request_id in rows else None
             book.record(entry, row, committed.get(book.tp), now, self.grace_s)
 
+    def _offsets(self, tps: list[TP], spec: OffsetSpec, timeout_s: float) -> dict[TP, int]:
+        """Each partition's first or next offset, in one request per broker. Not the
+        consumer's own lookup: that queues behind its fetch long-poll, half a second a
+        partition, which made a store (and so a stop) take seconds per partition."""
+        if not tps:
+            return {}
+        futs = self.admin.list_offsets(
+            {TopicPartition(*tp): spec for tp in tps},
+            isolation_level=IsolationLevel.READ_COMMITTED,  # as far as the consumer reads
+            request_timeout=timeout_s,
+        )
+        out: dict[TP, int] = {}
+        for tp, fut in futs.items():
+            try:
+                out[(tp.topic, tp.partition)] = fut.result().offset
+            except KafkaException as exc:  # unknown for now
+                log.debug("ledger offsets of %s[%d]: %s", tp.topic, tp.partition, exc)
+        return out
+
     def _store(self, now: float) -> None:
         plans: list[tuple[PartitionBook, Settlement | None]] = []
         steps: list[sql.Step] = []
         pending: dict[TP, dict[tuple[str, int], int]] = {}
         lag = 0
-        for tp, book in self.books.items():
-            s = book.settle()
+        settled_books = [(tp, book, book.settle()) for tp, book in self.books.items()]
+        # Where everything read is settled, the ledger may be caught up: ask for the
+        # end, taking the time before asking so that nothing later is counted.
+        whole = [tp for tp, book, s in settled_books if (s.taken if s else 0) == len(book)]
+        asked_at = time.time()
+        ends = self._offsets(whole, OffsetSpec.latest(), timeout_s=5)
+        for tp, book, s in settled_books:
             taken = s.taken if s else 0
-            caught_up, high = None, -1
-            try:
-                if taken == len(book):
-                    t0 = time.time()  # before the end is asked for: nothing later is counted
-                    _low, high = self.consumer.get_watermark_offsets(
-                        TopicPartition(*tp), timeout=5, cached=False
-                    )
-                    if book.position >= high >= 0:
-                        caught_up = t0
-                else:
+            caught_up, high = None, ends.get(tp, -1)
+            if tp in ends:
+                if book.position >= high >= 0:
+                    caught_up = asked_at
+            elif tp not in whole:
+                try:  # the end the last fetch saw: enough for the lag gauge
                     _low, high = self.consumer.get_watermark_offsets(
                         TopicPartition(*tp), cached=True
                     )
-            except KafkaException as exc:  # unknown for now: the stored time stays
-                log.debug("ledger watermark of %s: %s", tp, exc)
+                except KafkaException as exc:  # unknown for now: the stored time stays
+                    log.debug("ledger watermark of %s: %s", tp, exc)
             lag += max(0, high - book.position) if high >= 0 else 0
             new = s.new_offset if s else book.stored
             steps.append(sql.Step(tp, book.stored, new, book.settled_through(taken, caught_up)))

@@ -81,6 +81,11 @@ class Load:
             t.join(15)
 
 
+def _tail(dev: Dev, name: str) -> str:
+    path = dev.state / "logs" / name
+    return f"\n--- {name}:\n" + (path.read_text()[-3000:] if path.exists() else "(none)")
+
+
 @pytest.fixture
 def workdir() -> Iterator[Path]:
     # PostgreSQL runs as an unprivileged user when we are root: it must traverse this.
@@ -213,6 +218,7 @@ def test_an_orderly_stop_under_load_is_bounded(
     # the grace ran out, rather than being killed.
     log = (dev.state / "logs" / "scheduler.log").read_text()
     assert "scheduler stopped:" in log
+    assert "SIGKILL, still running" not in text, text[-3000:] + _tail(dev, "ledger.log")
     assert apps_s < APPS_GRACE_S, f"the scheduler needed its SIGKILL ({apps_s:.1f} s)"
     scheduler_s = _logged_at(log, "scheduler stopped:") - _logged_at(log, "scheduler stopping")
     print(
