@@ -69,6 +69,10 @@ class RequestMessage:
     job_attempt: int = 0  # which run of its job this item belongs to (retry adds one)
     weight: float = 1.0  # the tenant's fair share inside its tier (from its plan)
     extra: dict[str, Any] = field(default_factory=dict)
+    # Who inside the tenant sent it (a gateway's x-gateway-inference-fairness-id): the
+    # tenant's requests share its turn by this (decision 58). None: the tenant's default
+    # flow, as every message before the field was added reads.
+    fairness_id: str | None = None
 
     def encode(self) -> bytes:
         # orjson writes the dataclass itself, field by field: dataclasses.asdict would

@@ -31,11 +31,13 @@ def request_message(
     timeout_ms: int,
     fingerprint: str = "",
     tier: str | None = None,
+    fairness_id: str | None = None,
 ) -> RequestMessage:
     """The message of one accepted input. ``fingerprint``: what its Idempotency-Key
     claim recorded of the body (acceptance/idempotency.py), if it has one of its own.
     ``tier``: the tier it is scheduled in (a client may lower its priority, never raise
-    it: kserve/wire.py); else the key's."""
+    it: kserve/wire.py); else the key's. ``fairness_id``: the flow inside the tenant
+    (acceptance/gateway.py)."""
     return RequestMessage(
         request_id=request_id,
         tenant_id=tenant.id,
@@ -48,6 +50,7 @@ def request_message(
         received_at=received,
         body_hash=fingerprint,
         weight=tenant.weight,
+        fairness_id=fairness_id,
     )
 
 

@@ -54,7 +54,13 @@ from core.models.token_ids import is_tokenized
 from core.topics import request_topic
 from core.vocab import RequestStatus
 from ingest import metrics
-from ingest.acceptance.gateway import OBJECTIVE_HEADER, objective_tier, scheduled_tier
+from ingest.acceptance.gateway import (
+    FAIRNESS_HEADER,
+    OBJECTIVE_HEADER,
+    fairness_id,
+    objective_tier,
+    scheduled_tier,
+)
 from ingest.acceptance.idempotency import aim, check_key, first_version
 from ingest.acceptance.message import request_message
 from ingest.acceptance.ports import Claim, KeyUse
@@ -271,6 +277,7 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
         slo_ms, n, spec.max_batch_size, s.max_timeout_ms
     )
     deadline = call.received + timeout_ms / 1000
+    flow = fairness_id(call.header(FAIRNESS_HEADER))  # a 400 before anything is charged
     limit_headers = _admit(st, tenant, order, timeout_ms, deadline)
     hint = objective_tier(s.gateway_objective_tiers, call.header(OBJECTIVE_HEADER))
     tier = scheduled_tier(order.tier or tenant.tier, hint)
@@ -310,6 +317,7 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
                 # of many is fingerprinted once, as the list.
                 fingerprint=use.body_hash if use is not None and not order.many else "",
                 tier=tier,
+                fairness_id=flow,
             )
         )
     retry = claim is not None and not claim.first

@@ -76,6 +76,10 @@ class Pending:
     def weight(self) -> float:
         return self.msg.weight
 
+    @property
+    def flow(self) -> str | None:
+        return self.msg.fairness_id
+
 
 class FlushReason(StrEnum):
     """Why a batch was formed (``batches.reason``, and a metrics label)."""

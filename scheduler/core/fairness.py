@@ -16,6 +16,11 @@ variable-size packets). An idle tenant banks no credit.
   hold most of the cache. ``peek`` shows the next request without taking it (admission
   may still find no room for it) and ``pop`` takes it; a turn lasts across calls.
 
+Inside a tenant, its flows (``flow``: a gateway's fairness id, flows.py) take turns the
+same way, so one end user's burst cannot starve the key's others; the tenant's deficit,
+and so its share against other tenants, does not depend on how many flows it has
+(decision 58).
+
 Items leave eagerly (``remove``, ``pop``) or, when they carry a ``gone`` flag, lazily:
 one whose flag is set (the batcher drops expired and revoked requests that way) is
 passed over and forgotten.
@@ -24,9 +29,11 @@ passed over and forgotten.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Generic, Protocol, TypeVar
+
+from scheduler.core.flows import Flows, flow_of
 
 
 class Item(Protocol):
@@ -42,12 +49,17 @@ T = TypeVar("T", bound=Item)
 MIN_WEIGHT = 1e-3
 
 
+def _one(_item: object) -> float:
+    return 1.0
+
+
 class FairQueue(Generic[T]):
     def __init__(self, quantum: float = 1.0, cost: Callable[[T], float] | None = None):
         """``cost``: what serving an item spends of its tenant's deficit (none: 1)."""
         self._quantum = quantum
         self._cost = cost
-        self._queues: OrderedDict[str, deque[T]] = OrderedDict()  # active tenants, turn order
+        self._price: Callable[[T], float] = _one if cost is None else cost
+        self._queues: OrderedDict[str, Flows[T]] = OrderedDict()  # active tenants, turn order
         self._deficit: dict[str, float] = {}
         self._turn_credited = False  # whether the front tenant got its current turn's credit
         self._lazy = False  # the items carry ``gone`` (seen on the first one queued)
@@ -58,26 +70,22 @@ class FairQueue(Generic[T]):
             self._lazy = hasattr(item, "gone")
         q = self._queues.get(item.tenant)
         if q is None:
-            q = self._queues[item.tenant] = deque()
+            q = self._queues[item.tenant] = Flows(self._quantum, self._price, self._lazy)
             self._deficit[item.tenant] = 0.0
-        q.append(item)
+        q.append(item, flow_of(item))
 
     push = append
 
     def remove(self, item: T) -> None:
         q = self._queues.get(item.tenant)
-        if q is not None and item in q:
-            q.remove(item)
-            if not q:
+        if q is not None:
+            q.remove(item, flow_of(item))
+            if not q.flows():
                 self._drop(item.tenant)
 
     def _head(self, tenant: str) -> T | None:
-        """The tenant's oldest live item (gone ones before it are forgotten)."""
-        q = self._queues[tenant]
-        if self._lazy:
-            while q and q[0].gone:  # type: ignore[attr-defined]
-                q.popleft()
-        return q[0] if q else None
+        """The tenant's next live item (its flows' turn decides which)."""
+        return self._queues[tenant].head()
 
     def _drop(self, tenant: str, *, front: bool = False) -> None:
         if front or next(iter(self._queues)) == tenant:
@@ -88,39 +96,23 @@ class FairQueue(Generic[T]):
     def _credit(self, head: T) -> float:
         return self._quantum * max(head.weight, MIN_WEIGHT)
 
-    def _price(self, item: T) -> float:
-        return 1.0 if self._cost is None else self._cost(item)
-
     # ---- batching: a batch at a time -----------------------------------------------------
     def take(self, n: int) -> list[T]:
         """Up to ``n`` live items, shared among tenants by weighted deficit round robin;
         a tenant's turn ends with the batch."""
         out: list[T] = []
-        cost, lazy = self._cost, self._lazy
         while len(out) < n and self._queues:
             tenant = next(iter(self._queues))
-            head = self._head(tenant)
+            q = self._queues[tenant]
+            head = q.head()
             if head is None:
                 self._drop(tenant, front=True)
                 continue
-            q = self._queues[tenant]
             if not self._turn_credited:
-                self._deficit[tenant] += self._quantum * max(head.weight, MIN_WEIGHT)
+                self._deficit[tenant] += self._credit(head)
             self._turn_credited = False
-            deficit = self._deficit[tenant]
-            while len(out) < n:
-                if lazy:
-                    while q and q[0].gone:  # type: ignore[attr-defined]
-                        q.popleft()
-                if not q:
-                    break
-                price = 1.0 if cost is None else cost(q[0])
-                if price > deficit:
-                    break
-                out.append(q.popleft())
-                deficit -= price
-            self._deficit[tenant] = deficit
-            if self._head(tenant) is None:
+            self._deficit[tenant] = q.take(self._deficit[tenant], n, out)
+            if not q.flows():  # (a flow of only gone items is dropped on its next turn)
                 self._drop(tenant, front=True)
             else:
                 self._queues.move_to_end(tenant)  # its turn is over; its deficit carries
@@ -162,9 +154,10 @@ class FairQueue(Generic[T]):
         if head is None:
             raise IndexError("pop from an empty FairQueue")
         tenant = head.tenant
-        self._queues[tenant].popleft()
+        q = self._queues[tenant]
+        q.pop()
         self._deficit[tenant] -= self._price(head)
-        if not self._queues[tenant]:
+        if not q.flows():
             self._drop(tenant, front=True)
         return head
 
@@ -174,23 +167,23 @@ class FairQueue(Generic[T]):
         return sum(len(q) for q in self._queues.values())
 
     def __bool__(self) -> bool:
-        return any(self._head(t) is not None for t in list(self._queues))
+        return any(self._queues.values())
 
     def __iter__(self) -> Iterator[T]:
         for q in self._queues.values():
-            yield from (x for x in q if not (self._lazy and x.gone))  # type: ignore[attr-defined]
+            yield from q
 
     def oldest_at(self) -> float:
         """When the oldest live item was consumed (items that carry ``consumed_at``)."""
-        heads = (self._head(t) for t in list(self._queues))
-        return min((h.consumed_at for h in heads if h is not None), default=math.inf)  # type: ignore[attr-defined]
+        return min(
+            (h.consumed_at for q in list(self._queues.values()) for h in q.fronts()),  # type: ignore[attr-defined]
+            default=math.inf,
+        )
 
     def heads(self) -> Iterator[T]:
-        """Each tenant's oldest live item (the head of its FIFO)."""
-        for tenant in list(self._queues):
-            head = self._head(tenant)
-            if head is not None:
-                yield head
+        """Each flow's oldest live item (the head of its FIFO), tenant by tenant."""
+        for q in list(self._queues.values()):
+            yield from q.fronts()
 
     def tenants(self) -> int:
         return len(self._queues)
@@ -199,7 +192,7 @@ class FairQueue(Generic[T]):
         """Live items and weight per tenant (O(items): for once-a-second reports)."""
         out: dict[str, tuple[int, float]] = {}
         for tenant, q in self._queues.items():
-            live = [x for x in q if not (self._lazy and x.gone)]  # type: ignore[attr-defined]
+            live = list(q)
             if live:
                 out[tenant] = (len(live), live[0].weight)
         return out

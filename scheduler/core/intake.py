@@ -57,11 +57,12 @@ _FIELDS: tuple[tuple[str, tuple[type, ...], bool], ...] = (
     ("job_attempt", (int,), False),
     ("weight", _NUMBER, False),
     ("extra", (dict,), False),
+    ("fairness_id", _STR, False),
 )
 # Optional fields whose null means "none" (RequestMessage's ``X | None``). In the others,
 # null is a wrong type: it would pass here and fail later, in a retry's count
 # (attempt), a row (attempts = attempt + 1) or the queueing of the request itself.
-_NULLABLE = frozenset({"job_id", "item_index"})
+_NULLABLE = frozenset({"job_id", "item_index", "fairness_id"})
 _KNOWN = frozenset(f.name for f in fields(RequestMessage))
 # The form the API writes ids in (str(uuid4())); anything else is parsed the slow way.
 _CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -160,6 +161,7 @@ def _message(data: dict[str, Any]) -> RequestMessage:
     job_attempt = get("job_attempt", 0)
     weight = get("weight", 1.0)
     extra: Any = get("extra", _MISSING)
+    fairness_id = get("fairness_id")
     if (
         type(request_id) is str
         and type(tenant_id) is str
@@ -184,6 +186,7 @@ def _message(data: dict[str, Any]) -> RequestMessage:
             or (type(weight) is int and weight > 0)
         )
         and (extra is _MISSING or type(extra) is dict)
+        and (fairness_id is None or type(fairness_id) is str)
         and "input" in data
         and _canonical_uuid(request_id)
         and (tenant_id in _TENANTS or _new_tenant(tenant_id))
@@ -205,6 +208,7 @@ def _message(data: dict[str, Any]) -> RequestMessage:
             job_attempt,
             weight,
             extra if type(extra) is dict else {},  # a dict, or absent
+            fairness_id,
         )
     return _strict_message(data)
 

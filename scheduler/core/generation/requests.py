@@ -116,6 +116,7 @@ def prepare(
         max_tokens=max_tokens,
         tenant=msg.tenant_id,
         weight=msg.weight,
+        flow=msg.fairness_id,
         rank=rank,
         temperature=float(temperature),
         seed=sampling_seed(seed, msg.item_index) if isinstance(seed, int) else 0,

@@ -30,6 +30,7 @@ class GenRequest:
     max_tokens: int
     tenant: str = "t"
     weight: float = 1.0  # the tenant's plan weight (fairness inside its rank)
+    flow: str | None = None  # the gateway's fairness id: fairness inside the tenant
     rank: int = 0  # priority class: 0 most urgent (enterprise, paid, free, jobs)
     temperature: float = 0.0
     seed: int = 0
@@ -87,6 +88,10 @@ class Sequence:
     @property
     def weight(self) -> float:
         return self.req.weight
+
+    @property
+    def flow(self) -> str | None:
+        return self.req.flow
 
     @property
     def rank(self) -> int:

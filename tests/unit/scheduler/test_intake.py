@@ -202,6 +202,10 @@ VARIANTS: list[dict[str, Any]] = [
     message(extra=[]),
     message(extra="x"),
     message(body_hash=None, job_id=None, item_index=None),
+    message(fairness_id="user-7"),
+    message(fairness_id=None),
+    message(fairness_id=7),
+    message(fairness_id=["u"]),
 ]
 
 
@@ -221,7 +225,7 @@ def test_null_in_a_field_that_has_a_default_is_rejected_and_named(field: str) ->
     assert got.row is not None and got.row["status"] == "failed"
 
 
-@pytest.mark.parametrize("field", ["job_id", "item_index"])
+@pytest.mark.parametrize("field", ["job_id", "item_index", "fairness_id"])
 def test_null_in_a_field_that_may_be_absent_means_absent(field: str) -> None:
     got = run(orjson.dumps(message(**{field: None})))
     assert isinstance(got, Pending) and getattr(got.msg, field) is None
@@ -288,11 +292,27 @@ def test_requests_of_one_tenant_share_its_id_and_odd_ids_are_not_remembered() ->
 
 
 def test_the_fast_path_builds_the_request_field_for_field() -> None:
-    data = message(job_id=JOB, item_index=3, weight=2.5, body_hash="h", extra={"x": 1})
+    data = message(
+        job_id=JOB, item_index=3, weight=2.5, body_hash="h", extra={"x": 1}, fairness_id="u"
+    )
     fast = _message(orjson.loads(orjson.dumps(data)))
     assert fast == RequestMessage(**data)
     assert [f.name for f in fields(RequestMessage)] == [
         "request_id", "tenant_id", "priority", "model", "version", "input", "params",
         "deadline", "received_at", "body_hash", "job_id", "item_index", "attempt",
-        "job_attempt", "weight", "extra",
+        "job_attempt", "weight", "extra", "fairness_id",
     ]  # fmt: skip
+
+
+def test_a_message_from_before_the_fairness_id_is_the_tenants_default_flow() -> None:
+    data = message()
+    del data["fairness_id"]
+    got = run(orjson.dumps(data))
+    assert isinstance(got, Pending) and got.msg.fairness_id is None and got.flow is None
+
+
+def test_the_fairness_id_is_the_requests_flow_and_a_mistyped_one_is_named() -> None:
+    got = run(orjson.dumps(message(fairness_id="user-7")))
+    assert isinstance(got, Pending) and got.flow == "user-7"
+    bad = run(orjson.dumps(message(fairness_id=7)))
+    assert isinstance(bad, Reject) and bad.reason == "field fairness_id has type int"

@@ -165,3 +165,10 @@ def test_a_stream_that_resumes_after_the_end_gets_the_tokens_after_the_one_it_sa
     assert b'"text":","' in parts[1]
     assert b'" world"' in parts[2] and b'"finish_reason":"length"' in parts[2]
     assert b'"total_tokens":6' in parts[3] and parts[-1] == b"data: [DONE]\n\n"
+
+
+def test_a_generations_fairness_id_is_its_sequences_flow() -> None:
+    got = prepare(msg(fairness_id="user-3"), rank=1, encode=encode, context_length=64)
+    plain = prepare(msg(), rank=1, encode=encode, context_length=64)
+    assert not isinstance(got, Refused) and not isinstance(plain, Refused)
+    assert got.req.flow == "user-3" and plain.req.flow is None

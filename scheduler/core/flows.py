@@ -1,0 +1,174 @@
+"""One tenant's queued items, by flow: the second level of the fair queue. Pure.
+
+A flow is what a gateway names in ``x-gateway-inference-fairness-id`` (an end user of
+the tenant's key); requests without it are the tenant's default flow (None). Inside
+its tenant's turn the tenant's flows take turns by deficit round robin, each credited
+the same ``quantum`` a turn (flows of one key are equals), so one flow's burst cannot
+starve the key's other users (decision 58). What a tenant may spend is decided one
+level up (fairness.py) by its weight alone: flows only choose which of the tenant's
+items is next, so a tenant gains nothing over other tenants by using many flows.
+
+``head`` is stable until ``pop``: it credits the front flow at most once a turn and
+may be called again (the tenant level peeks, is refused for want of deficit, and comes
+back). A lone flow is served in FIFO order with no accounts kept: there is nobody to be
+fair to, and it starts fresh when a second flow arrives. An idle flow banks no credit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Flows(Generic[T]):
+    def __init__(self, quantum: float, price: Callable[[T], float], lazy: bool):
+        """``price``: what serving an item spends of its flow's deficit; ``lazy``: the
+        items carry a ``gone`` flag, and gone ones are passed over and forgotten."""
+        self._quantum = quantum
+        self._price = price
+        self._lazy = lazy
+        self._fifos: OrderedDict[Hashable, deque[T]] = OrderedDict()  # turn order
+        self._deficit: dict[Hashable, float] = {}
+        self._credited = False  # whether the front flow got its current turn's credit
+
+    def append(self, item: T, flow: Hashable) -> None:
+        q = self._fifos.get(flow)
+        if q is None:
+            q = self._fifos[flow] = deque()
+            self._deficit[flow] = 0.0
+        q.append(item)
+
+    def remove(self, item: T, flow: Hashable) -> None:
+        q = self._fifos.get(flow)
+        if q is not None and item in q:
+            q.remove(item)
+            if not q:
+                self._drop(flow)
+
+    def _front(self, q: deque[T]) -> T | None:
+        if self._lazy:
+            while q and q[0].gone:  # type: ignore[attr-defined]
+                q.popleft()
+        return q[0] if q else None
+
+    def _drop(self, flow: Hashable) -> None:
+        if next(iter(self._fifos)) == flow:
+            self._credited = False
+        del self._fifos[flow]
+        del self._deficit[flow]  # an idle flow banks no credit
+        if len(self._fifos) == 1:  # a lone flow keeps no accounts (it starts fresh)
+            self._deficit[next(iter(self._fifos))] = 0.0
+            self._credited = False
+
+    def head(self) -> T | None:
+        """The item ``pop`` takes next (None when no live item is left)."""
+        if len(self._fifos) == 1:  # a lone flow: its FIFO's head (the hot path)
+            q = next(iter(self._fifos.values()))
+            if self._lazy:
+                while q and q[0].gone:  # type: ignore[attr-defined]
+                    q.popleft()
+            if q:
+                return q[0]
+        misses = 0
+        while self._fifos:
+            flow, q = next(iter(self._fifos.items()))
+            h = self._front(q)
+            if h is None:
+                self._drop(flow)
+                continue
+            if len(self._fifos) == 1:
+                return h
+            if not self._credited:  # the front flow's turn begins
+                self._deficit[flow] += self._quantum
+                self._credited = True
+            if self._price(h) <= self._deficit[flow]:
+                return h
+            misses += 1
+            if misses > len(self._fifos):
+                # A round served nobody (items dearer than a quantum): grant at once the
+                # rounds the nearest flow still needs instead of looping through them.
+                fronts = {
+                    f: x for f, fq in self._fifos.items() if (x := self._front(fq)) is not None
+                }
+                rounds = min(
+                    math.ceil((self._price(x) - self._deficit[f]) / self._quantum)
+                    for f, x in fronts.items()
+                )
+                for f in fronts:
+                    self._deficit[f] += (rounds - 1) * self._quantum
+                misses = 0
+            self._fifos.move_to_end(flow)  # its turn is over; its deficit carries
+            self._credited = False
+        return None
+
+    def pop(self) -> T:
+        h = self.head()
+        if h is None:
+            raise IndexError("pop from empty Flows")
+        flow, q = next(iter(self._fifos.items()))
+        q.popleft()
+        if len(self._fifos) > 1:
+            self._deficit[flow] -= self._price(h)
+        if not q:
+            self._drop(flow)
+        return h
+
+    def take(self, budget: float, n: int, out: list[T]) -> float:
+        """Items into ``out``, in turn, while the next one's price fits ``budget`` and
+        ``out`` holds fewer than ``n``; returns what is left of ``budget``."""
+        if len(self._fifos) == 1:  # the common case, one flow: the batcher's hot loop
+            flow, q = next(iter(self._fifos.items()))
+            price, lazy = self._price, self._lazy
+            while len(out) < n:
+                if lazy:
+                    while q and q[0].gone:  # type: ignore[attr-defined]
+                        q.popleft()
+                if not q:
+                    break
+                cost = price(q[0])
+                if cost > budget:
+                    break
+                out.append(q.popleft())
+                budget -= cost
+            if not q:
+                self._drop(flow)
+            return budget
+        head = self.head()
+        while len(out) < n and head is not None:
+            cost = self._price(head)
+            if cost > budget:
+                break
+            out.append(self.pop())
+            budget -= cost
+            head = self.head()
+        return budget
+
+    # ---- views -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return sum(len(q) for q in self._fifos.values())
+
+    def __bool__(self) -> bool:
+        return any(self._front(q) is not None for q in list(self._fifos.values()))
+
+    def __iter__(self) -> Iterator[T]:
+        for q in self._fifos.values():
+            yield from (x for x in q if not (self._lazy and x.gone))  # type: ignore[attr-defined]
+
+    def fronts(self) -> Iterator[T]:
+        """Each flow's oldest live item (the head of its FIFO), whoever is served next."""
+        for q in list(self._fifos.values()):
+            x = self._front(q)
+            if x is not None:
+                yield x
+
+    def flows(self) -> int:
+        return len(self._fifos)
+
+
+def flow_of(item: Any) -> Hashable:
+    """The flow an item belongs to: its ``flow`` (None, the default flow, if it has none)."""
+    return getattr(item, "flow", None)
