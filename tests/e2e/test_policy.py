@@ -72,9 +72,12 @@ def queued_paid(system: System) -> int:
     return sum(int(r.backlog.get("sim@1", {}).get("paid", 0)) for r in rows)
 
 
-def burst_into_kafka(system: System, tenant_id: str, n: int) -> None:
+def burst_into_kafka(
+    system: System, tenant_id: str, n: int, fairness_id: str | None = None
+) -> None:
     """``n`` paid requests of one tenant put straight into Kafka, as API instances would
-    after accepting them (nobody waits on them; they run and are persisted)."""
+    after accepting them (nobody waits on them; they run and are persisted), of the flow
+    ``fairness_id`` inside the tenant (none: its default flow)."""
     settings = system.settings  # (rebuilt on each access: read it once)
     topic = request_topic(settings, "paid")
     producer = Producer(producer_config(settings, **{"linger.ms": 20}))
@@ -90,6 +93,7 @@ def burst_into_kafka(system: System, tenant_id: str, n: int) -> None:
             params={"salt": ""},
             deadline=now + 120,
             received_at=now,
+            fairness_id=fairness_id,
         )
         producer.produce(topic, value=msg.encode(), key=msg.request_id)
     assert producer.flush(30) == 0, "the burst did not all reach Kafka"
@@ -140,6 +144,56 @@ def test_a_noisy_tenant_cannot_push_a_quiet_one_past_its_slo(system: System) -> 
     while time.time() < deadline and done_count(system, noisy_id) < 4000:
         time.sleep(0.5)
     assert done_count(system, noisy_id) == 4000
+    time.sleep(3)  # and the API instances' view of the backlog has caught up
+
+
+def test_a_bursting_flow_cannot_starve_the_other_flows_of_its_own_tenant(system: System) -> None:
+    """Behind an inference gateway, one end user of a paid key (fairness id "burst")
+    sends 8,000 requests (4 s of capacity), put straight into Kafka as API instances
+    would after accepting them. Another user of the same key (fairness id "quiet") sends
+    requests through the API with the gateway's header: they are answered promptly,
+    while the burst is still draining, instead of waiting behind it in the tenant's turn
+    (decision 58)."""
+    with make_engine(system.settings.database_url).begin() as conn:
+        name = f"paid-{uuid.uuid4().hex[:8]}"
+        tenant = create_tenant(conn, name, "paid")
+        set_plan(conn, name, rate_rps=1e6, burst=1e6)
+        key = issue_key(conn, tenant)[1]
+    url = system.start_api("api-flows")
+    auth = {"Authorization": f"Bearer {key}", "x-gateway-inference-fairness-id": "quiet"}
+    warm = httpx.post(
+        f"{url}/v1/infer", json={"model": "sim", "input": "w"}, headers=auth, timeout=60
+    )
+    assert warm.status_code == 200, warm.text
+    n = 8000
+    burst_into_kafka(system, tenant.id, n, fairness_id="burst")
+    quiet_lat = []
+    burst_done_at_5 = -1
+    try:
+        for i in range(10):
+            t = time.perf_counter()
+            r = httpx.post(
+                f"{url}/v1/infer",
+                json={"model": "sim", "input": f"q{i}", "timeout_ms": 60000},
+                headers=auth,
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text
+            quiet_lat.append(time.perf_counter() - t)
+            if i == 4:
+                burst_done_at_5 = done_count(system, tenant.id)
+    finally:
+        system.stop("api-flows")
+    # The first quiet request may sit behind the burst inside a Kafka partition (FIFO);
+    # from then on the flows' round robin serves it in the tenant's next turn. One flow
+    # of the tenant (no header) would have answered it only after the whole burst.
+    assert statistics.median(quiet_lat[1:]) < 1.0, (quiet_lat, burst_done_at_5)
+    assert 0 <= burst_done_at_5 < n, "the quiet flow waited for the whole burst"
+    # Leave no backlog behind for the tests that follow (it would make them shed).
+    deadline = time.time() + 120
+    while time.time() < deadline and done_count(system, tenant.id) < n + 11:
+        time.sleep(0.5)
+    assert done_count(system, tenant.id) == n + 11
     time.sleep(3)  # and the API instances' view of the backlog has caught up
 
 
