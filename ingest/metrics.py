@@ -84,6 +84,41 @@ JOB_SUBMIT_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320),
     registry=REGISTRY,
 )
+# The OpenTelemetry GenAI conventions' model-server metrics (decision 59), named as the
+# OpenTelemetry-to-Prometheus translation names them: dots become underscores and the
+# unit "s" a "_seconds" suffix (a "{token}" annotation adds none); the buckets are the
+# conventions' advised boundaries. Labels come from the model registry (acceptance/genai.py).
+GENAI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
+                          20.48, 40.96, 81.92)  # fmt: skip
+GENAI_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                      2.5, 5.0, 7.5, 10.0)  # fmt: skip
+GENAI_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+GENAI_LABELS = ["gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model",
+                "gen_ai_response_model"]  # fmt: skip
+GENAI_DURATION = Histogram(
+    "gen_ai_server_request_duration_seconds",
+    "gen_ai.server.request.duration: API received -> last byte of the answer (a stream's "
+    "end), by operation and model; error_type names a failure (empty: succeeded)",
+    [*GENAI_LABELS, "error_type"],
+    buckets=GENAI_DURATION_BUCKETS,
+    registry=REGISTRY,
+)
+GENAI_TOKENS = Histogram(
+    "gen_ai_server_token_usage",
+    "Tokens per succeeded request by gen_ai_token_type (input, output), where they are "
+    "known: a generation's prompt and completion, the inputs the API tokenized itself "
+    "(the shape of gen_ai.client.token.usage, measured at the server)",
+    [*GENAI_LABELS, "gen_ai_token_type"],
+    buckets=GENAI_TOKEN_BUCKETS,
+    registry=REGISTRY,
+)
+GENAI_TTFT = Histogram(
+    "gen_ai_server_time_to_first_token_seconds",
+    "gen_ai.server.time_to_first_token: API received -> first token sent, streamed completions",
+    GENAI_LABELS,
+    buckets=GENAI_TTFT_BUCKETS,
+    registry=REGISTRY,
+)
 # Written once a second by each process; "livemax"/"livesum" across the live processes.
 LOOP_LAG = _gauge(
     "gristmill_api_event_loop_lag_seconds",
@@ -162,6 +197,32 @@ def answered(msg: RequestMessage, row: Mapping[str, Any], now: float) -> None:
     persisted = row.get("persisted_at")
     if persisted is not None:
         pair[1].observe(max(0.0, now - persisted.timestamp()))
+
+
+_genai_children: dict[tuple[Any, ...], Any] = {}
+
+
+def _child(metric: Histogram, labels: tuple[str, ...]) -> Any:
+    key = (metric, *labels)
+    c = _genai_children.get(key)
+    if c is None:
+        c = _genai_children[key] = metric.labels(*labels)
+    return c
+
+
+def genai_duration(labels: tuple[str, ...], error_type: str, seconds: float) -> None:
+    _child(GENAI_DURATION, (*labels, error_type)).observe(max(0.0, seconds))
+
+
+def genai_tokens(labels: tuple[str, ...], input_: int | None, output: int | None) -> None:
+    if input_ is not None:
+        _child(GENAI_TOKENS, (*labels, "input")).observe(input_)
+    if output is not None:
+        _child(GENAI_TOKENS, (*labels, "output")).observe(output)
+
+
+def genai_first_token(labels: tuple[str, ...], seconds: float) -> None:
+    _child(GENAI_TTFT, labels).observe(max(0.0, seconds))
 
 
 def produced(seconds: float) -> None:

@@ -48,12 +48,11 @@ from core import tracing
 from core.config import Settings
 from core.errors import DeadlineExceeded, InvalidInput, ModelError, Unavailable
 from core.messages import RequestMessage, body_hash
-from core.models.embedding import EmbedSpec
 from core.models.spec import ModelSpec
-from core.models.token_ids import is_tokenized
 from core.topics import request_topic
 from core.vocab import RequestStatus
 from ingest import metrics
+from ingest.acceptance import genai
 from ingest.acceptance.gateway import (
     FAIRNESS_HEADER,
     OBJECTIVE_HEADER,
@@ -69,7 +68,7 @@ from ingest.acceptance.waiters import ARRIVED_AT
 from ingest.admission.policy import check_admission, check_kv, check_rate, take_instance_slot
 from ingest.edge.auth import received_at
 from ingest.edge.refusal_counts import TIMEOUTS, Timeout
-from ingest.edge.tracing import annotate, genai_attributes
+from ingest.edge.tracing import annotate
 from results.requests import AnswerRow
 from results.tenants import Tenant
 
@@ -179,6 +178,9 @@ class Outcome:
     retry: bool = False  # the Idempotency-Key named an earlier request
     replayed: bool = False  # every row was stored before this call: a retry's answer
     unanswered: Sequence[RequestMessage] = ()
+    # Its gen_ai.server.* metrics: a sync answer's recorded by ``serve``, a stream's by
+    # its door when the stream ends.
+    meter: genai.Meter | None = None
 
     def gave_up(self, message: str) -> DeadlineExceeded:
         """The 504 of a sync request whose deadline passed: remembered, so the request
@@ -240,14 +242,23 @@ async def serve(st: AppState, door: Door, call: Call) -> Response:
     """A front door's request, from its body to its answer."""
     if door.holds_slot:
         take_instance_slot(st.overload, st.inflight, st.settings, call.tenant.tier)
+    order: Order | None = None
     try:
         order = await door.order(st, call)
         try:
-            return door.answer(st, call, order, await run(st, call, order))
+            outcome = await run(st, call, order)
+            response = door.answer(st, call, order, outcome)
         except BaseException:
             if order.release is not None:
                 order.release()
             raise
+        if not order.stream and outcome.meter is not None:
+            outcome.meter.finished(time.time(), outcome.rows or ())
+        return response
+    except Exception as exc:
+        if order is not None:  # its model resolved: the gen_ai.* labels are the registry's
+            genai.Meter.of(order, (), call.received).finished(time.time(), error=exc)
+        raise
     finally:
         if door.holds_slot:
             st.inflight.release()
@@ -327,7 +338,7 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
         for m in msgs:
             m.received_at = claim.first_received.timestamp()
     if tracing.enabled():
-        annotate(ids[0], spec.ref, tenant.tier, _genai(order, msgs))
+        annotate(ids[0], spec.ref, tenant.tier, genai.span_attributes(order, msgs))
     futs: list[asyncio.Future[AnswerRow]] = []
     try:
         for rid in ids:
@@ -342,6 +353,7 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
         if send and pending:
             await _send(st, tenant, _picked(msgs, pending), claim, use)
         out = Outcome(ids, msgs, None, limit_headers, timeout_ms, retry, retry and not pending)
+        out.meter = genai.Meter.of(order, msgs, call.received)
         if order.stream:
             return out
         if pending:
@@ -355,29 +367,6 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
     finally:
         for rid in ids:
             st.waiter.discard(rid)
-
-
-def _genai(order: Order, msgs: list[RequestMessage]) -> dict[str, Any]:
-    """The request's GenAI attributes (ingest/edge/tracing.py): its operation by the
-    model's kind, and the tokens counted where the API counted them (a generation's
-    prompt, the ids of inputs it tokenized)."""
-    spec, g = order.spec, order.generation
-    tokens: int | None
-    if g is not None:
-        operation, tokens = "text_completion", g.prompt_tokens
-    else:
-        operation = "embeddings" if isinstance(spec, EmbedSpec) else "infer"
-        counted = [len(m.input["ids"]) for m in msgs if is_tokenized(m.input)]
-        tokens = sum(counted) if counted and len(counted) == len(msgs) else None
-    temperature = order.params.get("temperature")
-    return genai_attributes(
-        operation=operation,
-        requested=order.asked or spec.name,
-        served=spec.ref,
-        input_tokens=tokens,
-        max_tokens=g.max_tokens if g is not None else None,
-        temperature=temperature if isinstance(temperature, int | float) else None,
-    )
 
 
 async def _aim_at_first(

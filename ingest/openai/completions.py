@@ -23,6 +23,8 @@ from starlette.responses import Response
 from core.errors import InvalidInput, NotFound
 from core.limits import canonical_uuid, check_text, shown
 from core.models.causal_lm import CausalLMSpec, generation_params
+from core.vocab import RequestStatus
+from ingest.acceptance.genai import Meter
 from ingest.acceptance.pipeline import Call, Generation, Order, Outcome, call_of, serve
 from ingest.acceptance.ports import Token, TokenStream
 from ingest.acceptance.state import AppState, get_state
@@ -115,6 +117,7 @@ class CompletionsDoor:
                     order.spec.name,
                     created,
                     usage,
+                    outcome.meter,
                 ),
                 order.release,
                 media_type="text/event-stream",
@@ -156,10 +159,17 @@ async def create_completion(
 
 
 async def _sse(
-    follow: Callable[[], TokenStream], rid: str, model: str, created: int, usage: bool
+    follow: Callable[[], TokenStream],
+    rid: str,
+    model: str,
+    created: int,
+    usage: bool,
+    meter: Meter | None = None,
 ) -> AsyncIterator[bytes]:
     """The stream's tokens as they come, then its end (the rest from the final row).
-    Opened when the response starts: a caller gone before that holds nothing."""
+    Opened when the response starts: a caller gone before that holds nothing. ``meter``:
+    its time to first token and, once its last byte is sent, its duration and tokens
+    (acceptance/genai.py); a stream its caller leaves is not measured."""
     stream = follow()
     try:
         while True:
@@ -168,10 +178,17 @@ async def _sse(
                 yield b": waiting\n\n"
             elif isinstance(item, Token):
                 if item.text:
+                    if meter is not None:
+                        meter.first_token(time.time())
                     yield event(item.index, chunk(rid, created, model, item.text, None))
             else:
+                succeeded = item.row["status"] == RequestStatus.SUCCEEDED
                 async for part in ending(item.row, rid, created, model, item.next_index, usage):
+                    if meter is not None and succeeded:
+                        meter.first_token(time.time())  # (none came before the end)
                     yield part
+                if meter is not None:
+                    meter.finished(time.time(), [item.row])
                 return
     finally:
         stream.close()
