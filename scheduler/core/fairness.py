@@ -33,7 +33,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Generic, Protocol, TypeVar
 
-from scheduler.core.flows import Flows, flow_of
+from scheduler.core.flows import Flows, flow_of, grant_idle_rounds
 
 
 class Item(Protocol):
@@ -138,12 +138,7 @@ class FairQueue(Generic[T]):
                 # A whole round served nobody (small weights, big requests): grant at once
                 # the rounds the nearest tenant still needs, instead of looping through them.
                 heads = {t: h for t in self._queues if (h := self._head(t)) is not None}
-                rounds = min(
-                    math.ceil((self._price(h) - self._deficit[t]) / self._credit(h))
-                    for t, h in heads.items()
-                )
-                for t, h in heads.items():
-                    self._deficit[t] += (rounds - 1) * self._credit(h)
+                grant_idle_rounds(self._deficit, heads, self._price, self._credit)
                 misses = 0
             self._queues.move_to_end(tenant)  # its turn is over; its deficit carries
             self._turn_credited = False

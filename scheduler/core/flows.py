@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
 
 
 class Flows(Generic[T]):
@@ -94,12 +95,7 @@ class Flows(Generic[T]):
                 fronts = {
                     f: x for f, fq in self._fifos.items() if (x := self._front(fq)) is not None
                 }
-                rounds = min(
-                    math.ceil((self._price(x) - self._deficit[f]) / self._quantum)
-                    for f, x in fronts.items()
-                )
-                for f in fronts:
-                    self._deficit[f] += (rounds - 1) * self._quantum
+                grant_idle_rounds(self._deficit, fronts, self._price, lambda _x: self._quantum)
                 misses = 0
             self._fifos.move_to_end(flow)  # its turn is over; its deficit carries
             self._credited = False
@@ -172,3 +168,17 @@ class Flows(Generic[T]):
 def flow_of(item: Any) -> Hashable:
     """The flow an item belongs to: its ``flow`` (None, the default flow, if it has none)."""
     return getattr(item, "flow", None)
+
+
+def grant_idle_rounds(
+    deficit: dict[K, float],
+    heads: Mapping[K, T],
+    price: Callable[[T], float],
+    credit: Callable[[T], float],
+) -> None:
+    """A whole round of turns served nobody (heads dearer than their credit): grant at
+    once the rounds the nearest of them still needs, less the one its next turn credits,
+    instead of looping through them. Both levels of the fair queue use it."""
+    rounds = min(math.ceil((price(h) - deficit[k]) / credit(h)) for k, h in heads.items())
+    for k, h in heads.items():
+        deficit[k] += (rounds - 1) * credit(h)

@@ -99,6 +99,29 @@ def burst_into_kafka(
     assert producer.flush(30) == 0, "the burst did not all reach Kafka"
 
 
+def quiet_requests(
+    url: str, headers: dict[str, str], burst_done: Callable[[], int]
+) -> tuple[list[float], int]:
+    """Ten requests one after another, each with a deadline long enough to be admitted
+    whatever is queued (these tests are about sharing, not admission): their latencies
+    (s), and ``burst_done()`` read after the fifth."""
+    latencies: list[float] = []
+    done = -1
+    for i in range(10):
+        t = time.perf_counter()
+        r = httpx.post(
+            f"{url}/v1/infer",
+            json={"model": "sim", "input": f"q{i}", "timeout_ms": 60000},
+            headers=headers,
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        latencies.append(time.perf_counter() - t)
+        if i == 4:
+            done = burst_done()
+    return latencies, done
+
+
 def test_a_noisy_tenant_cannot_push_a_quiet_one_past_its_slo(system: System) -> None:
     """A burst of 4,000 requests (2 s of capacity) from one paid tenant is put straight
     into Kafka, as API instances would after accepting it. A quiet paid tenant's
@@ -117,21 +140,10 @@ def test_a_noisy_tenant_cannot_push_a_quiet_one_past_its_slo(system: System) -> 
     assert warm.status_code == 200
     noisy_id = str(uuid.uuid4())
     burst_into_kafka(system, noisy_id, 4000)
-    quiet_lat = []
-    noisy_done = -1
     try:
-        for i in range(10):
-            t = time.perf_counter()
-            r = httpx.post(
-                f"{url}/v1/infer",
-                json={"model": "sim", "input": f"q{i}", "timeout_ms": 60000},
-                headers={"Authorization": f"Bearer {quiet}"},
-                timeout=60,
-            )
-            assert r.status_code == 200, r.text
-            quiet_lat.append(time.perf_counter() - t)
-            if i == 4:
-                noisy_done = done_count(system, noisy_id)
+        quiet_lat, noisy_done = quiet_requests(
+            url, {"Authorization": f"Bearer {quiet}"}, lambda: done_count(system, noisy_id)
+        )
     finally:
         system.stop("api-fair")
     # The burst is still draining while the quiet tenant is served within its SLO.
@@ -167,21 +179,10 @@ def test_a_bursting_flow_cannot_starve_the_other_flows_of_its_own_tenant(system:
     assert warm.status_code == 200, warm.text
     n = 8000
     burst_into_kafka(system, tenant.id, n, fairness_id="burst")
-    quiet_lat = []
-    burst_done_at_5 = -1
     try:
-        for i in range(10):
-            t = time.perf_counter()
-            r = httpx.post(
-                f"{url}/v1/infer",
-                json={"model": "sim", "input": f"q{i}", "timeout_ms": 60000},
-                headers=auth,
-                timeout=60,
-            )
-            assert r.status_code == 200, r.text
-            quiet_lat.append(time.perf_counter() - t)
-            if i == 4:
-                burst_done_at_5 = done_count(system, tenant.id)
+        quiet_lat, burst_done_at_5 = quiet_requests(
+            url, auth, lambda: done_count(system, tenant.id)
+        )
     finally:
         system.stop("api-flows")
     # The first quiet request may sit behind the burst inside a Kafka partition (FIFO);

@@ -158,14 +158,20 @@ def test_the_batchers_requests_carry_their_fairness_id_as_their_flow() -> None:
 # ---- generation: tokens counted --------------------------------------------------------
 
 
+def served_tokens(fq: FairQueue[It], n: int, by: str) -> Counter[str | None]:
+    """Tokens of the next ``n`` items popped, by their ``by`` (tenant or flow)."""
+    served: Counter[str | None] = Counter()
+    for _ in range(n):
+        i = fq.pop()
+        served[getattr(i, by)] += i.cost
+    return served
+
+
 def test_flows_share_the_tenants_tokens_not_its_requests() -> None:
     fq = tokens()
     fill(fq, "a", "long", 100, cost=400)
     fill(fq, "a", "short", 400, cost=100)
-    served: Counter[str | None] = Counter()
-    for _ in range(200):
-        i = fq.pop()
-        served[i.flow] += i.cost
+    served = served_tokens(fq, 200, "flow")
     assert abs(served["long"] - served["short"]) <= 400 + 16
 
 
@@ -174,10 +180,7 @@ def test_a_flow_of_long_requests_does_not_take_the_tenants_share_from_another_te
     fill(fq, "a", "long", 100, cost=400)
     fill(fq, "a", "short", 400, cost=100)
     fill(fq, "b", None, 400, cost=100)
-    served: Counter[str] = Counter()
-    for _ in range(300):
-        i = fq.pop()
-        served[i.tenant] += i.cost
+    served = served_tokens(fq, 300, "tenant")
     assert abs(served["a"] - served["b"]) <= 400 + 16
 
 
@@ -220,10 +223,7 @@ def test_many_flows_gain_no_tokens_against_a_tenant_of_one(n_flows: int, per_flo
     for f in range(n_flows):
         fill(fq, "many", f"u{f}", per_flow, cost=100)
     fill(fq, "one", None, n_flows * per_flow, cost=100)
-    served: Counter[str] = Counter()
-    for _ in range(n_flows * per_flow):  # both stay backlogged throughout
-        i = fq.pop()
-        served[i.tenant] += i.cost
+    served = served_tokens(fq, n_flows * per_flow, "tenant")  # both stay backlogged
     assert abs(served["many"] - served["one"]) <= 100
 
 

@@ -23,7 +23,7 @@ from ingest.acceptance.genai import (
     token_usage,
 )
 from ingest.acceptance.pipeline import Generation, Order
-from ingest.metrics import REGISTRY
+from ingest.metrics import GENAI_LABELS, REGISTRY
 from tests.unit.ingest.acceptance.test_front_doors import DOORS
 from tests.unit.ingest.stubs import stub_app
 
@@ -114,28 +114,12 @@ def test_a_meter_records_once_its_duration_tokens_and_first_token() -> None:
 
 
 def test_a_failure_is_counted_with_its_error_and_no_tokens() -> None:
+    sim = dict(zip(GENAI_LABELS, ("infer", "gristmill", "sim", "sim@1"), strict=True))
     before = duration_count("infer", "sim", "sim@1", "rate_limited")
-    tokens = sample(
-        "gen_ai_server_token_usage_count",
-        gen_ai_operation_name="infer",
-        gen_ai_provider_name="gristmill",
-        gen_ai_request_model="sim",
-        gen_ai_response_model="sim@1",
-        gen_ai_token_type="input",
-    )
+    tokens = sample("gen_ai_server_token_usage_count", **sim, gen_ai_token_type="input")
     Meter(("infer", "gristmill", "sim", "sim@1"), 0.0, 5).finished(1.0, error=RateLimited("x"))
     assert duration_count("infer", "sim", "sim@1", "rate_limited") == before + 1
-    assert (
-        sample(
-            "gen_ai_server_token_usage_count",
-            gen_ai_operation_name="infer",
-            gen_ai_provider_name="gristmill",
-            gen_ai_request_model="sim",
-            gen_ai_response_model="sim@1",
-            gen_ai_token_type="input",
-        )
-        == tokens
-    )
+    assert sample("gen_ai_server_token_usage_count", **sim, gen_ai_token_type="input") == tokens
 
 
 OPERATIONS = {

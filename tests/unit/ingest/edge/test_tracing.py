@@ -12,8 +12,8 @@ from core.config import Settings
 from core.models.catalog import build_specs
 from core.models.sim import SimSpec
 from core.models.token_ids import tokenized_input
-from ingest.acceptance.message import request_message
 from ingest.acceptance.genai import span_attributes as _genai
+from ingest.acceptance.message import request_message
 from ingest.acceptance.pipeline import Generation, Order
 from ingest.edge.tracing import genai_attributes, span_name
 from results.tenants import Tenant
