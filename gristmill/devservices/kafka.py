@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 from xml.sax.saxutils import quoteattr
 
@@ -25,6 +24,7 @@ from core.config import KafkaSettings
 from core.kafka import admin_config
 from gristmill.devservices.lifeline import Group, lifeline
 from gristmill.devservices.ports import free_port, port_open
+from gristmill.devservices.served import Served
 
 if TYPE_CHECKING:  # only named in annotations; tls.py imports nothing from here
     from gristmill.devservices.tls import SaslSslListener
@@ -179,7 +179,7 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)
 
 
-class KafkaCluster:
+class KafkaCluster(Served):
     """One or more combined broker+controller Kafka nodes on 127.0.0.1 with fresh ports.
 
     Ports are chosen once in ``__init__`` and reused by ``restart`` because the static voter
@@ -317,18 +317,6 @@ class KafkaCluster:
         except BaseException:
             self._terminate([node])
             raise
-
-    def __enter__(self) -> KafkaCluster:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ----------------------------------------------------------------- internals
 

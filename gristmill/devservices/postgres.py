@@ -16,11 +16,11 @@ import stat
 import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 
 from gristmill.devservices.lifeline import PgData, lifeline, postmaster
 from gristmill.devservices.ports import free_port
 from gristmill.devservices.procs import alive, children
+from gristmill.devservices.served import Served
 
 HOST = "127.0.0.1"
 DB_USER = "gristmill"
@@ -119,7 +119,7 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:]) or "(empty)"
 
 
-class PostgresServer:
+class PostgresServer(Served):
     """A PostgreSQL cluster in ``workdir/data`` serving database ``gristmill`` on 127.0.0.1.
 
     Authentication is ``trust`` for user ``gristmill``; the port is fixed for the life of
@@ -216,18 +216,6 @@ class PostgresServer:
             if time.monotonic() > deadline:
                 raise PostgresError(f"postgres processes {[pid, *kids]} survived SIGKILL")
             time.sleep(0.05)
-
-    def __enter__(self) -> PostgresServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ----------------------------------------------------------------- internals
 
