@@ -24,7 +24,7 @@ from core.config import KafkaSettings
 from core.kafka import admin_config
 from gristmill.devservices.lifeline import Group, lifeline
 from gristmill.devservices.ports import free_port, port_open
-from gristmill.devservices.served import Served
+from gristmill.devservices.served import LOG_TAIL_LINES, Served, tail
 
 if TYPE_CHECKING:  # only named in annotations; tls.py imports nothing from here
     from gristmill.devservices.tls import SaslSslListener
@@ -32,7 +32,6 @@ if TYPE_CHECKING:  # only named in annotations; tls.py imports nothing from here
 KAFKA_VERSION = "4.1.1"
 HOST = "127.0.0.1"
 STOP_GRACE_S = 20.0
-LOG_TAIL_LINES = 40
 
 _BROKER_JVM_OPTS = ("-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true")
 # The storage formatter lives for about a second: C1-only JIT and SerialGC start faster.
@@ -104,14 +103,6 @@ def new_cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
 
 
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty)"
-
-
 def _read_cluster_id(meta: Path) -> str | None:
     try:
         for line in meta.read_text().splitlines():
@@ -168,8 +159,8 @@ class _Node:
 
     def log_tails(self) -> str:
         return (
-            f"--- last {LOG_TAIL_LINES} lines of {self.out_path} ---\n{_tail(self.out_path)}\n"
-            f"--- last {LOG_TAIL_LINES} lines of {self.server_log} ---\n{_tail(self.server_log)}"
+            f"--- last {LOG_TAIL_LINES} lines of {self.out_path} ---\n{tail(self.out_path)}\n"
+            f"--- last {LOG_TAIL_LINES} lines of {self.server_log} ---\n{tail(self.server_log)}"
         )
 
 
@@ -266,7 +257,7 @@ class KafkaCluster(Served):
         node = self._node(node_index)
         return node.proc.pid if node.proc is not None and node.running() else None
 
-    def log_tail(self, node_index: int) -> str:
+    def logtail(self, node_index: int) -> str:
         """The last lines of a node's JVM output and server.log, for error messages."""
         return self._node(node_index).log_tails()
 
@@ -420,7 +411,7 @@ class KafkaCluster(Served):
             if rc != 0:
                 failures.append(
                     f"node {node.index}: kafka-storage format exited {rc}:\n"
-                    f"{_tail(node.dir / 'format.log')}"
+                    f"{tail(node.dir / 'format.log')}"
                 )
         if failures:
             raise KafkaStartError("\n".join(failures))

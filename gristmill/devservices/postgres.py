@@ -20,13 +20,12 @@ from pathlib import Path
 from gristmill.devservices.lifeline import PgData, lifeline, postmaster
 from gristmill.devservices.ports import free_port
 from gristmill.devservices.procs import alive, children
-from gristmill.devservices.served import Served
+from gristmill.devservices.served import LOG_TAIL_LINES, Served, tail
 
 HOST = "127.0.0.1"
 DB_USER = "gristmill"
 DB_NAME = "gristmill"
 PG_SYSTEM_USER = "gristmill-pg"
-LOG_TAIL_LINES = 40
 # Linux limits a unix socket path (sun_path) to 108 bytes including the NUL.
 _MAX_SOCKET_PATH = 107
 _INCLUDE_LINE = "include_if_exists = 'gristmill.conf'"
@@ -109,14 +108,6 @@ def _unsearchable_ancestor(path: Path, user: pwd.struct_passwd) -> Path | None:
         if not st.st_mode & bit:
             return ancestor
     return None
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty)"
 
 
 class PostgresServer(Served):
@@ -316,7 +307,7 @@ class PostgresServer(Served):
                     raise PostgresError(
                         f"cannot connect to PostgreSQL on port {self.port}: {exc}\n"
                         f"--- last {LOG_TAIL_LINES} lines of {self.log_path} ---\n"
-                        f"{_tail(self.log_path)}"
+                        f"{tail(self.log_path)}"
                     ) from exc
                 time.sleep(0.2)
 
@@ -364,6 +355,6 @@ class PostgresServer(Served):
             raise PostgresError(
                 f"{what} failed (rc={rc}): {' '.join(cmd)}\n"
                 f"--- last {LOG_TAIL_LINES} lines of {self._pg_ctl_out} ---\n"
-                f"{_tail(self._pg_ctl_out)}\n"
-                f"--- last {LOG_TAIL_LINES} lines of {self.log_path} ---\n{_tail(self.log_path)}"
+                f"{tail(self._pg_ctl_out)}\n"
+                f"--- last {LOG_TAIL_LINES} lines of {self.log_path} ---\n{tail(self.log_path)}"
             )
