@@ -22,6 +22,7 @@ from xml.sax.saxutils import quoteattr
 
 from core.config import KafkaSettings
 from core.kafka import admin_config
+from gristmill.devservices.kafka_jars import default_repo_root, ensure_kafka_jars
 from gristmill.devservices.lifeline import Group, lifeline
 from gristmill.devservices.ports import free_port, port_open
 from gristmill.devservices.served import LOG_TAIL_LINES, Served, tail
@@ -53,49 +54,6 @@ _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
 
 class KafkaStartError(RuntimeError):
     """A Kafka node failed to format or to become ready; the message carries its log tail."""
-
-
-def default_repo_root() -> Path:
-    """The checkout this package lives in (gristmill/devservices/kafka.py -> repo root)."""
-    return Path(__file__).resolve().parents[2]
-
-
-def _has_kafka_jar(libs: Path) -> bool:
-    return any(libs.glob("kafka_2.13-*.jar"))
-
-
-def ensure_kafka_jars(repo_root: Path) -> Path:
-    """Return ``docker/kafka/libs``, running Maven to fill it only if the Kafka jar is missing."""
-    kafka_dir = repo_root / "docker" / "kafka"
-    libs = kafka_dir / "libs"
-    if _has_kafka_jar(libs):
-        return libs
-    if not (kafka_dir / "pom.xml").is_file():
-        raise FileNotFoundError(f"{kafka_dir / 'pom.xml'} not found; cannot fetch Kafka jars")
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise FileNotFoundError("mvn not found on PATH; it is needed once to fetch the Kafka jars")
-    result = subprocess.run(
-        [
-            mvn,
-            "-q",
-            "-B",
-            "dependency:copy-dependencies",
-            "-DoutputDirectory=libs",
-            "-DincludeScope=runtime",
-        ],
-        cwd=kafka_dir,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0 or not _has_kafka_jar(libs):
-        output = "\n".join((result.stdout + result.stderr).splitlines()[-LOG_TAIL_LINES:])
-        raise RuntimeError(
-            f"fetching Kafka jars with Maven failed (rc={result.returncode}):\n{output}"
-        )
-    return libs
 
 
 def new_cluster_id() -> str:
