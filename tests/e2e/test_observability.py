@@ -210,70 +210,13 @@ def test_refusals_are_counted_by_tier_and_reason(
 ) -> None:
     system, _ = observed
     q = 'sum(gristmill_admission_total{tier="free",outcome="429",reason="tenant_rate"})'
-    # The GenAI duration names the refusal by its error code (decision 59).
-    genai = GENAI_DURATION.format(op="infer", model="sim", error="rate_limited")
-    before, genai_before = settled(prom, q), settled(prom, genai)
+    before = settled(prom, q)
     key = new_key(system, "free", rate_rps=0.5, burst=1)
     codes = [infer(system, key, f"r{i}").status_code for i in range(6)]
     refused = codes.count(429)
     assert refused >= 2 and set(codes) <= {200, 429}, codes
     got = eventually(lambda: prom.value(q), lambda v: v == before + refused)
     assert got == before + refused
-    got = eventually(lambda: prom.value(genai), lambda v: v == genai_before + refused)
-    assert got == genai_before + refused
-
-
-GENAI_DURATION = (
-    'sum(gen_ai_server_request_duration_seconds_count{{gen_ai_operation_name="{op}",'
-    'gen_ai_request_model="{model}",error_type="{error}"}})'
-)
-GENAI_TOKENS = (
-    'sum(gen_ai_server_token_usage_{stat}{{gen_ai_operation_name="embeddings",'
-    'gen_ai_request_model="all-minilm-l6-v2",gen_ai_token_type="input"}})'
-)
-
-
-def test_genai_metrics_count_every_request_across_the_api_processes(
-    observed: tuple[System, int], prom: Prometheus
-) -> None:
-    """Decision 59: the OpenTelemetry GenAI server metrics, summed over the instance's
-    two processes, count each request once by operation and the registry's model; the
-    embeddings' input tokens are those the API counted."""
-    system, _ = observed
-    key = system.keys["paid"]
-    queries = {
-        "infer": GENAI_DURATION.format(op="infer", model="sim", error=""),
-        "embeddings": GENAI_DURATION.format(op="embeddings", model="all-minilm-l6-v2", error=""),
-        "tokens": GENAI_TOKENS.format(stat="count"),
-        "token_sum": GENAI_TOKENS.format(stat="sum"),
-    }
-    before = {k: settled(prom, q) for k, q in queries.items()}
-    n, e = 24, 3
-    with ThreadPoolExecutor(8) as pool:
-        codes = list(pool.map(lambda i: infer(system, key, f"g{i}").status_code, range(n)))
-    assert codes == [200] * n
-    for i in range(e):
-        r = httpx.post(
-            f"{system.url}/v1/embeddings",
-            json={"model": "all-minilm-l6-v2", "input": f"three words {i}"},
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=60,
-        )
-        assert r.status_code == 200, r.text
-    want = {"infer": n, "embeddings": e, "tokens": e}
-    for k, add in want.items():
-        got = eventually(
-            lambda k=k: prom.value(queries[k]), lambda v, k=k, add=add: v == before[k] + add
-        )
-        assert got == before[k] + add, (k, before[k], got)
-    # [CLS] three words <n> [SEP]: at least four tokens an input.
-    assert (prom.value(queries["token_sum"]) or 0) - before["token_sum"] >= 4 * e
-    # A histogram's quantile reads as a latency: sim answers within seconds.
-    p50 = prom.value(
-        "histogram_quantile(0.5, sum by (le) (rate(gen_ai_server_request_duration_seconds_bucket"
-        '{gen_ai_request_model="sim",error_type=""}[1m])))'
-    )
-    assert p50 is not None and 0 < p50 < 5, p50
 
 
 def test_scheduler_gauges_and_alert_rules(observed: tuple[System, int], prom: Prometheus) -> None:
@@ -393,3 +336,61 @@ def test_spans_carry_the_genai_conventions_on_every_model_route(
     assert native["gen_ai.operation.name"] == "infer" and native["gen_ai.request.model"] == "sim"
     kserve = api_span("/v2/models/sim/infer", "POST /v2/models/{model}/infer")
     assert kserve["gen_ai.operation.name"] == "infer" and kserve["gen_ai.response.model"] == "sim@1"
+
+
+GENAI_DURATION = (
+    'sum(gen_ai_server_request_duration_seconds_count{{gen_ai_operation_name="{op}",'
+    'gen_ai_request_model="{model}",error_type="{error}"}})'
+)
+GENAI_TOKENS = (
+    'sum(gen_ai_server_token_usage_{stat}{{gen_ai_operation_name="embeddings",'
+    'gen_ai_request_model="all-minilm-l6-v2",gen_ai_token_type="input"}})'
+)
+
+
+def test_genai_metrics_count_every_request_across_the_api_processes(
+    observed: tuple[System, int], prom: Prometheus
+) -> None:
+    """Decision 59: the OpenTelemetry GenAI server metrics, summed over the instance's
+    two processes, count each request once by operation and the registry's model; the
+    embeddings' input tokens are those the API counted; a refusal is named by its code.
+    (Last in the module: its free-tier refusals would start series the SLO rule reads.)"""
+    system, _ = observed
+    key = system.keys["paid"]
+    queries = {
+        "infer": GENAI_DURATION.format(op="infer", model="sim", error=""),
+        "embeddings": GENAI_DURATION.format(op="embeddings", model="all-minilm-l6-v2", error=""),
+        "tokens": GENAI_TOKENS.format(stat="count"),
+        "token_sum": GENAI_TOKENS.format(stat="sum"),
+        "refused": GENAI_DURATION.format(op="infer", model="sim", error="rate_limited"),
+    }
+    before = {k: settled(prom, q) for k, q in queries.items()}
+    n, e = 24, 3
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(pool.map(lambda i: infer(system, key, f"g{i}").status_code, range(n)))
+    assert codes == [200] * n
+    for i in range(e):
+        r = httpx.post(
+            f"{system.url}/v1/embeddings",
+            json={"model": "all-minilm-l6-v2", "input": f"three words {i}"},
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+    limited = new_key(system, "free", rate_rps=0.5, burst=1)
+    refused = [infer(system, limited, f"r{i}").status_code for i in range(5)].count(429)
+    assert refused >= 2
+    want = {"infer": n, "embeddings": e, "tokens": e, "refused": refused}
+    for k, add in want.items():
+        got = eventually(
+            lambda k=k: prom.value(queries[k]), lambda v, k=k, add=add: v == before[k] + add
+        )
+        assert got == before[k] + add, (k, before[k], got)
+    # [CLS] three words <n> [SEP]: at least four tokens an input.
+    assert (prom.value(queries["token_sum"]) or 0) - before["token_sum"] >= 4 * e
+    # A histogram's quantile reads as a latency: sim answers within seconds.
+    p50 = prom.value(
+        "histogram_quantile(0.5, sum by (le) (rate(gen_ai_server_request_duration_seconds_bucket"
+        '{gen_ai_request_model="sim",error_type=""}[1m])))'
+    )
+    assert p50 is not None and 0 < p50 < 5, p50
