@@ -270,7 +270,7 @@ def check_outputs(req: V2Request, name: str) -> None:
             )
 
 
-def _le_f32(vectors: list[array[float]]) -> bytes:
+def le_f32(vectors: list[array[float]]) -> bytes:
     flat = array("f")
     for v in vectors:
         flat.extend(v)
@@ -298,7 +298,7 @@ def infer_answer(
         dim = len(vectors[0]) if vectors else 0
         tensor = {"name": name, "datatype": "FP32", "shape": [len(vectors), dim]}
         if binary:
-            blob = _le_f32(vectors)
+            blob = le_f32(vectors)
         else:
             tensor["data"] = [x for v in vectors for x in v.tolist()]
     else:
