@@ -25,7 +25,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from core.config import Settings
-from core.errors import InvalidInput, Unavailable
+from core.errors import InvalidInput, NotFound, Unavailable
 from ingest.acceptance import pipeline
 from ingest.acceptance.pipeline import Call, Headers, Order, Outcome
 from ingest.acceptance.state import AppState
@@ -154,12 +154,13 @@ class KServeGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _ready(
         self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelReadyResponse:
-        # Unknown: NOT_FOUND; known but no worker serves it now: not ready (HTTP's 503).
+        # Unknown, or no worker serves it now (HTTP's 404 and 503): not ready, as
+        # Triton answers, so a client's readiness loop reads a bool, not an error.
         authorization = _value(_headers(context), b"authorization")
         model, version = _model(request.name), request.version or None
         try:
             await answers.ready_of(self.st, authorization, model, version)
-        except Unavailable:
+        except (NotFound, Unavailable):
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=True)
 
