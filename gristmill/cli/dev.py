@@ -364,7 +364,8 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str, grpc_port:
         write_private(
             state_dir / "dev.env",
             f"export GRISTMILL_URL={url}\nexport GRISTMILL_API_KEY={key}\n"
-            f"export KAFKA_BOOTSTRAP={env['KAFKA_BOOTSTRAP']}\n"
+            + (f"export GRISTMILL_GRPC_ADDRESS=127.0.0.1:{grpc_port}\n" if grpc_port > 0 else "")
+            + f"export KAFKA_BOOTSTRAP={env['KAFKA_BOOTSTRAP']}\n"
             f"export DATABASE_URL={env['DATABASE_URL']}\n",
         )
         # The ledger once the system answers: it is not on a request's path, so it
