@@ -132,15 +132,31 @@ async def run_variant(
     finally:
         await session.close()
         await sdk.close()
-    ok = count - failures
+    return run_row(
+        variant, rate, count - failures, lat, sizes, wall, (cpu1 - cpu0, t1 - t0), "item"
+    )
+
+
+def run_row(
+    variant: str,
+    rate: float,
+    ok: int,
+    lat: list[float],
+    sizes: list[int],
+    wall: float,
+    cpu: tuple[float, float],
+    per: str,
+) -> dict[str, Any]:
+    """One open-loop run's row: ``cpu`` is (API CPU s, elapsed s) over it; its CPU is
+    per answered ``per`` (item or request)."""
     return {
         "variant": variant,
         "offered_rps": rate,
-        "requests": count,
+        "requests": len(lat),
         "ok": ok,
         "wall_s": round(wall, 1),
-        "api_cpu_ms_per_item": round((cpu1 - cpu0) * 1000 / max(1, ok), 3),
-        "api_cpu_share": round((cpu1 - cpu0) / (t1 - t0), 3),
+        f"api_cpu_ms_per_{per}": round(cpu[0] * 1000 / max(1, ok), 3),
+        "api_cpu_share": round(cpu[0] / cpu[1], 3),
         "p50_ms": pct(lat, 50),
         "p95_ms": pct(lat, 95),
         "p99_ms": pct(lat, 99),

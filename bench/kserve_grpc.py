@@ -36,7 +36,7 @@ import orjson
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from bench.compat import api_cpu_s, open_loop, pct
+from bench.compat import api_cpu_s, open_loop, run_row
 from bench.system import sim_system
 from gristmill.devservices import free_port
 from gristmill.devservices.stack import System
@@ -118,20 +118,9 @@ async def run_variant(
     finally:
         await session.close()
         await channel.close()
-    ok = count - failures
-    return {
-        "variant": variant,
-        "offered_rps": rate,
-        "requests": count,
-        "ok": ok,
-        "wall_s": round(wall, 1),
-        "api_cpu_ms_per_request": round((cpu1 - cpu0) * 1000 / max(1, ok), 3),
-        "api_cpu_share": round((cpu1 - cpu0) / (t1 - t0), 3),
-        "p50_ms": pct(lat, 50),
-        "p95_ms": pct(lat, 95),
-        "p99_ms": pct(lat, 99),
-        "answer_bytes": round(statistics.mean(sizes)) if sizes else 0,
-    }
+    return run_row(
+        variant, rate, count - failures, lat, sizes, wall, (cpu1 - cpu0, t1 - t0), "request"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
