@@ -16,6 +16,7 @@ pytest.importorskip("torch")
 
 from gristmill.devservices.stack import Services, System
 from results.db import make_engine
+from results.load import process_id
 from results.schema import scheduler_load
 from tests.e2e.generation_system import MODEL, generation_system
 
@@ -34,8 +35,14 @@ def tiny_pool(services: Services, tmp_path_factory: pytest.TempPathFactory) -> I
 
 def published(system: System) -> dict[str, object]:
     """The lm's KV cache as the scheduler last published it ({} before its first step)."""
+    # This system's schedulers only: the test database is shared with other systems.
+    mine = process_id(system.settings.topic_prefix, "")
     with make_engine(system.settings.database_url).connect() as conn:
-        rows = conn.execute(select(scheduler_load.c.kv)).all()
+        rows = conn.execute(
+            select(scheduler_load.c.kv).where(
+                scheduler_load.c.scheduler_id.startswith(mine, autoescape=True)
+            )
+        ).all()
     for r in rows:
         for ref, state in r.kv.items():
             if ref.startswith(MODEL + "@"):
