@@ -88,7 +88,9 @@ def test_the_grpc_deadline_is_the_requests(
     stub, stubs = door
     stub.ModelInfer(request("a"), metadata=key(stubs), timeout=20)
     ((_, m),) = stubs.producer.sent
-    assert 19_000 < (m.deadline - m.received_at) * 1000 <= 20_000
+    # What was left of the 20 s when the call arrived (a loaded machine may take a while
+    # to connect), not the paid tier's 2 s SLO.
+    assert 10_000 < (m.deadline - m.received_at) * 1000 <= 20_000
 
 
 def test_a_retry_with_the_key_is_replayed_without_a_resend(
