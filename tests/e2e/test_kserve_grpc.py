@@ -13,6 +13,7 @@ import grpc
 import httpx
 import numpy as np
 import orjson
+import psutil
 import pytest
 import tritonclient.grpc as tg
 from sqlalchemy import Text, cast, func, literal, select
@@ -31,10 +32,21 @@ DIM = 384
 
 @pytest.fixture(scope="module")
 def grpc_url(system: System) -> Iterator[str]:
-    """An API of two processes serving gRPC on one port (SO_REUSEPORT)."""
+    """An API of two processes serving gRPC on one port (SO_REUSEPORT), started as a
+    deployment starts it (``gristmill api``, its settings from the environment)."""
     port = free_port()
-    system.start_api("api-grpc", env={"GRISTMILL_GRPC_PORT": str(port)}, processes=2)
+    system.start_api("api-grpc", env={"GRISTMILL_GRPC_PORT": str(port)}, processes=2, cli=True)
     system.wait_until_serving(MODEL, timeout_s=300)
+    # Each of the two processes listens on the port itself.
+    c = tg.InferenceServerClient(f"127.0.0.1:{port}")
+    assert c.is_server_live()
+    c.close()
+    listening = {
+        x.pid
+        for x in psutil.net_connections("tcp")
+        if x.laddr and x.laddr.port == port and x.status == psutil.CONN_LISTEN
+    }
+    assert len(listening) == 2, listening
     yield f"127.0.0.1:{port}"
     system.stop("api-grpc")
 
