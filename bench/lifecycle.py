@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -40,13 +38,12 @@ from gristmill_client import Client
 
 from bench.charts import _plt
 from bench.openloop import RunResult, run_open_loop
-from bench.upstream import upstream_output
+from bench.upstream import UpstreamProcess, upstream_output
 from core.config import load_settings
 from core.models import lifecycle
 from core.models.registry import new_record
 from core.models.sim import sim_output
-from gristmill.devservices import free_port
-from gristmill.devservices.stack import REPO, System, build_system, local_services
+from gristmill.devservices.stack import System, build_system, local_services
 from results import modelregistry
 from results.db import make_engine
 
@@ -221,49 +218,11 @@ def _rollout_chart(run: RunResult, marks: dict[str, float], base_p95: float, pat
 
 
 # ---- http -------------------------------------------------------------------------------
-class Upstream:
-    def __init__(self, delay_ms: float, log: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.delay_ms = delay_ms
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.upstream",
-                "--port",
-                str(self.port),
-                "--delay-ms",
-                str(self.delay_ms),
-            ],
-            cwd=REPO,
-            stdout=self.log.open("ab"),
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise RuntimeError("the upstream did not start")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
 def http_job(items: int, kill_at: float, down_s: float, out: Path) -> dict[str, Any]:
     name = f"up-{uuid.uuid4().hex[:6]}"
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gm-up-")))
-        upstream = Upstream(2.0, work / "upstream.log")
+        upstream = UpstreamProcess(work / "upstream.log", 2.0)
         upstream.start()
         stack.callback(upstream.kill)
         system = _system(stack)

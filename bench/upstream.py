@@ -22,13 +22,21 @@ import argparse
 import asyncio
 import hashlib
 import random
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from gristmill.devservices import free_port
+from gristmill.devservices.stack import REPO
 
 
 def upstream_output(text: str) -> dict[str, Any]:
@@ -104,6 +112,53 @@ def make_app(delay_ms: float = 0.0, seed: int | None = None) -> Starlette:
             Route("/health", health),
         ]
     )
+
+
+class UpstreamProcess:
+    """This service in a child process on a free port, started, steered, killed and
+    started again on the same port by a test or a benchmark."""
+
+    def __init__(self, log: Path, delay_ms: float):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.delay_ms = delay_ms
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.upstream",
+                "--port",
+                str(self.port),
+                "--delay-ms",
+                str(self.delay_ms),
+            ],
+            cwd=REPO,
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError("the upstream did not start")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def control(self, **kw: Any) -> None:
+        assert httpx.post(f"{self.url}/control", json=kw, timeout=5).status_code == 200
+
+    def stats(self) -> dict[str, Any]:
+        return dict(httpx.get(f"{self.url}/stats", timeout=5).json())
 
 
 def main() -> None:

@@ -85,17 +85,16 @@ async def store_file(
             seq += 1
 
 
-async def get_file(engine: AsyncEngine, tenant_id: str, file_id: str) -> Row[Any] | None:
+async def _first(engine: AsyncEngine, q: Any) -> Row[Any] | None:
     async with engine.connect() as conn:
-        return (
-            await conn.execute(
-                select(stored_files).where(
-                    stored_files.c.file_id == file_id,
-                    stored_files.c.tenant_id == tenant_id,
-                    _live(),
-                )
-            )
-        ).first()
+        return (await conn.execute(q)).first()
+
+
+async def get_file(engine: AsyncEngine, tenant_id: str, file_id: str) -> Row[Any] | None:
+    t = stored_files.c
+    return await _first(
+        engine, select(stored_files).where(t.file_id == file_id, t.tenant_id == tenant_id, _live())
+    )
 
 
 async def list_files(
@@ -154,15 +153,10 @@ async def insert_batch(conn: AsyncConnection, values: dict[str, Any]) -> None:
 
 
 async def get_batch(engine: AsyncEngine, tenant_id: str, batch_id: str) -> Row[Any] | None:
-    async with engine.connect() as conn:
-        return (
-            await conn.execute(
-                select(openai_batches).where(
-                    openai_batches.c.batch_id == batch_id,
-                    openai_batches.c.tenant_id == tenant_id,
-                )
-            )
-        ).first()
+    b = openai_batches.c
+    return await _first(
+        engine, select(openai_batches).where(b.batch_id == batch_id, b.tenant_id == tenant_id)
+    )
 
 
 async def batch_page(

@@ -82,12 +82,25 @@ def canary(m: ModelVersions, version: str, share: float) -> Change:
     )
 
 
-def promote(m: ModelVersions, version: str) -> Change:
+def _neither_live_nor_retired(
+    m: ModelVersions, version: str, *, if_live: str, if_retired: str
+) -> VersionRecord:
+    """The version, unless it is live or retired: then a Conflict giving that reason."""
     r = m.get(version)
     if r.state is S.LIVE:
-        raise Conflict(f"{r.ref} is already live")
+        raise Conflict(f"{r.ref} {if_live}")
     if r.state is S.RETIRED:
-        raise Conflict(f"{r.ref} is retired; register it again under a new version")
+        raise Conflict(f"{r.ref} {if_retired}")
+    return r
+
+
+def promote(m: ModelVersions, version: str) -> Change:
+    r = _neither_live_nor_retired(
+        m,
+        version,
+        if_live="is already live",
+        if_retired="is retired; register it again under a new version",
+    )
     live = m.live()
     states = {version: (S.LIVE, 0.0)}
     if live is not None:
@@ -130,11 +143,12 @@ def rollback(m: ModelVersions, version: str | None = None) -> Change:
 
 
 def retire(m: ModelVersions, version: str) -> Change:
-    r = m.get(version)
-    if r.state is S.LIVE:
-        raise Conflict(f"{r.ref} is live; promote another version or roll back first")
-    if r.state is S.RETIRED:
-        raise Conflict(f"{r.ref} is already retired")
+    r = _neither_live_nor_retired(
+        m,
+        version,
+        if_live="is live; promote another version or roll back first",
+        if_retired="is already retired",
+    )
     previous = None if m.previous_live == version else m.previous_live
     return Change(
         "retire", version, {version: (S.RETIRED, 0.0)}, previous, {"state_before": str(r.state)}

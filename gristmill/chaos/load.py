@@ -89,6 +89,22 @@ class LoadGenerator:
     def _pick(self, i: int) -> tuple[int, str, str]:
         return i % len(self.urls), self.rng.choice(TIERS), self.rng.choice(SALTS)
 
+    def _post(
+        self, session: Any, api: int, tier: str, path: str, body: dict[str, Any], salt: str
+    ) -> Any:
+        """POST ``body`` (with the salt's params, if any) to one API instance as the tier's
+        tenant: an aiohttp response context."""
+        if salt:
+            body = {**body, "params": {"salt": salt}}
+        return session.post(
+            f"{self.urls[api]}{path}",
+            data=orjson.dumps(body),
+            headers={
+                "Authorization": f"Bearer {self.keys[tier]}",
+                "Content-Type": "application/json",
+            },
+        )
+
     async def _one(self, session: Any, i: int) -> None:
         import aiohttp
 
@@ -103,18 +119,9 @@ class LoadGenerator:
         )
         self.ledger.add(o)
         body = {"model": "sim", "input": o.input, "timeout_ms": self.timeout_ms}
-        if salt:
-            body["params"] = {"salt": salt}
         self.in_flight += 1
         try:
-            async with session.post(
-                f"{self.urls[api]}/v1/infer",
-                data=orjson.dumps(body),
-                headers={
-                    "Authorization": f"Bearer {self.keys[tier]}",
-                    "Content-Type": "application/json",
-                },
-            ) as r:
+            async with self._post(session, api, tier, "/v1/infer", body, salt) as r:
                 raw = await r.read()
                 parsed = _json(raw)
                 o.read_answer(r.status, parsed, r.headers.get("Retry-After"))
@@ -133,18 +140,9 @@ class LoadGenerator:
         ]
         j = JobOutcome(seq=i, api=api, tier=tier, salt=salt, inputs=inputs, sent_at=time.time())
         self.ledger.add_job(j)
-        body: dict[str, Any] = {"model": "sim", "items": [{"input": x} for x in inputs]}
-        if salt:
-            body["params"] = {"salt": salt}
+        body = {"model": "sim", "items": [{"input": x} for x in inputs]}
         try:
-            async with session.post(
-                f"{self.urls[api]}/v1/jobs",
-                data=orjson.dumps(body),
-                headers={
-                    "Authorization": f"Bearer {self.keys[tier]}",
-                    "Content-Type": "application/json",
-                },
-            ) as r:
+            async with self._post(session, api, tier, "/v1/jobs", body, salt) as r:
                 parsed = _json(await r.read())
                 j.status = r.status
                 if parsed is not None:

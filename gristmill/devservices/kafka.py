@@ -17,14 +17,15 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 from xml.sax.saxutils import quoteattr
 
 from core.config import KafkaSettings
 from core.kafka import admin_config
+from gristmill.devservices.kafka_jars import default_repo_root, ensure_kafka_jars
 from gristmill.devservices.lifeline import Group, lifeline
 from gristmill.devservices.ports import free_port, port_open
+from gristmill.devservices.served import LOG_TAIL_LINES, Served, tail
 
 if TYPE_CHECKING:  # only named in annotations; tls.py imports nothing from here
     from gristmill.devservices.tls import SaslSslListener
@@ -32,7 +33,6 @@ if TYPE_CHECKING:  # only named in annotations; tls.py imports nothing from here
 KAFKA_VERSION = "4.1.1"
 HOST = "127.0.0.1"
 STOP_GRACE_S = 20.0
-LOG_TAIL_LINES = 40
 
 _BROKER_JVM_OPTS = ("-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true")
 # The storage formatter lives for about a second: C1-only JIT and SerialGC start faster.
@@ -56,60 +56,9 @@ class KafkaStartError(RuntimeError):
     """A Kafka node failed to format or to become ready; the message carries its log tail."""
 
 
-def default_repo_root() -> Path:
-    """The checkout this package lives in (gristmill/devservices/kafka.py -> repo root)."""
-    return Path(__file__).resolve().parents[2]
-
-
-def _has_kafka_jar(libs: Path) -> bool:
-    return any(libs.glob("kafka_2.13-*.jar"))
-
-
-def ensure_kafka_jars(repo_root: Path) -> Path:
-    """Return ``docker/kafka/libs``, running Maven to fill it only if the Kafka jar is missing."""
-    kafka_dir = repo_root / "docker" / "kafka"
-    libs = kafka_dir / "libs"
-    if _has_kafka_jar(libs):
-        return libs
-    if not (kafka_dir / "pom.xml").is_file():
-        raise FileNotFoundError(f"{kafka_dir / 'pom.xml'} not found; cannot fetch Kafka jars")
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise FileNotFoundError("mvn not found on PATH; it is needed once to fetch the Kafka jars")
-    result = subprocess.run(
-        [
-            mvn,
-            "-q",
-            "-B",
-            "dependency:copy-dependencies",
-            "-DoutputDirectory=libs",
-            "-DincludeScope=runtime",
-        ],
-        cwd=kafka_dir,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0 or not _has_kafka_jar(libs):
-        output = "\n".join((result.stdout + result.stderr).splitlines()[-LOG_TAIL_LINES:])
-        raise RuntimeError(
-            f"fetching Kafka jars with Maven failed (rc={result.returncode}):\n{output}"
-        )
-    return libs
-
-
 def new_cluster_id() -> str:
     """A KRaft cluster id: a random UUID as 22 chars of URL-safe base64, like kafka-storage."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty)"
 
 
 def _read_cluster_id(meta: Path) -> str | None:
@@ -168,8 +117,8 @@ class _Node:
 
     def log_tails(self) -> str:
         return (
-            f"--- last {LOG_TAIL_LINES} lines of {self.out_path} ---\n{_tail(self.out_path)}\n"
-            f"--- last {LOG_TAIL_LINES} lines of {self.server_log} ---\n{_tail(self.server_log)}"
+            f"--- last {LOG_TAIL_LINES} lines of {self.out_path} ---\n{tail(self.out_path)}\n"
+            f"--- last {LOG_TAIL_LINES} lines of {self.server_log} ---\n{tail(self.server_log)}"
         )
 
 
@@ -179,7 +128,7 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
         os.killpg(proc.pid, sig)
 
 
-class KafkaCluster:
+class KafkaCluster(Served):
     """One or more combined broker+controller Kafka nodes on 127.0.0.1 with fresh ports.
 
     Ports are chosen once in ``__init__`` and reused by ``restart`` because the static voter
@@ -266,7 +215,7 @@ class KafkaCluster:
         node = self._node(node_index)
         return node.proc.pid if node.proc is not None and node.running() else None
 
-    def log_tail(self, node_index: int) -> str:
+    def logtail(self, node_index: int) -> str:
         """The last lines of a node's JVM output and server.log, for error messages."""
         return self._node(node_index).log_tails()
 
@@ -317,18 +266,6 @@ class KafkaCluster:
         except BaseException:
             self._terminate([node])
             raise
-
-    def __enter__(self) -> KafkaCluster:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ----------------------------------------------------------------- internals
 
@@ -432,7 +369,7 @@ class KafkaCluster:
             if rc != 0:
                 failures.append(
                     f"node {node.index}: kafka-storage format exited {rc}:\n"
-                    f"{_tail(node.dir / 'format.log')}"
+                    f"{tail(node.dir / 'format.log')}"
                 )
         if failures:
             raise KafkaStartError("\n".join(failures))

@@ -16,17 +16,16 @@ import stat
 import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 
 from gristmill.devservices.lifeline import PgData, lifeline, postmaster
 from gristmill.devservices.ports import free_port
 from gristmill.devservices.procs import alive, children
+from gristmill.devservices.served import LOG_TAIL_LINES, Served, tail
 
 HOST = "127.0.0.1"
 DB_USER = "gristmill"
 DB_NAME = "gristmill"
 PG_SYSTEM_USER = "gristmill-pg"
-LOG_TAIL_LINES = 40
 # Linux limits a unix socket path (sun_path) to 108 bytes including the NUL.
 _MAX_SOCKET_PATH = 107
 _INCLUDE_LINE = "include_if_exists = 'gristmill.conf'"
@@ -111,15 +110,7 @@ def _unsearchable_ancestor(path: Path, user: pwd.struct_passwd) -> Path | None:
     return None
 
 
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty)"
-
-
-class PostgresServer:
+class PostgresServer(Served):
     """A PostgreSQL cluster in ``workdir/data`` serving database ``gristmill`` on 127.0.0.1.
 
     Authentication is ``trust`` for user ``gristmill``; the port is fixed for the life of
@@ -216,18 +207,6 @@ class PostgresServer:
             if time.monotonic() > deadline:
                 raise PostgresError(f"postgres processes {[pid, *kids]} survived SIGKILL")
             time.sleep(0.05)
-
-    def __enter__(self) -> PostgresServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     # ----------------------------------------------------------------- internals
 
@@ -328,7 +307,7 @@ class PostgresServer:
                     raise PostgresError(
                         f"cannot connect to PostgreSQL on port {self.port}: {exc}\n"
                         f"--- last {LOG_TAIL_LINES} lines of {self.log_path} ---\n"
-                        f"{_tail(self.log_path)}"
+                        f"{tail(self.log_path)}"
                     ) from exc
                 time.sleep(0.2)
 
@@ -376,6 +355,6 @@ class PostgresServer:
             raise PostgresError(
                 f"{what} failed (rc={rc}): {' '.join(cmd)}\n"
                 f"--- last {LOG_TAIL_LINES} lines of {self._pg_ctl_out} ---\n"
-                f"{_tail(self._pg_ctl_out)}\n"
-                f"--- last {LOG_TAIL_LINES} lines of {self.log_path} ---\n{_tail(self.log_path)}"
+                f"{tail(self._pg_ctl_out)}\n"
+                f"--- last {LOG_TAIL_LINES} lines of {self.log_path} ---\n{tail(self.log_path)}"
             )

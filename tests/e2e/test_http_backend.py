@@ -24,9 +24,8 @@ import httpx
 import orjson
 import pytest
 
-from bench.upstream import upstream_output
-from gristmill.devservices import free_port
-from gristmill.devservices.stack import REPO, Services, System, build_system
+from bench.upstream import UpstreamProcess, upstream_output
+from gristmill.devservices.stack import Services, System, build_system
 
 pytestmark = pytest.mark.slow
 PASSWORD = "s3cret-" + uuid.uuid4().hex[:8]
@@ -35,47 +34,12 @@ CONCURRENCY = 4
 WORKERS = 2
 
 
-class Upstream:
-    def __init__(self, workdir: Path):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = workdir / "upstream.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.upstream", "--port", str(self.port), "--delay-ms", "2"],
-            cwd=REPO,
-            stdout=self.log.open("ab"),
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise RuntimeError("the upstream did not start")
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def control(self, **kw: Any) -> None:
-        assert httpx.post(f"{self.url}/control", json=kw, timeout=5).status_code == 200
-
-    def stats(self) -> dict[str, Any]:
-        return dict(httpx.get(f"{self.url}/stats", timeout=5).json())
-
-
 @pytest.fixture(scope="module")
 def up(
     services: Services, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[System, Upstream]]:
+) -> Iterator[tuple[System, UpstreamProcess]]:
     workdir: Path = tmp_path_factory.mktemp("http-backend")
-    upstream = Upstream(workdir)
+    upstream = UpstreamProcess(workdir / "upstream.log", 2)
     upstream.start()
     env = {"GRISTMILL_HTTP_BREAKER_FAILURES": "3", "GRISTMILL_HTTP_BREAKER_OPEN_S": "1"}
     system = build_system(services, workdir, extra_env=env)
@@ -160,7 +124,7 @@ def results(system: System, job_id: str) -> list[dict[str, Any]]:
 
 
 def test_sync_requests_are_batched_in_front_of_it_with_bounded_concurrency(
-    up: tuple[System, Upstream],
+    up: tuple[System, UpstreamProcess],
 ) -> None:
     system, upstream = up
     texts = [f"hello {i}" for i in range(120)]
@@ -174,7 +138,7 @@ def test_sync_requests_are_batched_in_front_of_it_with_bounded_concurrency(
     assert upstream.stats()["inflight_max"] <= CONCURRENCY * WORKERS
 
 
-def test_a_slow_upstream_still_answers(up: tuple[System, Upstream]) -> None:
+def test_a_slow_upstream_still_answers(up: tuple[System, UpstreamProcess]) -> None:
     system, upstream = up
     upstream.control(delay_ms=300)
     try:
@@ -186,7 +150,7 @@ def test_a_slow_upstream_still_answers(up: tuple[System, Upstream]) -> None:
 
 
 def test_a_failing_upstream_opens_the_circuit_and_jobs_wait_for_it(
-    up: tuple[System, Upstream],
+    up: tuple[System, UpstreamProcess],
 ) -> None:
     system, upstream = up
     upstream.control(fail_rate=1.0, status=503)
@@ -220,7 +184,7 @@ def test_a_failing_upstream_opens_the_circuit_and_jobs_wait_for_it(
         time.sleep(0.3)
 
 
-def test_a_job_survives_the_upstream_restarting(up: tuple[System, Upstream]) -> None:
+def test_a_job_survives_the_upstream_restarting(up: tuple[System, UpstreamProcess]) -> None:
     system, upstream = up
     n = 2000
     upstream.control(delay_ms=5)

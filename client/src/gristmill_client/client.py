@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Self, TypeVar
 
 import httpx
 
@@ -64,6 +64,20 @@ def _backoff(response: httpx.Response | None, attempt: int, max_retries: int) ->
     if response is None or response.status_code in RETRY_STATUSES:
         return retry_delay_s(response, attempt)
     return None
+
+
+def _settle(
+    outcome: httpx.Response | httpx.TransportError, attempt: int, max_retries: int
+) -> httpx.Response | float:
+    """The checked response when this outcome is final (its error raised), else the
+    seconds to wait before the next attempt. The retry loop of both clients."""
+    response = outcome if isinstance(outcome, httpx.Response) else None
+    delay = _backoff(response, attempt, max_retries)
+    if delay is not None:
+        return delay
+    if isinstance(outcome, httpx.TransportError):
+        raise outcome
+    return _checked(outcome)
 
 
 def _dumps(value: Any) -> bytes:
@@ -141,24 +155,36 @@ def _infer_request(
         payload["params"] = params
     if timeout_ms:
         payload["timeout_ms"] = timeout_ms
-    # Always send a key, so a retried request is never computed twice.
-    headers = {
-        "Idempotency-Key": idempotency_key or str(uuid.uuid4()),
-        "Content-Type": "application/json",
-    }
-    return _dumps(payload), headers
+    return _dumps(payload), _headers(idempotency_key, "application/json")
 
 
-class Client:
+def _headers(idempotency_key: str | None, content_type: str) -> dict[str, str]:
+    # Always send a key, so a retried request is never computed twice (nor a job made twice).
+    return {"Idempotency-Key": idempotency_key or str(uuid.uuid4()), "Content-Type": content_type}
+
+
+_Http = TypeVar("_Http", httpx.Client, httpx.AsyncClient)
+
+
+class _Base(Generic[_Http]):
+    """What the sync and async clients share: settings, and the httpx client they hold."""
+
+    _http_class: type[_Http]
+    _http: _Http
+
     def __init__(self, url: str, api_key: str, *, timeout_s: float = 60.0, max_retries: int = 6):
         self.max_retries = max_retries
-        self._http = httpx.Client(
+        self._http = self._http_class(
             base_url=url, timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"}
         )
 
     @classmethod
-    def from_env(cls, **kwargs: Any) -> Client:
+    def from_env(cls, **kwargs: Any) -> Self:
         return cls(*_settings_from_env(), **kwargs)
+
+
+class Client(_Base[httpx.Client]):
+    _http_class = httpx.Client
 
     def close(self) -> None:
         self._http.close()
@@ -174,17 +200,17 @@ class Client:
     ) -> httpx.Response:
         """``body`` builds fresh content for each attempt (a stream can be read once)."""
         for attempt in itertools.count():
+            outcome: httpx.Response | httpx.TransportError
             try:
-                r = self._http.request(method, path, content=body() if body else None, **kwargs)
-            except httpx.TransportError:
-                delay = _backoff(None, attempt, self.max_retries)
-                if delay is None:
-                    raise
-            else:
-                delay = _backoff(r, attempt, self.max_retries)
-                if delay is None:
-                    return _checked(r)
-            time.sleep(delay)
+                outcome = self._http.request(
+                    method, path, content=body() if body else None, **kwargs
+                )
+            except httpx.TransportError as exc:
+                outcome = exc
+            settled = _settle(outcome, attempt, self.max_retries)
+            if isinstance(settled, httpx.Response):
+                return settled
+            time.sleep(settled)
         raise AssertionError("unreachable")
 
     def infer(
@@ -211,10 +237,7 @@ class Client:
         on_bytes: Callable[[int], None] | None = None,
     ) -> dict[str, Any]:
         """Submit a job from a JSONL file (streamed, retried) or an iterable of items."""
-        headers = {
-            "Idempotency-Key": idempotency_key or str(uuid.uuid4()),
-            "Content-Type": "application/x-ndjson",
-        }
+        headers = _headers(idempotency_key, "application/x-ndjson")
         query = _job_query(model, params, completion_window_s, webhook_url)
         if isinstance(items, Path):
             path = items
@@ -281,18 +304,10 @@ class Client:
                     yield json.loads(line)
 
 
-class AsyncClient:
+class AsyncClient(_Base[httpx.AsyncClient]):
     """The same API for asyncio code."""
 
-    def __init__(self, url: str, api_key: str, *, timeout_s: float = 60.0, max_retries: int = 6):
-        self.max_retries = max_retries
-        self._http = httpx.AsyncClient(
-            base_url=url, timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"}
-        )
-
-    @classmethod
-    def from_env(cls, **kwargs: Any) -> AsyncClient:
-        return cls(*_settings_from_env(), **kwargs)
+    _http_class = httpx.AsyncClient
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -307,17 +322,15 @@ class AsyncClient:
         self, method: str, path: str, *, content: bytes | None = None, **kwargs: Any
     ) -> httpx.Response:
         for attempt in itertools.count():
+            outcome: httpx.Response | httpx.TransportError
             try:
-                r = await self._http.request(method, path, content=content, **kwargs)
-            except httpx.TransportError:
-                delay = _backoff(None, attempt, self.max_retries)
-                if delay is None:
-                    raise
-            else:
-                delay = _backoff(r, attempt, self.max_retries)
-                if delay is None:
-                    return _checked(r)
-            await asyncio.sleep(delay)
+                outcome = await self._http.request(method, path, content=content, **kwargs)
+            except httpx.TransportError as exc:
+                outcome = exc
+            settled = _settle(outcome, attempt, self.max_retries)
+            if isinstance(settled, httpx.Response):
+                return settled
+            await asyncio.sleep(settled)
         raise AssertionError("unreachable")
 
     async def infer(
@@ -343,10 +356,7 @@ class AsyncClient:
         webhook_url: str | None = None,
         idempotency_key: str | None = None,
     ) -> dict[str, Any]:
-        headers = {
-            "Idempotency-Key": idempotency_key or str(uuid.uuid4()),
-            "Content-Type": "application/x-ndjson",
-        }
+        headers = _headers(idempotency_key, "application/x-ndjson")
         r = await self._request(
             "POST",
             "/v1/jobs",

@@ -8,9 +8,9 @@ far (``take``) and writes it in one PostgreSQL transaction (decision 24):
   reconnects, or the next owner after a crash, knows what was delivered;
 * for a finished one, its ``Ending``: the request log's final row is written instead
   (its progress rows are deleted in the same transaction);
-* for both, the stream notifications (``payloads``): the new tokens' texts and, for a
-  finished request, its end. They are sent in that same transaction, so a caller
-  never sees a token the database does not hold.
+* for both, a wake-up naming the request on the streams' channel, sent in that same
+  transaction (results/generation.py); a stream then reads its new tokens or its end
+  from the database, so a caller never sees a token the database does not hold.
 
 The text offsets of an ending (characters released up to and including each token)
 let a caller who reconnects after the end resume after any token it saw.
@@ -21,13 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import orjson
-
 from scheduler.core.generation.events import Event, Finished, Preempted, Token
-
-# PostgreSQL caps a NOTIFY payload at 8000 bytes; payloads are cut below it, with room
-# for the envelope (as results/announce.py does).
-PAYLOAD_MAX = 7000
 
 
 @dataclass(frozen=True)
@@ -138,54 +132,3 @@ def end_note(e: Ending, status: str) -> dict[str, object]:
         "status": status,
         "prompt_tokens": f.prompt_tokens,
     }
-
-
-def payloads(
-    tokens: Sequence[tuple[str, int, Sequence[str]]], ends: Sequence[dict[str, object]]
-) -> list[str]:
-    """Notification payloads ``{"t": [[id, first index, [text, ...]], ...], "e": [end, ...]}``
-    of at most ``PAYLOAD_MAX`` bytes. A request's tokens may be split across payloads (in
-    order); a single entry too large for a payload is sent without its texts
-    (``[id, first, null]``): its stream reads them from the database."""
-    out: list[str] = []
-    parts: list[bytes] = []
-    ends_b: list[bytes] = []
-    size = 0
-
-    def flush() -> None:
-        nonlocal parts, ends_b, size
-        if parts or ends_b:
-            body = b'{"t":[' + b",".join(parts) + b'],"e":[' + b",".join(ends_b) + b"]}"
-            out.append(body.decode())
-        parts, ends_b, size = [], [], 0
-
-    def put(item: bytes, into: list[bytes]) -> None:
-        nonlocal size
-        if size + len(item) + 1 > PAYLOAD_MAX - 20:
-            flush()
-        into.append(item)
-        size += len(item) + 1
-
-    for rid, first, texts in tokens:
-        head = len(orjson.dumps([rid, first + len(texts), []]))
-        i = 0
-        while i < len(texts):
-            # As many of this request's texts as fit half a payload, in one entry.
-            j, size_e = i, head
-            while j < len(texts):
-                t = len(orjson.dumps(texts[j])) + 1
-                if j > i and size_e + t > PAYLOAD_MAX // 2:
-                    break
-                size_e, j = size_e + t, j + 1
-            entry = orjson.dumps([rid, first + i, list(texts[i:j])])
-            if len(entry) > PAYLOAD_MAX - 40:  # one token's text alone is too large
-                entry = orjson.dumps([rid, first + i, None])
-            put(entry, parts)
-            i = j
-    for end in ends:
-        item = orjson.dumps(end)
-        if len(item) > PAYLOAD_MAX - 40:  # a long held-back tail: the stream reads the row
-            item = orjson.dumps({**end, "tail": None})
-        put(item, ends_b)
-    flush()
-    return out
