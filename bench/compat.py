@@ -69,6 +69,15 @@ async def open_loop(
     return latencies, sizes, time.perf_counter() - start
 
 
+async def measured(
+    system: System, rate: float, count: int, call: Callable[[int], Awaitable[int]]
+) -> tuple[list[float], list[int], float, tuple[float, float]]:
+    """``open_loop``'s run and the API's CPU over it: (CPU s, elapsed s)."""
+    cpu0, t0 = api_cpu_s(system), time.time()
+    lat, sizes, wall = await open_loop(rate, count, call)
+    return lat, sizes, wall, (api_cpu_s(system) - cpu0, time.time() - t0)
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return round(s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))], 1) if s else float("nan")
@@ -126,15 +135,11 @@ async def run_variant(
     try:
         await call(-1)  # warm the connection pool and the route
         failures = 0
-        cpu0, t0 = api_cpu_s(system), time.time()
-        lat, sizes, wall = await open_loop(rate, count, call)
-        cpu1, t1 = api_cpu_s(system), time.time()
+        lat, sizes, wall, cpu = await measured(system, rate, count, call)
     finally:
         await session.close()
         await sdk.close()
-    return run_row(
-        variant, rate, count - failures, lat, sizes, wall, (cpu1 - cpu0, t1 - t0), "item"
-    )
+    return run_row(variant, rate, count - failures, lat, sizes, wall, cpu, "item")
 
 
 def run_row(

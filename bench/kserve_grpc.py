@@ -36,7 +36,7 @@ import orjson
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from bench.compat import api_cpu_s, open_loop, run_row
+from bench.compat import measured, run_row
 from bench.system import sim_system
 from gristmill.devservices import free_port
 from gristmill.devservices.stack import System
@@ -112,15 +112,11 @@ async def run_variant(
     try:
         await call(-1)  # warm the connection and the route
         failures = 0
-        cpu0, t0 = api_cpu_s(system), time.time()
-        lat, sizes, wall = await open_loop(rate, count, call)
-        cpu1, t1 = api_cpu_s(system), time.time()
+        lat, sizes, wall, cpu = await measured(system, rate, count, call)
     finally:
         await session.close()
         await channel.close()
-    return run_row(
-        variant, rate, count - failures, lat, sizes, wall, (cpu1 - cpu0, t1 - t0), "request"
-    )
+    return run_row(variant, rate, count - failures, lat, sizes, wall, cpu, "request")
 
 
 def main(argv: list[str] | None = None) -> int:
