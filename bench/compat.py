@@ -217,12 +217,17 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "summary": summary,
     }
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = args.out / f"compat-{stamp}.json"
-    path.write_text(json.dumps(report, indent=2))
-    print(json.dumps(summary, indent=2))
-    print(f"report: {path}")
+    write_report(args.out, "compat", report)
     return 0
+
+
+def write_report(out: Path, name: str, report: dict[str, Any]) -> Path:
+    """``report`` to ``out/<name>-<time>.json``; its summary and path printed."""
+    path = out / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report["summary"], indent=2))
+    print(f"report: {path}")
+    return path
 
 
 if __name__ == "__main__":

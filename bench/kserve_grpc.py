@@ -36,7 +36,7 @@ import orjson
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from bench.compat import measured, run_row
+from bench.compat import measured, run_row, write_report
 from bench.system import sim_system
 from gristmill.devservices import free_port
 from gristmill.devservices.stack import System
@@ -160,11 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["grpc"]["api_cpu_ms_per_request"] / summary["http"]["api_cpu_ms_per_request"], 3
     )
     report = {"rate": args.rate, "seconds": args.seconds, "dim": args.dim, "runs": runs}
-    report["summary"] = summary
-    path = args.out / f"kserve-grpc-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(report, indent=2))
-    print(json.dumps(summary, indent=2))
-    print(f"report: {path}")
+    write_report(args.out, "kserve-grpc", {**report, "summary": summary})
     return 0
 
 
