@@ -70,9 +70,7 @@ class Producer:
             "model": msg.model,
             "model_version": msg.version,
             "batch_size": 8,
-            **dict.fromkeys(
-                ("received_at", "consumed_at", "batched_at", "compute_start_at"), now
-            ),
+            **dict.fromkeys(("received_at", "consumed_at", "batched_at", "compute_start_at"), now),
             "compute_end_at": now,
             "persisted_at": now,
         }

@@ -69,6 +69,15 @@ async def open_loop(
     return latencies, sizes, time.perf_counter() - start
 
 
+async def measured(
+    system: System, rate: float, count: int, call: Callable[[int], Awaitable[int]]
+) -> tuple[list[float], list[int], float, tuple[float, float]]:
+    """``open_loop``'s run and the API's CPU over it: (CPU s, elapsed s)."""
+    cpu0, t0 = api_cpu_s(system), time.time()
+    lat, sizes, wall = await open_loop(rate, count, call)
+    return lat, sizes, wall, (api_cpu_s(system) - cpu0, time.time() - t0)
+
+
 def pct(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return round(s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))], 1) if s else float("nan")
@@ -126,21 +135,33 @@ async def run_variant(
     try:
         await call(-1)  # warm the connection pool and the route
         failures = 0
-        cpu0, t0 = api_cpu_s(system), time.time()
-        lat, sizes, wall = await open_loop(rate, count, call)
-        cpu1, t1 = api_cpu_s(system), time.time()
+        lat, sizes, wall, cpu = await measured(system, rate, count, call)
     finally:
         await session.close()
         await sdk.close()
-    ok = count - failures
+    return run_row(variant, rate, count - failures, lat, sizes, wall, cpu, "item")
+
+
+def run_row(
+    variant: str,
+    rate: float,
+    ok: int,
+    lat: list[float],
+    sizes: list[int],
+    wall: float,
+    cpu: tuple[float, float],
+    per: str,
+) -> dict[str, Any]:
+    """One open-loop run's row: ``cpu`` is (API CPU s, elapsed s) over it; its CPU is
+    per answered ``per`` (item or request)."""
     return {
         "variant": variant,
         "offered_rps": rate,
-        "requests": count,
+        "requests": len(lat),
         "ok": ok,
         "wall_s": round(wall, 1),
-        "api_cpu_ms_per_item": round((cpu1 - cpu0) * 1000 / max(1, ok), 3),
-        "api_cpu_share": round((cpu1 - cpu0) / (t1 - t0), 3),
+        f"api_cpu_ms_per_{per}": round(cpu[0] * 1000 / max(1, ok), 3),
+        "api_cpu_share": round(cpu[0] / cpu[1], 3),
         "p50_ms": pct(lat, 50),
         "p95_ms": pct(lat, 95),
         "p99_ms": pct(lat, 99),
@@ -196,12 +217,17 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
         "summary": summary,
     }
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = args.out / f"compat-{stamp}.json"
-    path.write_text(json.dumps(report, indent=2))
-    print(json.dumps(summary, indent=2))
-    print(f"report: {path}")
+    write_report(args.out, "compat", report)
     return 0
+
+
+def write_report(out: Path, name: str, report: dict[str, Any]) -> Path:
+    """``report`` to ``out/<name>-<time>.json``; its summary and path printed."""
+    path = out / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report["summary"], indent=2))
+    print(f"report: {path}")
+    return path
 
 
 if __name__ == "__main__":

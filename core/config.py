@@ -114,6 +114,10 @@ class ApiSettings(_Concern):
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(8000, ge=1, le=65_535)
+    # KServe's open inference protocol over gRPC (decision 57): each API process serves
+    # it on this port too (SO_REUSEPORT: several processes share it), on ``api_host``.
+    # 0: off.
+    grpc_port: int = Field(0, ge=0, le=65_535)
     # uvicorn processes `gristmill dev`, `gristmill api` and the peer benchmark start: one
     # event loop saturates a core near 1,000 req/s (docs/bench/README.md).
     api_processes: int = Field(2, ge=1)

@@ -52,8 +52,13 @@ def create_app(settings: Settings, services: Services = live_services) -> FastAP
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with services(settings) as state:
+        async with services(settings) as state, contextlib.AsyncExitStack() as stack:
             app.state.gristmill = state
+            if settings.grpc_port:
+                # Imported only when on: the gRPC stubs are the optional extra ``grpc``.
+                from ingest.kserve.grpc_service import serving
+
+                await stack.enter_async_context(serving(settings, state))
             yield
 
     app = FastAPI(

@@ -48,9 +48,7 @@ def shared_tokenizer(model_dir: str | None, max_tokens: int) -> Any | None:
     with _lock:
         if key not in _cache:
             try:
-                _cache[key] = load_tokenizer(
-                    model_files_dir(model_dir), max_tokens
-                )
+                _cache[key] = load_tokenizer(model_files_dir(model_dir), max_tokens)
             except Exception as exc:  # no package, no file: not fatal for the API
                 log.warning("no tokenizer in this process (%s); sending text to workers", exc)
                 _cache[key] = None

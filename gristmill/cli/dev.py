@@ -266,7 +266,7 @@ def _stop_services(
         _say(f"stopping {e}")
 
 
-def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
+def run_dev(state_dir: Path, *, port: int, workers: int, models: str, grpc_port: int = -1) -> int:
     from core.topics import ensure_topics
     from gristmill.migrate import migrate_database
     from results.db import make_engine
@@ -298,6 +298,10 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
             port = free_port()
         elif not port_free(port):  # checked before the minutes it takes to start the rest
             raise StateDirError(_port_message(port, port_holder(port)))
+        if grpc_port == 0:
+            grpc_port = free_port()
+        elif grpc_port > 0 and not port_free(grpc_port):
+            raise StateDirError(_port_message(grpc_port, port_holder(grpc_port)))
         lifeline().record_to(state_dir / RECORD_FILE)
         # A throwaway system: each run starts from clean data (see docs/architecture.md);
         # nothing of an earlier run still runs on it (stop_leftovers).
@@ -334,7 +338,10 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
             "api",
             api_command(port, settings.api_processes),
             f"API (port {port})",
-            lambda: multiprocess_env(state_dir / "metrics" / "api"),
+            lambda: {
+                **multiprocess_env(state_dir / "metrics" / "api"),
+                "GRISTMILL_GRPC_PORT": str(max(grpc_port, 0)),
+            },
         )
         apps.start(
             "scheduler",
@@ -357,7 +364,8 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
         write_private(
             state_dir / "dev.env",
             f"export GRISTMILL_URL={url}\nexport GRISTMILL_API_KEY={key}\n"
-            f"export KAFKA_BOOTSTRAP={env['KAFKA_BOOTSTRAP']}\n"
+            + (f"export GRISTMILL_GRPC_ADDRESS=127.0.0.1:{grpc_port}\n" if grpc_port > 0 else "")
+            + f"export KAFKA_BOOTSTRAP={env['KAFKA_BOOTSTRAP']}\n"
             f"export DATABASE_URL={env['DATABASE_URL']}\n",
         )
         # The ledger once the system answers: it is not on a request's path, so it
@@ -374,6 +382,7 @@ def run_dev(state_dir: Path, *, port: int, workers: int, models: str) -> int:
             f"""
 Gristmill is running.
   API:       {url}   (docs at {url}/docs)
+  gRPC:      {_grpc_note(grpc_port)}
   API key:   {key}
   Kafka:     {env["KAFKA_BOOTSTRAP"]}
   Postgres:  {env["DATABASE_URL"]}
@@ -418,6 +427,12 @@ def _ledger_metrics_port(env: dict[str, str], configured: int) -> int:
     if "GRISTMILL_LEDGER_METRICS_PORT" in env or configured == 0 or port_free(configured):
         return configured
     return free_port()
+
+
+def _grpc_note(port: int) -> str:
+    if port <= 0:
+        return "off (--grpc-port)"
+    return f"127.0.0.1:{port}   (KServe v2 / Triton: tritonclient.grpc)"
 
 
 def _ledger_note(port: int) -> str:

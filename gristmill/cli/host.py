@@ -165,6 +165,7 @@ def host_children(
     run_dir: Path,
     env: dict[str, str],
     api_port: int | None = None,
+    grpc_port: int | None = None,
 ) -> list[list[Child]]:
     """The processes of ``shape``, grouped in start order: schedulers, workers, API."""
     py = sys.executable
@@ -195,6 +196,8 @@ def host_children(
     api_argv = [py, "-m", "gristmill", "api", "--workers", str(shape.api_processes)]
     if api_port is not None:
         api_argv += ["--port", str(api_port)]
+    if grpc_port is not None:  # else GRISTMILL_GRPC_PORT, from the environment
+        api_argv += ["--grpc-port", str(grpc_port)]
     api = [Child("api", api_argv, env, logs / "api.log")]
     return [schedulers, workers, api]
 
@@ -220,6 +223,7 @@ def run_host(
     costs: HostCosts,
     api_port: int | None,
     plan_only: bool,
+    grpc_port: int | None = None,
 ) -> int:
     gpus = host_gpus()
     shape = shape_host(
@@ -235,7 +239,9 @@ def run_host(
     if plan_only:
         return 0
     env = dict(os.environ)
-    groups = host_children(shape, gpus, models=models, run_dir=run_dir, env=env, api_port=api_port)
+    groups = host_children(
+        shape, gpus, models=models, run_dir=run_dir, env=env, api_port=api_port, grpc_port=grpc_port
+    )
     sup = Supervisor(groups)
 
     def on_signal(signum: int, _frame: object) -> None:

@@ -74,10 +74,19 @@ def api(
     workers: int | None = typer.Option(
         None, help="uvicorn worker processes (default GRISTMILL_API_PROCESSES, 2)"
     ),
+    grpc_port: int | None = typer.Option(
+        None, help="KServe gRPC port, served by every process (default GRISTMILL_GRPC_PORT; 0: off)"
+    ),
 ) -> None:
-    """Run the HTTP API."""
+    """Run the HTTP API (and KServe's gRPC service, when a gRPC port is set)."""
     import uvicorn
 
+    # uvicorn's processes read their settings from the environment: the gRPC service
+    # listens where they are told to.
+    if grpc_port is not None:
+        os.environ["GRISTMILL_GRPC_PORT"] = str(grpc_port)
+    if host is not None:
+        os.environ["GRISTMILL_API_HOST"] = host
     settings = load_settings()
     _logging()
     # The uvicorn processes share one port, so a scrape lands on any of them: each writes
@@ -167,6 +176,9 @@ def host(
         None, help="measured CPU costs per request (JSON, as bench.gpuhost writes them)"
     ),
     port: int | None = typer.Option(None, help="API port (default GRISTMILL_API_PORT)"),
+    grpc_port: int | None = typer.Option(
+        None, help="KServe gRPC port (default GRISTMILL_GRPC_PORT; 0: off)"
+    ),
     run_dir: Path = typer.Option(Path(".gristmill/host"), help="sockets and logs"),
     plan: bool = typer.Option(False, help="print the shape and exit"),
 ) -> None:
@@ -186,6 +198,7 @@ def host(
             costs=load_costs(costs),
             api_port=port,
             plan_only=plan,
+            grpc_port=grpc_port,
         )
     )
 
@@ -439,6 +452,9 @@ def plan_cmd(
 def dev(
     state_dir: Path = typer.Option(Path(".gristmill"), help="where services keep their data"),
     port: int = typer.Option(8000, help="API port (0: pick a free one; it is printed)"),
+    grpc_port: int = typer.Option(
+        0, help="KServe gRPC port (0: pick a free one; -1: off; it is printed)"
+    ),
     workers: int = typer.Option(2, help="worker processes"),
     models: str = typer.Option(
         "sim,all-minilm-l6-v2,gristmill-lm",
@@ -450,4 +466,6 @@ def dev(
     from gristmill.cli.dev import run_dev
 
     _logging("WARNING")
-    sys.exit(run_dev(state_dir.resolve(), port=port, workers=workers, models=models))
+    sys.exit(
+        run_dev(state_dir.resolve(), port=port, grpc_port=grpc_port, workers=workers, models=models)
+    )

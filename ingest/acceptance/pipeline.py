@@ -39,10 +39,9 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from starlette.requests import Request
-from starlette.responses import Response
 
 from core import tracing
 from core.config import Settings
@@ -73,6 +72,8 @@ from results.requests import AnswerRow
 from results.tenants import Tenant
 
 Headers = Sequence[tuple[bytes, bytes]]  # an ASGI scope's headers: lower-case names
+# A door's answer: an HTTP ``Response``, or another protocol's message (KServe's gRPC).
+A = TypeVar("A", covariant=True)
 
 # The request path allocates little (slots, no lists for a lone input): each object is
 # work for the collector, whose passes over the process's long-lived objects were most
@@ -191,8 +192,9 @@ class Outcome:
         return DeadlineExceeded(message)
 
 
-class Door(Protocol):
-    """A front door: its protocol's wire on both sides of the pipeline."""
+class Door(Protocol[A]):
+    """A front door: its protocol's wire on both sides of the pipeline (HTTP's
+    ``Response``, or another protocol's answer ``A``)."""
 
     holds_slot: bool  # holds one of the instance's in-flight slots while it answers
 
@@ -200,7 +202,7 @@ class Door(Protocol):
         """The body parsed, the model resolved, every input validated (4xx)."""
         ...
 
-    def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:
+    def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> A:
         """The door's answer; raises the error to answer with (edge/http.py maps it)."""
         ...
 
@@ -238,7 +240,10 @@ def default_timeout_ms(slo_ms: int, n: int, max_batch: int, max_timeout_ms: int)
     return min(max_timeout_ms, slo_ms * -(-n // max_batch))
 
 
-async def serve(st: AppState, door: Door, call: Call) -> Response:
+R = TypeVar("R")
+
+
+async def serve(st: AppState, door: Door[R], call: Call) -> R:
     """A front door's request, from its body to its answer."""
     if door.holds_slot:
         take_instance_slot(st.overload, st.inflight, st.settings, call.tenant.tier)

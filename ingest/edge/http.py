@@ -139,24 +139,27 @@ def database_error(exc: BaseException) -> GristmillError | None:
     return None
 
 
-def exception_response(exc: BaseException, shape: Shape = Shape.GRISTMILL) -> ORJSONResponse | None:
-    """The answer for an error a handler raised; None for a bug (see ``internal_error``)."""
+def known_error(exc: BaseException) -> GristmillError | None:
+    """What an error a handler raised means for the client; None for a bug."""
     if isinstance(exc, GristmillError):
-        return error_response(exc, shape)
+        return exc
     if isinstance(exc, DATABASE_ERRORS):
         err = database_error(exc)
-        if err is not None:
-            if err.status >= 500:
-                log.warning("database unavailable: %s", type(exc).__name__)
-            return error_response(err, shape)
+        if err is not None and err.status >= 500:
+            log.warning("database unavailable: %s", type(exc).__name__)
+        return err
     return None
 
 
-def internal_error(
-    exc: BaseException, where: str, shape: Shape = Shape.GRISTMILL
-) -> ORJSONResponse:
-    """A bug: logged with its stack under a new reference id, answered as a JSON 500."""
-    ref = getattr(exc, _REFERENCE, None)
+def exception_response(exc: BaseException, shape: Shape = Shape.GRISTMILL) -> ORJSONResponse | None:
+    """The answer for an error a handler raised; None for a bug (see ``internal_error``)."""
+    err = known_error(exc)
+    return None if err is None else error_response(err, shape)
+
+
+def bug_reference(exc: BaseException, where: str) -> str:
+    """A bug's reference id: logged with its stack (within a budget) the first time."""
+    ref: str | None = getattr(exc, _REFERENCE, None)
     if ref is None:
         ref = uuid.uuid4().hex
         if _TRACES.take(time.monotonic()) is None:
@@ -170,6 +173,14 @@ def internal_error(
             log.error("internal error %s in %s\n%s", ref, where, bounded_trace(exc))
         with contextlib.suppress(AttributeError):  # a type without a __dict__
             setattr(exc, _REFERENCE, ref)
+    return ref
+
+
+def internal_error(
+    exc: BaseException, where: str, shape: Shape = Shape.GRISTMILL
+) -> ORJSONResponse:
+    """A bug: logged with its stack under a new reference id, answered as a JSON 500."""
+    ref = bug_reference(exc, where)
     content = shaped_body(
         shape,
         500,

@@ -116,14 +116,13 @@ def _flat(data: Any, where: str, depth: int = 1) -> list[Any]:
     return data
 
 
-def _texts(tensor: dict[str, Any], binary: bytes, where: str) -> tuple[list[str], int]:
-    """The tensor's texts and the binary bytes it used."""
-    if tensor.get("datatype") != "BYTES":
+def tensor_count(datatype: Any, shape: Any, where: str) -> int:
+    """The number of texts a BYTES tensor of ``shape`` holds ([N] or [N, 1]), checked."""
+    if datatype != "BYTES":
         raise InvalidInput(
-            f"{where}.datatype must be BYTES (text), got {shown(tensor.get('datatype'))}",
+            f"{where}.datatype must be BYTES (text), got {shown(datatype)}",
             field=f"{where}.datatype",
         )
-    shape = tensor.get("shape")
     if (
         not isinstance(shape, list)
         or not 1 <= len(shape) <= 2
@@ -133,26 +132,17 @@ def _texts(tensor: dict[str, Any], binary: bytes, where: str) -> tuple[list[str]
         raise InvalidInput(
             f"{where}.shape must be [N] or [N, 1], got {shown(shape)}", field=f"{where}.shape"
         )
-    n = shape[0]
+    n: int = shape[0]
     if not 1 <= n <= MAX_INPUTS:
         raise InvalidInput(
             f"{where}.shape: 1 to {MAX_INPUTS} texts per request, got {n}", field=f"{where}.shape"
         )
-    params = _object(tensor.get("parameters", {}), f"{where}.parameters")
-    size = params.get("binary_data_size")
-    used = 0
-    if size is not None:
-        used = _uint(size, f"{where}.parameters.binary_data_size")
-        if used > len(binary):
-            raise InvalidInput(
-                f"{where}: binary_data_size {used} exceeds the {len(binary)} bytes sent",
-                field=f"{where}.parameters.binary_data_size",
-            )
-        items: list[Any] = decode_bytes_tensor(binary[:used], where)
-    else:
-        if "data" not in tensor:
-            raise InvalidInput(f"{where}.data is required", field=f"{where}.data")
-        items = _flat(tensor["data"], f"{where}.data")
+    return n
+
+
+def texts_of(items: list[Any], n: int, where: str) -> list[str]:
+    """A BYTES tensor's elements (UTF-8 bytes or strings) as texts: as many as its shape
+    says."""
     if len(items) != n:
         raise InvalidInput(
             f"{where}: shape says {n} elements, the data holds {len(items)}", field=where
@@ -169,7 +159,28 @@ def _texts(tensor: dict[str, Any], binary: bytes, where: str) -> tuple[list[str]
         if not isinstance(x, str):
             raise InvalidInput(f"{where}.data[{i}] must be a string", field=f"{where}.data")
         texts.append(x)
-    return texts, used
+    return texts
+
+
+def _texts(tensor: dict[str, Any], binary: bytes, where: str) -> tuple[list[str], int]:
+    """The tensor's texts and the binary bytes it used."""
+    n = tensor_count(tensor.get("datatype"), tensor.get("shape"), where)
+    params = _object(tensor.get("parameters", {}), f"{where}.parameters")
+    size = params.get("binary_data_size")
+    used = 0
+    if size is not None:
+        used = _uint(size, f"{where}.parameters.binary_data_size")
+        if used > len(binary):
+            raise InvalidInput(
+                f"{where}: binary_data_size {used} exceeds the {len(binary)} bytes sent",
+                field=f"{where}.parameters.binary_data_size",
+            )
+        items: list[Any] = decode_bytes_tensor(binary[:used], where)
+    else:
+        if "data" not in tensor:
+            raise InvalidInput(f"{where}.data is required", field=f"{where}.data")
+        items = _flat(tensor["data"], f"{where}.data")
+    return texts_of(items, n, where), used
 
 
 def parse_infer(raw: bytes, header_length: str | None, settings: Settings) -> V2Request:
@@ -215,14 +226,7 @@ def parse_infer(raw: bytes, header_length: str | None, settings: Settings) -> V2
     priority = _uint(params.get("priority", 0), "parameters.priority")
     timeout_ms = None
     if "timeout" in params:
-        timeout_us = _uint(params["timeout"], "parameters.timeout")
-        timeout_ms = math.ceil(timeout_us / 1000)
-        check_int(
-            timeout_ms,
-            "parameters.timeout",
-            lo=settings.min_timeout_ms,
-            hi=settings.max_timeout_ms,
-        )
+        timeout_ms = timeout_of(_uint(params["timeout"], "parameters.timeout"), settings)
     return V2Request(
         id=rid,
         texts=texts,
@@ -231,6 +235,15 @@ def parse_infer(raw: bytes, header_length: str | None, settings: Settings) -> V2
         priority=priority,
         timeout_ms=timeout_ms,
     )
+
+
+def timeout_of(timeout_us: int, settings: Settings) -> int:
+    """Triton's ``timeout`` parameter (microseconds) as the deadline in ms, in bounds."""
+    timeout_ms = math.ceil(timeout_us / 1000)
+    check_int(
+        timeout_ms, "parameters.timeout", lo=settings.min_timeout_ms, hi=settings.max_timeout_ms
+    )
+    return timeout_ms
 
 
 def tier_for_priority(key_tier: str, priority: int) -> str:
@@ -257,7 +270,7 @@ def check_outputs(req: V2Request, name: str) -> None:
             )
 
 
-def _le_f32(vectors: list[array[float]]) -> bytes:
+def le_f32(vectors: list[array[float]]) -> bytes:
     flat = array("f")
     for v in vectors:
         flat.extend(v)
@@ -285,7 +298,7 @@ def infer_answer(
         dim = len(vectors[0]) if vectors else 0
         tensor = {"name": name, "datatype": "FP32", "shape": [len(vectors), dim]}
         if binary:
-            blob = _le_f32(vectors)
+            blob = le_f32(vectors)
         else:
             tensor["data"] = [x for v in vectors for x in v.tolist()]
     else:

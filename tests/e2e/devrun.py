@@ -96,6 +96,8 @@ class Dev:
         self.tree.add_postmaster(self.state / "services" / "postgres" / "data")
         env = self.env()
         self.tree.ports[self.port] = "API"
+        if "GRISTMILL_GRPC_ADDRESS" in env:
+            self.tree.ports[int(env["GRISTMILL_GRPC_ADDRESS"].rsplit(":", 1)[1])] = "API (gRPC)"
         self.tree.ports[int(env["DATABASE_URL"].rsplit(":", 1)[1].split("/")[0])] = "PostgreSQL"
         for port in kafka_ports(self.state / "services" / "kafka" / "node-0"):
             self.tree.ports[port] = "Kafka"

@@ -221,7 +221,13 @@ def test_readme_embeddings_and_batches_with_the_openai_sdk(dev: Dev, home: Path)
 
 
 def test_readme_kserve_with_tritonclient(dev: Dev, home: Path) -> None:
-    (block,) = python_blocks("tritonclient")
+    (block,) = python_blocks("tritonclient.http")
+    _, facts = run_python(dev, home, [block])
+    assert facts["triton"] == [2, 384]
+
+
+def test_readme_kserve_over_grpc_with_tritonclient(dev: Dev, home: Path) -> None:
+    (block,) = python_blocks("tritonclient.grpc")
     _, facts = run_python(dev, home, [block])
     assert facts["triton"] == [2, 384]
 
