@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from scheduler.core.flows import Flows, flow_of, grant_idle_rounds
 
@@ -51,6 +51,10 @@ MIN_WEIGHT = 1e-3
 
 def _one(_item: object) -> float:
     return 1.0
+
+
+def _consumed_at(item: Any) -> float:
+    return float(item.consumed_at)
 
 
 class FairQueue(Generic[T]):
@@ -170,10 +174,7 @@ class FairQueue(Generic[T]):
 
     def oldest_at(self) -> float:
         """When the oldest live item was consumed (items that carry ``consumed_at``)."""
-        return min(
-            (h.consumed_at for q in list(self._queues.values()) for h in q.fronts()),  # type: ignore[attr-defined]
-            default=math.inf,
-        )
+        return min((q.least(_consumed_at) for q in self._queues.values()), default=math.inf)
 
     def heads(self) -> Iterator[T]:
         """Each flow's oldest live item (the head of its FIFO), tenant by tenant."""

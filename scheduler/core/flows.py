@@ -154,6 +154,14 @@ class Flows(Generic[T]):
         for q in self._fifos.values():
             yield from (x for x in q if not (self._lazy and x.gone))  # type: ignore[attr-defined]
 
+    def least(self, key: Callable[[T], float]) -> float:
+        """The least ``key`` of the flows' oldest live items (inf if none): a lone flow
+        without building a generator, since the scheduler asks at every step."""
+        if len(self._fifos) == 1:
+            x = self._front(next(iter(self._fifos.values())))
+            return math.inf if x is None else key(x)
+        return min((key(x) for x in self.fronts()), default=math.inf)
+
     def fronts(self) -> Iterator[T]:
         """Each flow's oldest live item (the head of its FIFO), whoever is served next."""
         for q in list(self._fifos.values()):
