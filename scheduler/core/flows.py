@@ -35,12 +35,16 @@ class Flows(Generic[T]):
         self._fifos: OrderedDict[Hashable, deque[T]] = OrderedDict()  # turn order
         self._deficit: dict[Hashable, float] = {}
         self._credited = False  # whether the front flow got its current turn's credit
+        # The FIFO while there is exactly one flow (the common case), else None: the hot
+        # paths below read it without walking the ordered dict.
+        self._only: deque[T] | None = None
 
     def append(self, item: T, flow: Hashable) -> None:
         q = self._fifos.get(flow)
         if q is None:
             q = self._fifos[flow] = deque()
             self._deficit[flow] = 0.0
+            self._only = q if len(self._fifos) == 1 else None
         q.append(item)
 
     def remove(self, item: T, flow: Hashable) -> None:
@@ -61,14 +65,16 @@ class Flows(Generic[T]):
             self._credited = False
         del self._fifos[flow]
         del self._deficit[flow]  # an idle flow banks no credit
+        self._only = None
         if len(self._fifos) == 1:  # a lone flow keeps no accounts (it starts fresh)
             self._deficit[next(iter(self._fifos))] = 0.0
             self._credited = False
+            self._only = next(iter(self._fifos.values()))
 
     def head(self) -> T | None:
         """The item ``pop`` takes next (None when no live item is left)."""
-        if len(self._fifos) == 1:  # a lone flow: its FIFO's head (the hot path)
-            q = next(iter(self._fifos.values()))
+        q = self._only
+        if q is not None:  # a lone flow: its FIFO's head (the hot path)
             if self._lazy:
                 while q and q[0].gone:  # type: ignore[attr-defined]
                     q.popleft()
@@ -116,8 +122,8 @@ class Flows(Generic[T]):
     def take(self, budget: float, n: int, out: list[T]) -> float:
         """Items into ``out``, in turn, while the next one's price fits ``budget`` and
         ``out`` holds fewer than ``n``; returns what is left of ``budget``."""
-        if len(self._fifos) == 1:  # the common case, one flow: the batcher's hot loop
-            flow, q = next(iter(self._fifos.items()))
+        q = self._only
+        if q is not None:  # the common case, one flow: the batcher's hot loop
             price, lazy = self._price, self._lazy
             while len(out) < n:
                 if lazy:
@@ -131,7 +137,7 @@ class Flows(Generic[T]):
                 out.append(q.popleft())
                 budget -= cost
             if not q:
-                self._drop(flow)
+                self._drop(next(iter(self._fifos)))
             return budget
         head = self.head()
         while len(out) < n and head is not None:
@@ -157,9 +163,12 @@ class Flows(Generic[T]):
     def least(self, key: Callable[[T], float]) -> float:
         """The least ``key`` of the flows' oldest live items (inf if none): a lone flow
         without building a generator, since the scheduler asks at every step."""
-        if len(self._fifos) == 1:
-            x = self._front(next(iter(self._fifos.values())))
-            return math.inf if x is None else key(x)
+        q = self._only
+        if q is not None:
+            if self._lazy:
+                while q and q[0].gone:  # type: ignore[attr-defined]
+                    q.popleft()
+            return key(q[0]) if q else math.inf
         return min((key(x) for x in self.fronts()), default=math.inf)
 
     def fronts(self) -> Iterator[T]:
