@@ -3,6 +3,7 @@ directory, on a port of the test's choosing, as a developer (or ``make dev``) st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,10 +13,13 @@ from pathlib import Path
 
 import psutil
 
+from gristmill.cli.dev import APPS_GRACE_S, SERVICES_GRACE_S
 from tests.e2e.proctree import Tree, kafka_ports
 
 REPO = Path(__file__).resolve().parents[2]
 READY_S = 300.0
+# The longest an orderly stop of gristmill dev may take (its own bounds, and a margin).
+STOP_BOUND_S = APPS_GRACE_S + SERVICES_GRACE_S + 30.0
 
 
 class Dev:
@@ -109,6 +113,16 @@ class Dev:
             return None
 
     def cleanup(self) -> None:
+        """Stop it as a developer does (Ctrl-C), SIGKILL only if that overruns its bound.
+        A SIGKILL of the whole group at once took the lifeline's watchdog along and left
+        the API and the scheduler (each leads its own session) running after the suite."""
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            try:
+                os.kill(self.dev_pid, signal.SIGINT)
+                stopped = self.wait_exit(STOP_BOUND_S) is not None
+            except (AssertionError, psutil.Error, ProcessLookupError):
+                stopped = False  # gristmill dev not (or no longer) there to ask
+            if not stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
         self.tree.kill_all()
