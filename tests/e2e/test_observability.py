@@ -378,9 +378,11 @@ def test_genai_metrics_count_every_request_across_the_api_processes(
         )
         assert r.status_code == 200, r.text
     limited = new_key(system, "free", rate_rps=0.5, burst=1)
-    refused = [infer(system, limited, f"r{i}").status_code for i in range(5)].count(429)
-    assert refused >= 2
-    want = {"infer": n, "embeddings": e, "tokens": e, "refused": refused}
+    free = [infer(system, limited, f"r{i}").status_code for i in range(5)]
+    refused, served = free.count(429), free.count(200)
+    assert refused >= 2 and refused + served == len(free), free
+    # The free calls its bucket let through (one, or two on a slow box) are infers too.
+    want = {"infer": n + served, "embeddings": e, "tokens": e, "refused": refused}
     for k, add in want.items():
         got = eventually(
             lambda k=k: prom.value(queries[k]), lambda v, k=k, add=add: v == before[k] + add
