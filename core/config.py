@@ -500,6 +500,10 @@ class WorkerSettings(_Concern):
     # Padded tokens per sub-batch: past the GPU's launch-bound knee, small enough to keep
     # padding waste and activation memory low (docs/bench/gpu.md).
     embed_bucket_tokens: int = Field(32_768, gt=0)
+    # Processes tokenizing text inputs (a job's items) beside a GPU worker
+    # (workers/models/embedding/tokenize_pool.py): -1 sizes them at warm-up from the
+    # GPU's measured ceiling and the tokenizer's measured cost; 0: the worker tokenizes.
+    embed_tokenize_processes: int = Field(-1, ge=-1)
     # The causal LM (gristmill-lm, decision 23): where it runs, the KV cache's memory
     # (per scheduler it serves), and one step's limits. On this CPU: 64 MiB holds 65,536
     # tokens of context; 256 tokens a step and 64 sequences from the step-cost curve

@@ -310,6 +310,7 @@ def serve(
             log.info("worker %s joined the scheduler at %s again", wid, path)
             return conn
         return None
+
     threading.Thread(target=holder.run, name="loader", daemon=True).start()
     try:
         _serve_batches(

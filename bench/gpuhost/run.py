@@ -135,10 +135,14 @@ def job_scenario(
     side: dict[str, Any] = {}
     spied: dict[str, Any] = {}
     timer = None
-    if spy:  # the busiest process of each kind, once the upload is well under way
-        timer = threading.Timer(
-            8.0, lambda: spied.update(profile({k: cpu.busiest(k) for k in KINDS}, 10.0))
-        )
+    if spy:  # the intake (the API taking the upload), then the flow (a scheduler, the worker)
+
+        def spy_both() -> None:
+            spied["intake"] = profile({"api": cpu.busiest("api")}, 10.0)
+            time.sleep(5.0)
+            spied["flow"] = profile({k: cpu.busiest(k) for k in ("scheduler", "worker")}, 10.0)
+
+        timer = threading.Timer(3.0, spy_both)
         timer.start()
     th = None
     if beside is not None:
@@ -156,6 +160,9 @@ def job_scenario(
             if row and row[0]:
                 break
             time.sleep(0.5)
+        recorded = conn.execute(
+            "SELECT extract(epoch FROM created_at) FROM jobs WHERE job_id = %s", (job["job_id"],)
+        ).fetchone()[0]  # type: ignore[index]
         first, last, done = conn.execute(
             "SELECT min(consumed_at), max(persisted_at), count(*) FROM requests "
             "WHERE job_id = %s AND status = 'succeeded'",
@@ -187,6 +194,10 @@ def job_scenario(
         "items": n,
         "succeeded": done,
         "accept_s": round(accepted_s, 1),
+        # The upload read, checked and staged (the job's row is written when it is), then
+        # the COPY and the publish to Kafka until the 202; the first item a scheduler took.
+        "staged_s": round(float(recorded) - t0, 1),
+        "first_consumed_s": round(first.timestamp() - t0, 1),
         "first_byte_to_last_row_s": round(wall, 1),
         "items_per_s": round(n / wall),
         "flowing_items_per_s": round(done / max(1e-3, t_last - first.timestamp())),

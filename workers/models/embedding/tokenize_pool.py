@@ -1,0 +1,115 @@
+"""Tokenizing a batch of texts in several processes, so a job keeps the GPU busy.
+
+Sync inputs reach the worker as token ids (the API tier tokenized them). A job's items
+reach it as text: the API takes a million-item upload at tens of thousands of items a
+second and does not tokenize them. The model's own tokenizer spends about 250 us of CPU
+on a 66-token paragraph on a GPU host (docs/bench/gpu-host.md), so a worker that
+tokenized job items itself held a job to one core's worth of tokenizing: 13,000 items/s,
+9% of what the GPU computes on such inputs.
+
+Here each process runs the fast WordPiece path (core/models/wordpiece.py, about 27 us for
+that paragraph; the tokenizer itself where the model's rules are not BERT's) and sends
+back the batch's ids packed end to end, which the worker launches exactly as it does
+token ids from the API tier (``EmbeddingModel._launch_packed``). Processes, not threads:
+the fast path is Python and would hold the worker's interpreter lock. They are spawned,
+not forked, because the worker has initialized CUDA.
+
+How many: ``processes_for`` (pure) sizes the pool so it tokenizes at the GPU's measured
+ceiling with room to spare, from two measurements the warm-up takes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing
+from array import array
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# The pool keeps this share of its cores busy at the GPU's ceiling: a busier pool
+# would queue, and the GPU would wait on the tokenizer again.
+UTILIZATION = 0.7
+# Texts per task below which splitting costs more (a task's round trip, ~0.1 ms)
+# than it saves.
+MIN_CHUNK = 64
+
+_encode: Callable[[str], list[int]] | None = None  # this pool process's encoder
+
+
+def processes_for(ceiling_items_per_s: float, tokenize_s_per_item: float, cores: int) -> int:
+    """Processes that tokenize ``ceiling_items_per_s`` at ``UTILIZATION``, each costing
+    ``tokenize_s_per_item`` of one core an item; at least 1, at most ``cores``."""
+    if ceiling_items_per_s <= 0 or tokenize_s_per_item <= 0:
+        return 1
+    need = ceiling_items_per_s * tokenize_s_per_item / UTILIZATION
+    return max(1, min(max(1, cores), math.ceil(need)))
+
+
+def make_encoder(model_dir: str, max_tokens: int) -> Callable[[str], list[int]]:
+    """text -> [CLS] ... [SEP] ids: the fast path where the tokenizer's rules allow it."""
+    from pathlib import Path
+
+    from core.models.text_tokenizer import load_tokenizer
+    from core.models.wordpiece import FastWordPiece
+
+    tok = load_tokenizer(Path(model_dir), max_tokens)
+    fast = FastWordPiece.from_tokenizer(tok, max_tokens)
+    if fast is not None:
+        return fast.encode
+    return lambda text: list(tok.encode(text).ids)
+
+
+def _start(model_dir: str, max_tokens: int) -> None:
+    global _encode
+    _encode = make_encoder(model_dir, max_tokens)
+
+
+def _tokenize(texts: list[str]) -> tuple[bytes, bytes]:
+    """In a pool process: every text's ids end to end, and each text's count (int32)."""
+    assert _encode is not None, "the pool's initializer sets the encoder"
+    flat, lens = array("i"), array("i")
+    for text in texts:
+        ids = _encode(text)
+        flat.extend(ids)
+        lens.append(len(ids))
+    return flat.tobytes(), lens.tobytes()
+
+
+class TokenizerPool:
+    """``packed(texts)`` -> (ids end to end [int32], lengths [int32], starts [int64]):
+    the arguments of the packed launch, tokenized in ``processes`` processes."""
+
+    def __init__(self, model_dir: str, max_tokens: int, processes: int):
+        if processes < 1:
+            raise ValueError("a tokenizer pool needs at least one process")
+        self.processes = processes
+        self._pool = ProcessPoolExecutor(
+            max_workers=processes,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_start,
+            initargs=(model_dir, max_tokens),
+        )
+        # Start every process now (each loads the tokenizer), not on the first batch.
+        list(self._pool.map(_tokenize, [["warm"]] * processes))
+
+    def packed(self, texts: Sequence[str]) -> tuple[Any, Any, Any]:
+        import numpy as np
+
+        n = len(texts)
+        parts = min(self.processes, max(1, n // MIN_CHUNK))
+        step = -(-n // parts)
+        chunks = [list(texts[i : i + step]) for i in range(0, n, step)]
+        got = list(self._pool.map(_tokenize, chunks))
+        flat = np.frombuffer(b"".join(f for f, _ in got), dtype=np.int32)
+        lens = np.frombuffer(b"".join(x for _, x in got), dtype=np.int32)
+        starts = np.zeros(n, dtype=np.int64)
+        if n > 1:
+            np.cumsum(lens[:-1], out=starts[1:])
+        return flat, lens, starts
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
