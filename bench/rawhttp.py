@@ -19,6 +19,11 @@ class HttpError(Exception):
     """The connection broke or the answer could not be read."""
 
 
+class _Stale(HttpError):
+    """A kept-alive connection the server had closed (its idle timeout) while it sat in
+    the pool: nothing was sent on it, so the request goes out on a fresh one."""
+
+
 @dataclass
 class Answer:
     status: int
@@ -85,8 +90,13 @@ class _Conn(asyncio.Protocol):
 
     async def request(self, raw: bytes) -> Answer:
         assert self.transport is not None
+        if self.closed or self.transport.is_closing():
+            raise _Stale
         self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(raw)
+        try:
+            self.transport.write(raw)
+        except RuntimeError as exc:  # uvloop: closed between the check and the write
+            raise _Stale from exc
         return await self.waiter
 
 
@@ -124,17 +134,21 @@ class RawPool:
     async def _take(self) -> _Conn:
         while self._idle:
             conn = self._idle.pop()
-            if not conn.closed:
+            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
                 return conn
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
         return conn
 
     async def post(self, body: bytes) -> Answer:
-        conn = await self._take()
         raw = self._head + str(len(body)).encode() + b"\r\n\r\n" + body
+        conn = await self._take()
         try:
-            answer = await asyncio.wait_for(conn.request(raw), self.timeout_s)
+            try:
+                answer = await asyncio.wait_for(conn.request(raw), self.timeout_s)
+            except _Stale:  # once more, on whatever _take gives (a fresh one at worst)
+                conn = await self._take()
+                answer = await asyncio.wait_for(conn.request(raw), self.timeout_s)
         except BaseException:
             if conn.transport is not None:
                 conn.transport.close()  # a half-read answer: the connection is unusable

@@ -4,6 +4,7 @@ reuse, Content-Length and chunked answers, Retry-After, a server that hangs up."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -72,3 +73,43 @@ def test_a_server_that_hangs_up_is_a_client_error() -> None:
         server.close()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_kept_connection_the_server_closed_while_idle_is_replaced(loop: str) -> None:
+    """A keep-alive connection the server closed (its idle timeout) before the pool saw
+    it go: the request goes out on a fresh connection and is answered, not lost."""
+
+    async def run() -> None:
+        served: list[int] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                    await reader.readexactly(length)
+                    served.append(1)
+                    writer.write(_ok(b"fine"))
+                    await writer.drain()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = RawPool(f"http://127.0.0.1:{port}/x", {}, 5.0)
+        first = await pool.post(b"{}")
+        (stale,) = pool._idle
+        assert stale.transport is not None
+        stale.transport.close()  # closing: the protocol has not yet been told it is lost
+        assert not stale.closed
+        second = await pool.post(b"{}")
+        assert pool._idle and pool._idle[-1] is not stale
+        assert (first.status, second.status, second.body) == (200, 200, b"fine")
+        assert len(served) == 2
+        server.close()
+
+    if loop == "uvloop":
+        import uvloop
+
+        uvloop.run(run())
+    else:
+        asyncio.run(run())
