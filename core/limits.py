@@ -67,7 +67,9 @@ def check_text(value: str, field: str, *, max_chars: int | None = None) -> str:
         raise InvalidInput(
             f"{field} contains the character U+0000 (NUL), which cannot be stored", field=field
         )
-    bad = _SURROGATE.search(value)
+    # An ASCII string (flagged by CPython, no scan) holds no surrogate: most text skips
+    # the search, a sixth of a job item's staging on a GPU host (docs/bench/gpu-host.md).
+    bad = None if value.isascii() else _SURROGATE.search(value)
     if bad is not None:
         raise InvalidInput(
             f"{field} contains a lone UTF-16 surrogate (U+{ord(bad.group()):04X}), "

@@ -133,6 +133,17 @@ class Staged:
             raise ValueError("the staged file ends inside a row")
 
 
+def _plain_item(obj: dict[str, Any]) -> bool:
+    """``{"input": ...}`` or ``{"custom_id": <str or null>, "input": ...}``: what
+    ``JobItem``'s strict schema accepts without a word to say (a 10th of the staging)."""
+    n = len(obj)
+    if "input" not in obj or n > 2:
+        return False
+    return n == 1 or (
+        "custom_id" in obj and (obj["custom_id"] is None or type(obj["custom_id"]) is str)
+    )
+
+
 class ItemStager:
     """Validates items and writes them, with their request ids, as COPY rows (see
     results.job_items.COPY_ITEMS) into a temp file. Synchronous: run it off the loop."""
@@ -181,7 +192,12 @@ class ItemStager:
             self._flush()
 
     def add_object(self, obj: Any, where: str) -> None:
-        self.add(validate(obj, JobItem, where), where)
+        if type(obj) is dict and _plain_item(obj):  # the common line, without pydantic
+            self.add(
+                JobItem.model_construct(custom_id=obj.get("custom_id"), input=obj["input"]), where
+            )
+        else:  # anything else is checked, and its error named, by the schema
+            self.add(validate(obj, JobItem, where), where)
 
     def feed(self, chunk: bytes) -> None:
         """The next chunk of a JSONL upload (fingerprinted as it comes)."""

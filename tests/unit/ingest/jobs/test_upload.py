@@ -240,3 +240,37 @@ def test_a_trickle_under_the_minimum_rate_is_408() -> None:
 def test_a_body_past_its_cap_is_413_as_it_arrives() -> None:
     with pytest.raises(PayloadTooLarge):
         _read([b"x" * 60, b"x" * 60, b"never read"], 0, idle_timeout_s=1, max_bytes=100)
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"input": "x"},
+        {"custom_id": None, "input": "x"},
+        {"custom_id": "a\tb", "input": "x\\y"},
+        {"input": "x", "custom_id": "c"},
+        {"custom_id": 5, "input": "x"},
+        {"input": "x", "extra": 1},
+        {"custom_id": "a"},
+        {"custom_id": "a", "extra": 1},
+        {"input": ["a"]},
+        {"input": ""},
+        {"input": "x", "custom_id": "c", "extra": None},
+    ],
+)
+def test_the_plain_item_fast_path_stages_and_refuses_as_the_schema_does(obj: Any) -> None:
+    from ingest.jobs.schemas import JobItem, validate
+
+    def staged(add: Any) -> Any:
+        s = stager()
+        try:
+            add(s)
+            return rows(s.finish().file)
+        except (InvalidInput, SchemaViolation) as exc:
+            return (type(exc), exc.message, exc.field)
+        finally:
+            s.close()
+
+    fast = staged(lambda s: s.add_object(obj, "line 1"))
+    schema = staged(lambda s: s.add(validate(obj, JobItem, "line 1"), "line 1"))
+    assert fast == schema
