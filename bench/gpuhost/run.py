@@ -171,6 +171,7 @@ def job_scenario(
         batches, mean_batch = conn.execute(
             "SELECT count(*), avg(size) FROM batches WHERE formed_at >= to_timestamp(%s)", (t0,)
         ).fetchone()  # type: ignore[misc]
+        stages = batch_stages(conn, t0)
     b = cpu.sample()
     if th is not None:
         th.join()
@@ -207,6 +208,7 @@ def job_scenario(
         "gpu_busy_series": gpu.series(t0, t_last),
         "batches": batches,
         "mean_batch": round(float(mean_batch or 0), 1),
+        "batch_stages_ms": stages,
         "checked": checked,
         "wrong": wrong,
         "cpu": cpu_delta(a, b, n),
@@ -217,6 +219,34 @@ def job_scenario(
         result["profile"] = spied
     log(f"job: {json.dumps({k: v for k, v in result.items() if k != 'gpu_busy_series'})}")
     return result
+
+
+def batch_stages(conn: Any, t0: float) -> dict[str, list[float]]:
+    """Where a job's batch spends its time (ms, median and p90 over the job's batches):
+    formed until its computation starts (the wait on the worker, the trip there),
+    computing, computed until its rows are committed (the way back, the persist), the
+    scheduler's turnaround (a computation ends until the same worker connection's next
+    batch is formed) and the worker's idle time between computations."""
+    spans = {
+        "formed_to_start": "compute_start_at - formed_at",
+        "computing": "compute_end_at - compute_start_at",
+        "end_to_persisted": "persisted_at - compute_end_at",
+        "end_to_next_formed": "next_formed - compute_end_at",
+        "worker_idle": "greatest(next_start - compute_end_at, interval '0')",
+    }
+    out: dict[str, list[float]] = {}
+    for name, span in spans.items():
+        row = conn.execute(
+            "WITH b AS (SELECT *, lead(formed_at) OVER (PARTITION BY worker_id ORDER BY "
+            "formed_at) AS next_formed, lead(compute_start_at) OVER (ORDER BY "
+            "compute_start_at) AS next_start FROM batches WHERE formed_at >= to_timestamp(%s) "
+            "AND compute_start_at IS NOT NULL) SELECT percentile_cont(ARRAY[0.5, 0.9]) "
+            f"WITHIN GROUP (ORDER BY extract(epoch FROM {span}) * 1000) FROM b "
+            f"WHERE {span} IS NOT NULL",
+            (t0,),
+        ).fetchone()
+        out[name] = [round(float(x), 1) for x in (row[0] or [])]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
