@@ -47,7 +47,13 @@ class Stack:
     def start(self) -> dict[str, Any]:
         cores = len(os.sched_getaffinity(0))
         gpus = len(_visible_gpus())
-        shape = shape_host(cores, gpus, colocated=True, reserve_cores=self.args.loadgen_cores)
+        shape = shape_host(
+            cores,
+            gpus,
+            colocated=True,
+            reserve_cores=self.args.loadgen_cores,
+            schedulers=self.args.schedulers or None,
+        )
         partitions = partitions_for(shape.schedulers, minimum=self.args.partitions)
         log(f"shape: {shape}")
         self.kafka = KafkaCluster(
@@ -95,6 +101,7 @@ class Stack:
             sys.executable, "-m", "gristmill", "host", "--models", MODEL, "--colocated",
             "--reserve-cores", str(self.args.loadgen_cores), "--port", str(port),
             "--run-dir", str(self.work / "host"),
+            "--schedulers", str(shape.schedulers),
         ]  # fmt: skip
         self.host = subprocess.Popen(
             argv,
