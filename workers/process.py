@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from core import tracing
 from core.config import Settings, WorkerSettings
@@ -100,7 +101,19 @@ def _unavailable(batch: WorkBatch, exc: ModelUnavailable, start: float) -> WorkR
     )
 
 
-def launch_batch(holder: Holder, batch: WorkBatch, to: Connection) -> _Started:
+def prepare_batch(holder: Holder, batch: WorkBatch) -> Any:
+    """Start a batch's host-side work as it arrives (Model.prepare), or None."""
+    model = holder.models.get(ModelRef(batch.model, batch.version))
+    if model is None:
+        return None
+    try:
+        return model.prepare(batch.inputs, token_ids=batch.token_ids)
+    except Exception:  # launch does the work itself, and reports what fails there
+        log.exception("preparing batch %s failed", batch.batch_id)
+        return None
+
+
+def launch_batch(holder: Holder, batch: WorkBatch, to: Connection, ahead: Any = None) -> _Started:
     launched_at = time.time()
     ref = ModelRef(batch.model, batch.version)
     model = holder.begin(ref)
@@ -108,7 +121,7 @@ def launch_batch(holder: Holder, batch: WorkBatch, to: Connection) -> _Started:
         err = ModelUnavailable(f"model {batch.model}@{batch.version} is not loaded on this worker")
         return _Started(batch, None, str(err), launched_at, to, err)
     try:
-        job = model.launch(batch.inputs, batch.params, token_ids=batch.token_ids)
+        job = model.launch(batch.inputs, batch.params, token_ids=batch.token_ids, ahead=ahead)
         return _Started(batch, job, None, launched_at, to)
     except ModelUnavailable as exc:
         holder.end(ref)
@@ -343,7 +356,8 @@ def _serve_batches(
     # The finisher must get the GIL as soon as the device is done, even while this
     # thread packs the next batch (Python's default switch interval is 5 ms).
     sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
-    incoming: queue.Queue[tuple[Connection, WorkBatch | GenStep | None]] = queue.Queue()
+    # (scheduler, batch, what the batch's Model.prepare started as it arrived)
+    incoming: queue.Queue[tuple[Connection, WorkBatch | GenStep | None, Any]] = queue.Queue()
     launched: queue.Queue[_Started | None] = queue.Queue()
     slots = threading.Semaphore(MAX_LAUNCHED)
     unsent = [0]  # launched batches whose result is not sent yet
@@ -362,7 +376,9 @@ def _serve_batches(
                 holder.command(conn, msg)  # the loader thread carries it out
                 continue
             batch: WorkBatch | GenStep | None = msg
-            incoming.put((conn, batch))  # None: that scheduler went away or stops us
+            # Tokenizing starts now, while the batches queued ahead of this one compute.
+            ahead = prepare_batch(holder, batch) if isinstance(batch, WorkBatch) else None
+            incoming.put((conn, batch, ahead))  # None: that scheduler went away or stops us
             if batch is None:
                 holder.forget(conn)
                 again = redial(conn) if redial is not None else None
@@ -409,7 +425,7 @@ def _serve_batches(
     try:
         while True:
             try:
-                conn, batch = incoming.get(timeout=0.2)
+                conn, batch, ahead = incoming.get(timeout=0.2)
             except queue.Empty:
                 if shutdown.requested and not shutdown.busy:
                     log.info("worker %s finished its batches and exits on request", wid)
@@ -431,7 +447,7 @@ def _serve_batches(
             if isinstance(batch, GenStep):
                 started = run_step(holder.models, batch, conn)
             else:
-                started = launch_batch(holder, batch, conn)
+                started = launch_batch(holder, batch, conn, ahead)
             launched.put(started)
             if started.job is None or not started.job.computing():
                 with sent:  # computed already: its result goes out before the next starts

@@ -224,22 +224,21 @@ def job_scenario(
 def batch_stages(conn: Any, t0: float) -> dict[str, list[float]]:
     """Where a job's batch spends its time (ms, median and p90 over the job's batches):
     formed until its computation starts (the wait on the worker, the trip there),
-    computing, computed until its rows are committed (the way back, the persist), the
-    scheduler's turnaround (a computation ends until the same worker connection's next
-    batch is formed) and the worker's idle time between computations."""
+    computing (from its launch, or the end of the batch before it, to its outputs on the
+    host), computed until its rows are committed (the way back, the persist), and the
+    time between one computation's end and the next one's start (one worker: the host's
+    GPU)."""
     spans = {
         "formed_to_start": "compute_start_at - formed_at",
         "computing": "compute_end_at - compute_start_at",
         "end_to_persisted": "persisted_at - compute_end_at",
-        "end_to_next_formed": "next_formed - compute_end_at",
         "worker_idle": "greatest(next_start - compute_end_at, interval '0')",
     }
     out: dict[str, list[float]] = {}
     for name, span in spans.items():
         row = conn.execute(
-            "WITH b AS (SELECT *, lead(formed_at) OVER (PARTITION BY worker_id ORDER BY "
-            "formed_at) AS next_formed, lead(compute_start_at) OVER (ORDER BY "
-            "compute_start_at) AS next_start FROM batches WHERE formed_at >= to_timestamp(%s) "
+            "WITH b AS (SELECT *, lead(compute_start_at) OVER (ORDER BY compute_start_at) "
+            "AS next_start FROM batches WHERE formed_at >= to_timestamp(%s) "
             "AND compute_start_at IS NOT NULL) SELECT percentile_cont(ARRAY[0.5, 0.9]) "
             f"WITHIN GROUP (ORDER BY extract(epoch FROM {span}) * 1000) FROM b "
             f"WHERE {span} IS NOT NULL",

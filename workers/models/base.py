@@ -57,8 +57,19 @@ class Model(ABC):
         A list, or a numpy array whose rows are the outputs (results/store.py writes
         a row as the same JSON as the list of its values)."""
 
+    def prepare(self, inputs: Sequence[Any], *, token_ids: bool = False) -> Any:
+        """Start the host-side work of a batch that will be launched later (tokenizing its
+        texts), so that it overlaps the batches ahead of it; ``launch`` takes what this
+        returns as ``ahead``. None: nothing to start (this default)."""
+        return None
+
     def launch(
-        self, inputs: Sequence[Any], params: dict[str, Any], *, token_ids: bool = False
+        self,
+        inputs: Sequence[Any],
+        params: dict[str, Any],
+        *,
+        token_ids: bool = False,
+        ahead: Any = None,
     ) -> Launched:
         """Start computing a batch; ``finish`` returns its outputs.
 

@@ -97,6 +97,13 @@ def test_pooled_texts_embed_as_in_process_and_survive_a_dead_process(model: Any)
         for i in range(0, len(mixed), 3):
             mixed[i] = tokenized_input(TEXTS[i], model.tokenizer.encode(TEXTS[i]).ids)
         np.testing.assert_allclose(model.finish(model.launch(mixed, params)), inline, atol=1e-5)
+        # Tokenized ahead, as the worker does when a batch arrives behind others.
+        for batch in (TEXTS, mixed):
+            ahead = model.prepare(batch)
+            assert ahead is not None
+            got = model.finish(model.launch(batch, params, ahead=ahead))
+            np.testing.assert_allclose(got, inline, atol=1e-5)
+        assert model.prepare(["\x65"], token_ids=True) is None  # ids already: nothing to do
         # A pool process dies (the OOM killer, an operator): the batch is still answered,
         # tokenized in the worker, and the pool is not used again.
         victim = next(iter(model.tokenizers._pool._processes))

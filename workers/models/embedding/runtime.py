@@ -119,6 +119,14 @@ class _Prepared:
     prep_s: float  # time to tokenize and pack the unit (on its first sub-batch)
 
 
+@dataclass(frozen=True)
+class _Ahead:
+    """A batch's texts (their positions in it) handed to the tokenizer pool."""
+
+    texts: list[int]
+    ids: Callable[[], tuple[Any, Any, Any]]
+
+
 @dataclass
 class _PackedJob(Launched):
     """A packed batch enqueued on the GPU: ``host`` holds its rows once ``done`` fired."""
@@ -206,8 +214,28 @@ class EmbeddingModel(Model):
         assert isinstance(out, np.ndarray)
         return out
 
+    def prepare(self, inputs: Sequence[Any], *, token_ids: bool = False) -> Any:
+        """A batch's texts handed to the tokenizer pool as soon as the batch arrives, so
+        they are tokenized while the batches ahead of it compute (None: no pool, or
+        nothing to tokenize)."""
+        pool = self.tokenizers
+        if pool is None or token_ids:
+            return None
+        texts = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+        if not texts:
+            return None
+        try:
+            return _Ahead(texts, pool.start([inputs[i] for i in texts]))
+        except (BrokenProcessPool, RuntimeError):  # broken or closed: launch tokenizes
+            return None
+
     def launch(
-        self, inputs: Sequence[Any], params: dict[str, Any], *, token_ids: bool = False
+        self,
+        inputs: Sequence[Any],
+        params: dict[str, Any],
+        *,
+        token_ids: bool = False,
+        ahead: Any = None,
     ) -> Launched:
         """Start a batch. The packed path (token ids) only enqueues its GPU work, behind
         whatever batch the stream still runs; ``finish`` waits for it. Plain texts are
@@ -219,29 +247,36 @@ class EmbeddingModel(Model):
             return self._launch_packed(*decode_batch(inputs), normalize)
         if inputs and all(is_tokenized(x) for x in inputs):
             return self._launch_packed(*decode_batch([x["ids"] for x in inputs]), normalize)
-        if self.tokenizers is not None:
-            packed = self._pool_tokenize(inputs)
+        if ahead is not None or self.tokenizers is not None:
+            packed = self._pool_tokenize(inputs, ahead)
             if packed is not None:
                 return self._launch_packed(*packed, normalize)
         out = np.empty((len(inputs), self.hidden), dtype=np.float32)
         self._run([len(_text_of(x)) for x in inputs], self._encode_inputs(inputs), normalize, out)
         return Launched(out, dict(self.last_stats))
 
-    def _pool_tokenize(self, inputs: Sequence[Any]) -> tuple[Any, Any, Any] | None:
-        """The batch packed, its texts tokenized by the pool (a batch that mixes texts
-        with inputs the API tokenized keeps those ids); None (and the pool stopped: this
-        worker then tokenizes in-process, slower, same ids) if a pool process died."""
-        assert self.tokenizers is not None
-        texts = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+    def _pool_tokenize(
+        self, inputs: Sequence[Any], ahead: _Ahead | None
+    ) -> tuple[Any, Any, Any] | None:
+        """The batch packed, its texts tokenized by the pool (started by ``prepare``, or
+        now); a batch that mixes texts with inputs the API tokenized keeps those ids.
+        None (and the pool stopped: this worker then tokenizes in-process, slower, same
+        ids) if a pool process died."""
         try:
-            if len(texts) == len(inputs):
-                return self.tokenizers.packed(inputs)
-            flat, lens, starts = self.tokenizers.packed([inputs[i] for i in texts])
-        except BrokenProcessPool as exc:
-            log.warning("the tokenizer pool failed (%s); tokenizing in the worker", exc)
-            self.tokenizers.close()
-            self.tokenizers = None
+            if ahead is None:
+                assert self.tokenizers is not None
+                texts = [i for i, x in enumerate(inputs) if isinstance(x, str)]
+                ahead = _Ahead(texts, self.tokenizers.start([inputs[i] for i in texts]))
+            flat, lens, starts = ahead.ids()
+        except (BrokenProcessPool, RuntimeError) as exc:
+            log.warning("the tokenizer pool failed (%r); tokenizing in the worker", exc)
+            if self.tokenizers is not None:
+                self.tokenizers.close()
+                self.tokenizers = None
             return None
+        texts = ahead.texts
+        if len(texts) == len(inputs):
+            return flat, lens, starts
         ids = [x["ids"] if is_tokenized(x) else "" for x in inputs]
         for k, i in enumerate(texts):  # back to id strings, in the batch's order
             row = flat[starts[k] : starts[k] + lens[k]]

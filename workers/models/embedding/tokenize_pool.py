@@ -97,19 +97,29 @@ class TokenizerPool:
         list(self._pool.map(_tokenize, [["warm"]] * processes))
 
     def packed(self, texts: Sequence[str]) -> tuple[Any, Any, Any]:
-        import numpy as np
+        return self.start(texts)()
 
+    def start(self, texts: Sequence[str]) -> Callable[[], tuple[Any, Any, Any]]:
+        """Hand ``texts`` to the processes now; the returned call waits for their ids
+        (raising BrokenProcessPool if a process died meanwhile)."""
         n = len(texts)
         parts = min(self.processes, max(1, n // MIN_CHUNK))
-        step = -(-n // parts)
-        chunks = [list(texts[i : i + step]) for i in range(0, n, step)]
-        got = list(self._pool.map(_tokenize, chunks))
-        flat = np.frombuffer(b"".join(f for f, _ in got), dtype=np.int32)
-        lens = np.frombuffer(b"".join(x for _, x in got), dtype=np.int32)
-        starts = np.zeros(n, dtype=np.int64)
-        if n > 1:
-            np.cumsum(lens[:-1], out=starts[1:])
-        return flat, lens, starts
+        step = max(1, -(-n // parts))
+        futures = [
+            self._pool.submit(_tokenize, list(texts[i : i + step])) for i in range(0, n, step)
+        ]
+        return lambda: _joined([f.result() for f in futures], n)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _joined(got: list[tuple[bytes, bytes]], n: int) -> tuple[Any, Any, Any]:
+    import numpy as np
+
+    flat = np.frombuffer(b"".join(f for f, _ in got), dtype=np.int32)
+    lens = np.frombuffer(b"".join(x for _, x in got), dtype=np.int32)
+    starts = np.zeros(n, dtype=np.int64)
+    if n > 1:
+        np.cumsum(lens[:-1], out=starts[1:])
+    return flat, lens, starts
