@@ -5,7 +5,8 @@
 Writes, for what the run holds: ``sync.png`` (latency percentiles and refusals against
 the offered rate, per route), ``cpu.png`` (CPU milliseconds a request by process kind at
 each rate), ``job.png`` (GPU busy through the job, against the raw ceiling) and
-``faults.png`` (rows persisted each second, the faults marked).
+``faults.png`` (rows persisted each second, the faults marked). Given several runs,
+``jobs.png``: their jobs side by side (phases, share of the raw ceiling).
 """
 
 from __future__ import annotations
@@ -107,6 +108,38 @@ def faults_chart(res: dict[str, Any], out: Path, plt: Any) -> None:
     plt.close(fig)
 
 
+def jobs_chart(runs: list[tuple[str, dict[str, Any]]], out: Path, plt: Any) -> None:
+    """Several runs' jobs side by side: where the time from the first byte to the last
+    row went (staging, the COPY and the publish until the 202, the drain after it), and
+    items/s end to end against the raw ceiling."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2))
+    names = [name for name, _ in runs]
+    jobs = [res["job"] for _, res in runs]
+    staged = [j.get("staged_s", 0.0) for j in jobs]
+    accepted = [j["accept_s"] - j.get("staged_s", 0.0) for j in jobs]
+    drained = [j["first_byte_to_last_row_s"] - j["accept_s"] for j in jobs]
+    ax.barh(names, staged, label="read, checked, staged")
+    ax.barh(names, accepted, left=staged, label="COPY + publish to Kafka (202)")
+    left = [a + b for a, b in zip(staged, accepted, strict=True)]
+    ax.barh(names, drained, left=left, label="last items computed and stored")
+    ax.set(xlabel="seconds from the first byte", title="a 1,000,000-item job")
+    ax.invert_yaxis()
+    ax.legend(fontsize=7, loc="lower right")
+    share = [100 * j["items_per_s"] / j["ceiling_items_per_s"] for j in jobs]
+    flowing = [100 * j["flowing_items_per_s"] / j["ceiling_items_per_s"] for j in jobs]
+    y = list(range(len(runs)))
+    bx.barh([v - 0.2 for v in y], share, height=0.4, label="end to end")
+    bx.barh([v + 0.2 for v in y], flowing, height=0.4, label="while items flow")
+    bx.axvline(75, color="grey", lw=0.8)
+    bx.set_yticks(y, names)
+    bx.invert_yaxis()
+    bx.set(xlabel="% of the raw ceiling (same call, same inputs)", title="items/s")
+    bx.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "jobs.png", dpi=110)
+    plt.close(fig)
+
+
 def _title(res: dict[str, Any], what: str) -> str:
     gpus = ", ".join(res.get("machine", {}).get("gpus", [])) or "no GPU"
     return f"{what}\n{gpus.split(',')[0]}, {res.get('machine', {}).get('cores')} cores"
@@ -119,11 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     import matplotlib.pyplot as plt
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("result", type=Path)
+    ap.add_argument("result", type=Path, nargs="+", help="several: their jobs compared")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    res = json.loads(args.result.read_text())
     args.out.mkdir(parents=True, exist_ok=True)
+    if len(args.result) > 1:
+        runs = [(p.stem, json.loads(p.read_text())) for p in args.result]
+        jobs_chart([(n, r) for n, r in runs if r.get("job")], args.out, plt)
+        return 0
+    res = json.loads(args.result[0].read_text())
     for key, draw in (
         ("sync", sync_chart),
         ("sync", cpu_chart),

@@ -39,6 +39,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -122,13 +123,23 @@ def job_scenario(
     ceiling: dict[str, Any],
     beside: Callable[[], dict[str, Any]] | None = None,
     spy: bool = False,
+    parts: int = 1,
 ) -> dict[str, Any]:
+    """The job file submitted whole, or as ``parts`` jobs of consecutive items submitted
+    at once (to several API processes: what a parallel intake would give)."""
     import numpy as np
     import psycopg
     from gristmill_client import Client
 
     path = work / "job.jsonl"
-    n = sum(1 for _ in path.open("rb"))
+    lines = path.read_bytes().splitlines(keepends=True)
+    n = len(lines)
+    size = -(-n // parts)
+    paths = [path] if parts == 1 else []
+    for k in range(0, n, size) if parts > 1 else ():
+        paths.append(work / f"job.part{len(paths)}.jsonl")
+        paths[-1].write_bytes(b"".join(lines[k : k + size]))
+    del lines
     client = Client(stack.url, stack.keys["paid"], timeout_s=3600)
     cpu = stack.cpu()
     a, t0 = cpu.sample(), time.time()
@@ -148,25 +159,34 @@ def job_scenario(
     if beside is not None:
         th = threading.Thread(target=lambda: side.update(beside()), daemon=True)
         th.start()
-    job = client.submit_job(MODEL, path)
+    with ThreadPoolExecutor(len(paths)) as pool:  # a client (a connection) each
+        ids = list(
+            pool.map(
+                lambda p: Client(stack.url, stack.keys["paid"], timeout_s=3600).submit_job(
+                    MODEL, p
+                )["job_id"],
+                paths,
+            )
+        )
     accepted_s = time.time() - t0
-    log(f"job {job['job_id']}: {n} items accepted in {accepted_s:.1f} s")
+    log(f"job {ids}: {n} items accepted in {accepted_s:.1f} s")
     dsn = libpq_url(settings_from_env(stack.env).database_url)
     with psycopg.connect(dsn, autocommit=True) as conn:
         while True:
             row = conn.execute(
-                "SELECT finished_at FROM jobs WHERE job_id = %s", (job["job_id"],)
+                "SELECT count(*) FROM jobs WHERE job_id = ANY(%s) AND finished_at IS NOT NULL",
+                (ids,),
             ).fetchone()
-            if row and row[0]:
+            if row and row[0] == len(ids):
                 break
             time.sleep(0.5)
-        recorded = conn.execute(
-            "SELECT extract(epoch FROM created_at) FROM jobs WHERE job_id = %s", (job["job_id"],)
+        recorded = conn.execute(  # the last part's staging
+            "SELECT extract(epoch FROM max(created_at)) FROM jobs WHERE job_id = ANY(%s)", (ids,)
         ).fetchone()[0]  # type: ignore[index]
         first, last, done = conn.execute(
             "SELECT min(consumed_at), max(persisted_at), count(*) FROM requests "
-            "WHERE job_id = %s AND status = 'succeeded'",
-            (job["job_id"],),
+            "WHERE job_id = ANY(%s) AND status = 'succeeded'",
+            (ids,),
         ).fetchone()  # type: ignore[misc]
         batches, mean_batch = conn.execute(
             "SELECT count(*), avg(size) FROM batches WHERE formed_at >= to_timestamp(%s)", (t0,)
@@ -183,8 +203,9 @@ def job_scenario(
     refs = np.load(work / "job.vectors.npy")
     wrong = 0
     for k, idx in enumerate(sample.tolist()):
+        part, local = divmod(idx, size)
         items = client._request(
-            "GET", f"/v1/jobs/{job['job_id']}/items", params={"cursor": idx, "limit": 1}
+            "GET", f"/v1/jobs/{ids[part]}/items", params={"cursor": local, "limit": 1}
         ).json()["items"]
         got = items[0].get("output") if items else None
         vec = np.asarray(got if got is not None else [], dtype=np.float32)
@@ -193,6 +214,7 @@ def job_scenario(
     checked = len(sample)
     result = {
         "items": n,
+        "parts": len(ids),
         "succeeded": done,
         "accept_s": round(accepted_s, 1),
         # The upload read, checked and staged (the job's row is written when it is), then
@@ -256,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--wires", default="infer,embeddings")
     ap.add_argument("--job-items", type=int, default=1_000_000)
+    ap.add_argument("--job-parts", type=int, default=1, help="submitted as this many jobs at once")
     ap.add_argument("--sync-texts", type=int, default=20_000)
     ap.add_argument("--ceiling-items", type=int, default=65_536)
     ap.add_argument("--beside-rate", type=float, default=2000.0)
@@ -300,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
             result["sync"] = sync_scenario(stack, work, args, gpu)
             save()
         if "job" in scenarios:
-            result["job"] = job_scenario(stack, work, gpu, result["ceiling"], spy=args.profile)
+            result["job"] = job_scenario(
+                stack, work, gpu, result["ceiling"], spy=args.profile, parts=args.job_parts
+            )
             save()
         if "mixed" in scenarios:
             alone = _sync_at(stack, work, args, args.beside_rate)
