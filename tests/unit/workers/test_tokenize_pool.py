@@ -50,6 +50,25 @@ def test_processes_tokenize_at_the_ceiling_with_room(
     assert processes_for(ceiling, cost_us / 1e6, cores) == want
 
 
+@pytest.mark.parametrize(
+    ("affinity", "cpu_max", "want"),
+    [
+        (16, None, 16),  # no cgroup file
+        (16, "max 100000\n", 16),  # no quota
+        (64, "400000 100000\n", 4),  # a container limited to 4 cores on a 64-core node
+        (64, "150000 100000", 2),  # 1.5 cores: two processes share them
+        (2, "800000 100000", 2),  # the affinity is the smaller
+        (8, "garbage", 8),
+        (8, "0 100000", 8),
+        (0, None, 1),
+    ],
+)
+def test_the_cores_a_container_may_use(affinity: int, cpu_max: str | None, want: int) -> None:
+    from workers.models.embedding.tokenize_pool import usable_cores
+
+    assert usable_cores(affinity, cpu_max) == want
+
+
 def test_the_size_covers_the_ceiling_at_the_utilization() -> None:
     for ceiling in (1_000, 37_000, 112_800, 400_000):
         for cost_us in (4.0, 27.0, 260.0):

@@ -26,6 +26,7 @@ import multiprocessing
 from array import array
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -49,10 +50,35 @@ def processes_for(ceiling_items_per_s: float, tokenize_s_per_item: float, cores:
     return max(1, min(max(1, cores), math.ceil(need)))
 
 
+def usable_cores(affinity: int, cpu_max: str | None) -> int:
+    """Cores this process may keep busy: its CPU affinity, capped by a cgroup v2 quota
+    (``cpu.max``: "<quota> <period>" in µs, or "max <period>") where a container has
+    one: ``os.sched_getaffinity`` counts the node's cores, not the container's share."""
+    parts = (cpu_max or "").split()
+    if len(parts) != 2 or parts[0] == "max":
+        return max(1, affinity)
+    try:
+        quota, period = int(parts[0]), int(parts[1])
+    except ValueError:
+        return max(1, affinity)
+    if quota <= 0 or period <= 0:
+        return max(1, affinity)
+    return max(1, min(affinity, math.ceil(quota / period)))
+
+
+def host_cores() -> int:
+    """``usable_cores`` of this process, read from the system."""
+    import os
+
+    try:
+        cpu_max: str | None = Path("/sys/fs/cgroup/cpu.max").read_text()
+    except OSError:
+        cpu_max = None
+    return usable_cores(len(os.sched_getaffinity(0)), cpu_max)
+
+
 def make_encoder(model_dir: str, max_tokens: int) -> Callable[[str], list[int]]:
     """text -> [CLS] ... [SEP] ids: the fast path where the tokenizer's rules allow it."""
-    from pathlib import Path
-
     from core.models.text_tokenizer import load_tokenizer
     from core.models.wordpiece import FastWordPiece
 

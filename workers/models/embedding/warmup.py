@@ -7,7 +7,6 @@ model's seed) and bounds its batch size by the GPU memory measured here.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import statistics
 import time
@@ -18,7 +17,7 @@ from tokenizers import Tokenizer
 
 from core.models.token_ids import decode_batch, encode_ids, tokenized_input
 from workers.models.base import memory_batch_limit
-from workers.models.embedding.tokenize_pool import make_encoder, processes_for
+from workers.models.embedding.tokenize_pool import host_cores, make_encoder, processes_for
 
 if TYPE_CHECKING:
     from workers.models.embedding.runtime import EmbeddingModel
@@ -68,7 +67,7 @@ def tokenizer_processes(model: EmbeddingModel, profile: dict[int, float], texts:
         encode(t)
     cost = (time.perf_counter() - t0) / len(texts)
     gpus = max(1, torch.cuda.device_count())
-    cores = len(os.sched_getaffinity(0)) // gpus - 1  # less the worker's own core
+    cores = host_cores() // gpus - 1  # this worker's share, less its own core
     n = processes_for(ceiling, cost, cores)
     log.info(
         "tokenizer pool: %d process(es) for %.0f items/s at %.1f us an item", n, ceiling, cost * 1e6
