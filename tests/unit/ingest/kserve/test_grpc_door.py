@@ -89,8 +89,9 @@ def test_the_grpc_deadline_is_the_requests(
     stub.ModelInfer(request("a"), metadata=key(stubs), timeout=20)
     ((_, m),) = stubs.producer.sent
     # What was left of the 20 s when the call arrived (a loaded machine may take a while
-    # to connect), not the paid tier's 2 s SLO.
-    assert 10_000 < (m.deadline - m.received_at) * 1000 <= 20_000
+    # to connect), not the paid tier's 2 s SLO. gRPC reads what is left against the wall
+    # clock, which a loaded VM's clock discipline moves by tens of ms (CI once read 20,049).
+    assert 10_000 < (m.deadline - m.received_at) * 1000 <= 20_000 + 250
 
 
 def test_a_retry_with_the_key_is_replayed_without_a_resend(
