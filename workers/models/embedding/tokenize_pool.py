@@ -137,7 +137,17 @@ class TokenizerPool:
         return lambda: _joined([f.result() for f in futures], n)
 
     def close(self) -> None:
+        """Stop the processes now. A pool broken by a dead process may hold one that never
+        finished starting, which the executor's exit handler would wait for forever (the
+        worker, or a test run, then never exits): what is left is terminated. Its
+        processes hold nothing but a tokenizer. (``_processes`` is the executor's own map;
+        there is no public one.)"""
+        procs = dict(getattr(self._pool, "_processes", None) or {})
         self._pool.shutdown(wait=False, cancel_futures=True)
+        procs.update(getattr(self._pool, "_processes", None) or {})
+        for proc in procs.values():
+            if proc.is_alive():
+                proc.terminate()
 
 
 def _joined(got: list[tuple[bytes, bytes]], n: int) -> tuple[Any, Any, Any]:
