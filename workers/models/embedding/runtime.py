@@ -226,8 +226,16 @@ class EmbeddingModel(Model):
             return None
         try:
             return _Ahead(texts, pool.start([inputs[i] for i in texts]))
-        except (BrokenProcessPool, RuntimeError):  # broken or closed: launch tokenizes
+        except (BrokenProcessPool, RuntimeError) as exc:  # broken or closed: launch tokenizes
+            self._stop_tokenizers(pool, exc)
             return None
+
+    def _stop_tokenizers(self, pool: TokenizerPool, exc: BaseException) -> None:
+        """A pool that failed is not used again: this worker tokenizes in-process."""
+        log.warning("the tokenizer pool failed (%r); tokenizing in the worker", exc)
+        pool.close()
+        if self.tokenizers is pool:
+            self.tokenizers = None
 
     def launch(
         self,
@@ -260,19 +268,16 @@ class EmbeddingModel(Model):
     ) -> tuple[Any, Any, Any] | None:
         """The batch packed, its texts tokenized by the pool (started by ``prepare``, or
         now); a batch that mixes texts with inputs the API tokenized keeps those ids.
-        None (and the pool stopped: this worker then tokenizes in-process, slower, same
-        ids) if a pool process died."""
+        None when the pool cannot take it (nothing to tokenize, or a pool process died:
+        the pool is then stopped) and this worker tokenizes in-process, slower, same ids."""
+        ahead = ahead or self.prepare(inputs)
+        if ahead is None:
+            return None
         try:
-            if ahead is None:
-                assert self.tokenizers is not None
-                texts = [i for i, x in enumerate(inputs) if isinstance(x, str)]
-                ahead = _Ahead(texts, self.tokenizers.start([inputs[i] for i in texts]))
             flat, lens, starts = ahead.ids()
         except (BrokenProcessPool, RuntimeError) as exc:
-            log.warning("the tokenizer pool failed (%r); tokenizing in the worker", exc)
             if self.tokenizers is not None:
-                self.tokenizers.close()
-                self.tokenizers = None
+                self._stop_tokenizers(self.tokenizers, exc)
             return None
         texts = ahead.texts
         if len(texts) == len(inputs):
