@@ -157,12 +157,21 @@ def _partial(
 ) -> ORJSONResponse:
     """The deadline passed with some inputs not done, and the client takes a part: 200
     with those done and where the rest are (decision 63). One that failed is the error
-    of the whole call, as in a full answer."""
+    of the whole call, as in a full answer. With none done, the deadline's 504 with the
+    same headers: OpenAI's SDK refuses an answer whose ``data`` is empty."""
     for i, row in enumerate(rows):
         if row is not None:
             pipeline.raise_if_unsuccessful(row, f"input[{i}]")
-    outcome.timed_out()  # the missing ones missed their deadline, as a 504's would
     where = rest_location(outcome.request_ids[0], len(rows), body.encoding, body.dimensions)
+    missing = missing_of(rows)
+    if missing == len(rows):
+        exc = outcome.gave_up(
+            f"no input done before the deadline; all {missing} keep running and are "
+            f"fetched at {where} (or with the same Idempotency-Key) as they finish"
+        )
+        exc.headers.update(partial_headers(missing, where))
+        raise exc
+    outcome.timed_out()  # the missing ones missed their deadline, as a 504's would
     tokens = sum(
         prompt_tokens(m.input) for m, r in zip(outcome.messages, rows, strict=True) if r is not None
     )
@@ -174,7 +183,7 @@ def _partial(
         tokens=tokens,
         location=where,
     )
-    headers = {**outcome.limit_headers, **partial_headers(missing_of(rows), where)}
+    headers = {**outcome.limit_headers, **partial_headers(missing, where)}
     return ORJSONResponse(content, headers=headers)
 
 

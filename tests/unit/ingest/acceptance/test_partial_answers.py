@@ -95,6 +95,22 @@ def test_without_the_preference_the_deadline_is_504_naming_it(
     assert r.status_code == 504 and "Prefer: partial-results" in r.json()["error"]["message"]
 
 
+def test_none_done_is_the_deadlines_504_still_saying_where_the_rest_are(
+    api: tuple[TestClient, Stubs],
+) -> None:
+    """OpenAI's SDK refuses an answer with an empty ``data``: no 200 without one input."""
+    client, stubs = api
+    stubs.worker.hold = True
+    TIMEOUTS.drain()
+    r = client.post("/v1/embeddings", json=BODY, headers=PARTIAL)
+    assert r.status_code == 504 and r.json()["error"]["type"] == "timeout_error"
+    where = f"/v1/embeddings/{stubs.producer.sent[0][1].request_id}?inputs=3"
+    assert r.headers["Location"] == where and r.headers[MISSING_HEADER] == "3"
+    assert where in r.json()["error"]["message"]
+    assert len(TIMEOUTS.drain()) == 3
+    assert all(KEEP_UNTIL in m.extra for _, m in stubs.producer.sent)
+
+
 def test_respond_async_wins_over_partial_results(api: tuple[TestClient, Stubs]) -> None:
     client, stubs = api
     stubs.worker.held = {"slow"}
