@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -27,21 +26,6 @@ N = 1024  # inputs a call: several batches of the CPU model, seconds of work
 # How many inputs finish by a deadline depends on the machine and its load, not on this
 # test: from a first deadline, halved while all finish and doubled while none does.
 FIRST_TIMEOUT_MS, TRIES = 1000, 6
-
-
-@pytest.fixture(scope="module")
-def served(system: System) -> System:
-    system.wait_until_serving(MODEL, timeout_s=300)
-    return system
-
-
-@pytest.fixture(scope="module")
-def client(served: System) -> Iterator[openai.OpenAI]:
-    c = openai.OpenAI(
-        base_url=f"{served.url}/v1", api_key=served.keys["paid"], max_retries=0, timeout=60
-    )
-    yield c
-    c.close()
 
 
 def produced(system: System) -> int:

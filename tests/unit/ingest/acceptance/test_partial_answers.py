@@ -6,27 +6,17 @@ tests/e2e/test_partial_embeddings.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from starlette.testclient import TestClient
 
 from core.messages import KEEP_UNTIL
 from ingest.edge.refusal_counts import TIMEOUTS
 from ingest.openai.partial import MISSING_HEADER
-from tests.unit.ingest.stubs import Stubs, stub_app
+from tests.unit.ingest.stubs import Stubs
 
 EMBED = "all-minilm-l6-v2"
 PARTIAL = {"Prefer": "partial-results"}
 BODY = {"model": EMBED, "input": ["a", "slow", "c"], "timeout_ms": 50}
-
-
-@pytest.fixture
-def api() -> Iterator[tuple[TestClient, Stubs]]:
-    app, stubs = stub_app()
-    with TestClient(app) as client:
-        client.headers["Authorization"] = f"Bearer {stubs.key}"
-        yield client, stubs
 
 
 def test_the_deadline_answers_200_with_the_inputs_done_and_where_the_rest_are(

@@ -4,7 +4,6 @@ tests/unit/ingest/acceptance/test_front_doors.py and tests/e2e/test_partial_embe
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -12,7 +11,7 @@ import pytest
 from openai.types import CreateEmbeddingResponse
 
 from core.errors import InvalidInput
-from core.messages import KEEP_UNTIL, keep_until
+from core.messages import KEEP_UNTIL, RequestMessage, keep_until
 from ingest.acceptance.message import kept_until
 from ingest.openai.partial import (
     MISSING_HEADER,
@@ -25,29 +24,15 @@ from ingest.openai.partial import (
 from ingest.openai.wire import Prefer, parse_prefer
 from results.requests import AnswerRow
 from results.vectors import EncodingFormat, from_floats, to_base64
+from tests.unit.ingest.stubs import answer_row
 
 FIRST = "0b5c0f7e-4f3a-4a39-9c53-6f0c3f6e2a11"
 WHERE = f"/v1/embeddings/{FIRST}?inputs=3"
 
 
 def row(values: list[float]) -> AnswerRow:
-    now = datetime.now(UTC)
-    return AnswerRow(
-        request_id=FIRST,
-        status="succeeded",
-        output=None,
-        output_vector=from_floats(values),
-        error=None,
-        model="m",
-        model_version="1",
-        batch_size=1,
-        received_at=now,
-        consumed_at=None,
-        batched_at=None,
-        compute_start_at=None,
-        compute_end_at=None,
-        persisted_at=now,
-    )
+    msg = RequestMessage(FIRST, "t", "paid", "m", "1", "x", {}, 1.0, 0.0)
+    return answer_row(msg, vector=from_floats(values))
 
 
 def answer(rows: list[AnswerRow | None], **kw: Any) -> dict[str, Any]:
