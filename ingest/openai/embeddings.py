@@ -159,9 +159,7 @@ def _partial(
     with those done and where the rest are (decision 63). One that failed is the error
     of the whole call, as in a full answer. With none done, the deadline's 504 with the
     same headers: OpenAI's SDK refuses an answer whose ``data`` is empty."""
-    for i, row in enumerate(rows):
-        if row is not None:
-            pipeline.raise_if_unsuccessful(row, f"input[{i}]")
+    _raise_if_any_unsuccessful(rows)
     where = rest_location(outcome.request_ids[0], len(rows), body.encoding, body.dimensions)
     missing = missing_of(rows)
     if missing == len(rows):
@@ -205,9 +203,7 @@ async def get_embeddings(request: Request, request_id: str, tenant: Caller) -> O
     ids = [pipeline.item_request_id(first, i) for i in range(q.inputs)]
     found = {str(r["request_id"]): r for r in await fetch_tenant_answers(st.engine, tenant.id, ids)}
     rows = [found.get(rid) for rid in ids]
-    for i, row in enumerate(rows):
-        if row is not None:
-            pipeline.raise_if_unsuccessful(row, f"input[{i}]")
+    _raise_if_any_unsuccessful(rows)
     done = next((r for r in rows if r is not None), None)
     where = rest_location(first, q.inputs, q.encoding, q.dimensions)
     content = partial_answer(
@@ -221,3 +217,10 @@ async def get_embeddings(request: Request, request_id: str, tenant: Caller) -> O
     missing = missing_of(rows)
     headers = {**limit_headers, **(partial_headers(missing, where) if missing else {})}
     return ORJSONResponse(content, headers=headers)
+
+
+def _raise_if_any_unsuccessful(rows: list[AnswerRow | None]) -> None:
+    """A finished input that failed or expired is the error of the whole answer."""
+    for i, row in enumerate(rows):
+        if row is not None:
+            pipeline.raise_if_unsuccessful(row, f"input[{i}]")
