@@ -216,9 +216,13 @@ _COUNT = """
 # commit's flush. Whichever writer commits a job's last counts sees every other
 # writer's (they committed before it), so the job is finished exactly once; a crash
 # before the settle leaves the write's offsets uncommitted, and its redelivery settles.
+# The counts are read at the statement's start, the row re-read once locked: a retry
+# that committed in between (a new attempt, its counters reset) must not receive the
+# old attempt's totals, hence ``j.attempt = p.attempt``.
 _SETTLE = """
     WITH p AS (
-        SELECT p.*, p.succeeded + p.failed + p.expired + p.cancelled >= j.total_items AS fin
+        SELECT p.*, j.attempt,
+               p.succeeded + p.failed + p.expired + p.cancelled >= j.total_items AS fin
         FROM job_progress p JOIN jobs j ON j.job_id = p.job_id
         WHERE p.job_id = ANY(%(ids)b::text[]::uuid[])
     ), done AS (
@@ -232,7 +236,7 @@ _SETTLE = """
             expired = CASE WHEN p.fin THEN p.expired ELSE j.expired END,
             cancelled = CASE WHEN p.fin THEN p.cancelled ELSE j.cancelled END
         FROM p
-        WHERE j.job_id = p.job_id AND j.finished_at IS NULL
+        WHERE j.job_id = p.job_id AND j.finished_at IS NULL AND j.attempt = p.attempt
           AND (j.started_at IS NULL OR p.fin)
         RETURNING j.job_id, j.attempt, p.fin
     )

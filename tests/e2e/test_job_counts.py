@@ -5,6 +5,7 @@ reader sees the counts as they stand at every moment."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import uuid
 from collections.abc import Iterator
@@ -18,8 +19,9 @@ from sqlalchemy import Engine, text
 from core.config import Settings
 from core.vocab import RequestStatus
 from gristmill.migrate import migrate_database
-from results.db import libpq_url, make_engine
-from results.jobs import job_rows, settle
+from results.db import libpq_url, make_async_engine, make_engine
+from results.job_items import give_new_request_ids
+from results.jobs import job_rows, lock_job, settle, start_attempt
 from results.schema import RequestRow, jobs
 from results.store import write_on
 from results.tenants import create_tenant
@@ -52,7 +54,8 @@ def new_job(engine: Engine, total: int = ITEMS) -> tuple[str, str, list[str]]:
         conn.execute(
             text(
                 "INSERT INTO job_items (job_id, item_index, input, request_id) "
-                "SELECT :j, i, '\"x\"', (CAST(:r AS uuid[]))[i + 1] FROM generate_series(0, :n - 1) i"
+                "SELECT :j, i, '\"x\"', (CAST(:r AS uuid[]))[i + 1] "
+                "FROM generate_series(0, :n - 1) i"
             ),
             {"j": job, "r": rids, "n": total},
         )
@@ -204,3 +207,53 @@ def test_many_writers_at_once_count_every_item_exactly(engine: Engine) -> None:
     j = job(engine, job_id)
     assert (j.succeeded, j.failed, j.expired, j.cancelled) == (ITEMS // 4,) * 4
     assert j.finished_at is not None and counts_rows(engine, job_id) == 0
+
+
+@pytest.mark.slow
+def test_a_retry_committing_during_a_settle_keeps_its_reset_counters(engine: Engine) -> None:
+    """A settle reads the counts (the old attempt complete: 'finished') and then waits for
+    the job row, which a retry holds; the retry commits a new attempt with its counters
+    reset. The settle must not fold the old attempt's totals into the new attempt."""
+    tenant, job_id, rids = new_job(engine, total=10)
+    url = libpq_url(str(engine.url.render_as_string(hide_password=False)))
+    # The old attempt: 4 succeeded, 6 expired, counted (not yet settled).
+    with psycopg.connect(url, autocommit=False) as pg:
+        write_on(pg, rows(tenant, job_id, rids, range(4), "succeeded"), [], commit=False)
+        write_on(pg, rows(tenant, job_id, rids, range(4, 10), "expired"), [], commit=False)
+        pg.commit()
+    redo = list(range(4, 10))
+    locked = threading.Event()
+    release = threading.Event()
+
+    async def retry() -> None:
+        aeng = make_async_engine(engine.url.render_as_string(hide_password=False), pool_size=1)
+        try:
+            async with aeng.begin() as conn:
+                j = await lock_job(conn, tenant, job_id)
+                assert j is not None
+                await give_new_request_ids(conn, job_id, 1, redo, [str(uuid.uuid4()) for _ in redo])
+                await start_attempt(conn, j, 1, datetime.now(UTC), succeeded=4)
+                locked.set()
+                await asyncio.to_thread(release.wait, 30)
+        finally:
+            await aeng.dispose()
+
+    retrying = threading.Thread(target=lambda: asyncio.run(retry()))
+    retrying.start()
+    assert locked.wait(30)
+
+    def settle_now() -> None:
+        with psycopg.connect(url, autocommit=False) as pg:
+            settle(pg.cursor(), [job_id])  # reads 'finished', then waits for the row
+            pg.commit()
+
+    settling = threading.Thread(target=settle_now)
+    settling.start()
+    settling.join(1.0)
+    assert settling.is_alive(), "the settle should be waiting for the retry's lock"
+    release.set()
+    retrying.join(30)
+    settling.join(30)
+    j = job(engine, job_id)
+    assert (j.attempt, j.succeeded, j.failed, j.expired, j.cancelled) == (1, 4, 0, 0, 0)
+    assert j.finished_at is None
