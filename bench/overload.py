@@ -171,12 +171,20 @@ def run_shape(
     rows = []
     for tier, r in results.items():
         row = {"tier": tier, **r.outcomes()}
-        accepted = row["served_200"] + row["late_504"]
+        row["refusals"] = refusal_reasons(r)
+        # Admitted: produced to Kafka (a row each), then answered 200, 504, or shed by
+        # the scheduler before its deadline (503 + Retry-After, decision 62).
+        shed = row["refusals"].get("shed", 0)
+        accepted = row["served_200"] + row["late_504"] + shed
+        row["admitted"] = accepted
+        row["late_of_admitted"] = round(row["late_504"] / max(1, accepted), 4)
+        row["shed_of_admitted"] = round(shed / max(1, accepted), 4)
+        shed_ms = sorted(x.latency_ms for x in r.samples if x.status == 503 and is_shed(x.error))
+        row["shed_after_ms_p50"] = round(shed_ms[len(shed_ms) // 2], 1) if shed_ms else None
         row["served_share"] = round(row["served_200"] / max(1, row["offered"]), 4)
         row["slo_ms"] = SLO_MS[tier]
         row["persisted"] = persisted[tier]
         row["lost"] = max(0, accepted - persisted[tier])
-        row["refusals"] = refusal_reasons(r)
         rows.append(row)
     ov = overheads(results)
     sim = twin(batch_ms, max_batch, rate, seconds, ov)
@@ -199,15 +207,23 @@ def run_shape(
     return report
 
 
+def is_shed(message: str | None) -> bool:
+    """A 503 of a request admitted and then shed by the scheduler (decision 62)."""
+    return "scheduler dropped this request unrun" in (message or "")
+
+
 def refusal_reasons(r: RunResult) -> dict[str, int]:
-    """503s by what their message says (capacity, tier order, deadline, the API's own)."""
+    """503s by what their message says (capacity, tier order, deadline, the API's own,
+    shed by the scheduler after admission)."""
     out: dict[str, int] = {}
     for s in r.samples:
         if s.status != 503:
             continue
         msg = s.error or ""
         kind = (
-            "deadline"
+            "shed"
+            if is_shed(msg)
+            else "deadline"
             if "cannot finish within its deadline" in msg
             else "order"
             if "are being refused" in msg
@@ -278,14 +294,16 @@ def print_report(rep: dict[str, Any]) -> None:
         f"overheads { ({k: round(v, 1) for k, v in rep['overheads_ms'].items()}) }"
     )
     print(
-        f"{'tier':<11}{'offered':>8}{'200':>7}{'503':>7}{'504':>6}{'share':>7}{'sim':>7}"
+        f"{'tier':<11}{'offered':>8}{'200':>7}{'503':>7}{'504':>6}{'admitted':>9}"
+        f"{'504/adm':>8}{'shed/adm':>9}{'share':>7}{'sim':>7}"
         f"{'p50':>8}{'p95':>8}{'sim95':>8}{'p99':>8}{'RA':>4}{'lost':>6}  refusals"
     )
     for r in rep["tiers"]:
         sim = rep["simulated"]["tiers"][r["tier"]]
         print(
             f"{r['tier']:<11}{r['offered']:>8}{r['served_200']:>7}{r['shed_503']:>7}"
-            f"{r['late_504']:>6}{r['served_share']:>7.1%}{sim['served_share']:>7.1%}"
+            f"{r['late_504']:>6}{r['admitted']:>9}{r['late_of_admitted']:>8.1%}"
+            f"{r['shed_of_admitted']:>9.1%}{r['served_share']:>7.1%}{sim['served_share']:>7.1%}"
             f"{r['p50_ms']:>8}{r['p95_ms']:>8}{sim['p95_ms']:>8}{r['p99_ms']:>8}"
             f"{'y' if r['retry_after_on_every_shed'] else 'n':>4}{r['lost']:>6}  {r['refusals']}"
         )

@@ -26,6 +26,7 @@ from typing import cast
 from core.load_report import LoadReport
 from core.messages import RequestMessage
 from core.protocol import ModelInfo, WorkResult
+from core.shed import shed_retry_after_s
 from core.vocab import PRIORITY_CLASSES, ModelRef, RequestStatus
 from gristmill.simulate.dispatch import FACTORIES, Dispatch
 from gristmill.simulate.report import ORDER_WINDOW_S, Result
@@ -372,8 +373,9 @@ class Simulation:
                     for p in wr.items:
                         self.result.completed(p, answered)
                 else:
+                    shed = shed_retry_after_s(wr.error) is not None
                     for p in wr.items:
-                        self.result.expired(p, now)
+                        self.result.expired(p, now, shed=shed)
                 core = self._core_of(wr)
                 if core is not None:
                     core.done([(p.tp, p.offset) for p in wr.items], len(wr.items))

@@ -35,7 +35,8 @@ class TierStats:
     refused: Counter[str] = field(default_factory=Counter)
     served: int = 0  # answered 200 before the deadline
     late: int = 0  # computed, answered after the deadline (504)
-    expired: int = 0  # dropped unrun by the scheduler (504)
+    expired: int = 0  # dropped unrun by the scheduler at its deadline (504)
+    shed: int = 0  # dropped unrun by the scheduler before it (503 + Retry-After)
     latencies_ms: list[float] = field(default_factory=list)
     retry_after_missing: int = 0  # capacity refusals without a Retry-After
 
@@ -47,6 +48,7 @@ class TierStats:
             "served": self.served,
             "served_share": round(self.served / self.offered, 4) if self.offered else None,
             "late_504": self.late + self.expired,
+            "shed_after_admission": self.shed,
             "refused": dict(self.refused),
             "p50_ms": round(percentile(lat, 50), 1),
             "p95_ms": round(percentile(lat, 95), 1),
@@ -106,9 +108,12 @@ class Result:
         tier.latencies_ms.append(ms)
         tenant.latencies_ms.append(ms)
 
-    def expired(self, p: Pending, now: float) -> None:
-        self.tiers[p.msg.priority].expired += 1
-        self.tenants[p.msg.tenant_id].expired += 1
+    def expired(self, p: Pending, now: float, *, shed: bool = False) -> None:
+        for stats in (self.tiers[p.msg.priority], self.tenants[p.msg.tenant_id]):
+            if shed:
+                stats.shed += 1
+            else:
+                stats.expired += 1
 
     def computed(self, n: int, seconds: float, end: float, worker: int) -> None:
         self.batches += 1

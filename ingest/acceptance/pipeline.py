@@ -48,6 +48,7 @@ from core.config import Settings
 from core.errors import DeadlineExceeded, InvalidInput, ModelError, Unavailable
 from core.messages import RequestMessage, body_hash
 from core.models.spec import ModelSpec
+from core.shed import shed_retry_after_s
 from core.topics import request_topic
 from core.vocab import RequestStatus
 from ingest import metrics
@@ -64,7 +65,13 @@ from ingest.acceptance.message import kept_until, request_message
 from ingest.acceptance.ports import Claim, KeyUse
 from ingest.acceptance.state import AppState
 from ingest.acceptance.waiters import ARRIVED_AT
-from ingest.admission.policy import check_admission, check_kv, check_rate, take_instance_slot
+from ingest.admission.policy import (
+    check_admission,
+    check_kv,
+    check_rate,
+    check_timeout_floor,
+    take_instance_slot,
+)
 from ingest.edge.auth import received_at
 from ingest.edge.refusal_counts import TIMEOUTS, Timeout
 from ingest.edge.tracing import annotate
@@ -139,6 +146,7 @@ class Order:
     # messages carry no fingerprint; a request of one input as that input.
     many: bool = False
     timeout_ms: int | None = None  # the caller's deadline; None: its tier's SLO
+    timeout_field: str = "timeout_ms"  # where the caller set it (named by a 400)
     tier: str | None = None  # the tier its messages are scheduled in (None: the key's)
     # How long to wait for the answers at most, from when they are sent (s); None:
     # until the deadline. A generation's deadline is its first token's, so it is waited
@@ -223,8 +231,17 @@ def validate_each(spec: ModelSpec, inputs: list[Any], field_of: Callable[[int], 
 
 
 def raise_if_unsuccessful(row: AnswerRow, field: str = "input") -> None:
-    """The error a finished request's caller gets when it failed or expired."""
+    """The error a finished request's caller gets when it failed or expired: a request
+    the scheduler shed before its deadline is a 503 with Retry-After (decision 62)."""
     if row["status"] == RequestStatus.EXPIRED:
+        retry = shed_retry_after_s(row.get("error"))
+        if retry is not None:
+            raise Unavailable(
+                "overloaded: the scheduler dropped this request unrun, as the work queued "
+                "ahead of it would outlast its deadline; retry later",
+                retry_after_s=retry,
+                reason="shed",
+            )
         raise DeadlineExceeded(
             "the deadline passed before a worker could run the request", reason="expired"
         )
@@ -283,6 +300,8 @@ def _admit(
         g = order.generation
         check_kv(st.load, tenant, order.spec.ref, g.prompt_tokens, g.max_tokens, deadline)
         return check_rate(st.limiter, s, tenant, items=n)
+    if order.timeout_ms is not None:  # before the rate: an impossible ask costs nothing
+        check_timeout_floor(st.load.view, s, order.spec.ref, order.timeout_ms, order.timeout_field)
     headers = check_rate(st.limiter, s, tenant, items=n)
     check_admission(st.load, s, tenant, order.spec.ref, timeout_ms)
     return headers

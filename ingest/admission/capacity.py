@@ -170,6 +170,16 @@ def least_latency_s(load: ModelLoad, margin_s: float) -> float:
     return load.single_ms / 1000 + margin_s
 
 
+def timeout_floor_ms(load: ModelLoad | None, margin_s: float) -> int:
+    """The shortest ``timeout_ms`` a request of this model can ever meet, whatever the
+    load: its cost curve's batch of one (measured, or the worker's warm-up profile
+    until batches are measured) and the scheduler's margin to store and send the
+    answer, whole ms rounded up. With no worker reporting yet, the margin alone: a
+    deadline inside it is missed by every model (decision 62)."""
+    single_ms = load.single_ms if load is not None else 0.0
+    return math.ceil(single_ms + margin_s * 1000)
+
+
 # What ``decide`` was asked: (model ref, class, tenant, its weight, seconds to its
 # deadline, now, API instances).
 _Ask = tuple[str, str, str, float, float, float, int]
@@ -305,6 +315,10 @@ class Admission:
         ahead, class_total = queued_ahead(
             view, ref, priority, tenant, weight, mine, age, class_drain
         )
+        # The higher classes' requests admitted since the reports are queued ahead of
+        # this one too (strict order), less what the workers served of them meanwhile.
+        above_since = n * sum(self.admitted.since((ref, c), view.as_of) for c in above)
+        ahead += max(0.0, above_since - age * load.items_s)
         # Each class has its own buffer in every scheduler (scheduler/core/backpressure.py).
         own_class = view.sums(ref, priority).queued + view.lag.get(priority, 0) + mine
         if own_class >= self.max_buffered * view.schedulers:

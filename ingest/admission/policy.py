@@ -14,11 +14,12 @@ from core.config import Settings
 from core.errors import InvalidInput, RateLimited, Unavailable
 from core.vocab import TIER_TO_CLASS
 from ingest import metrics
-from ingest.admission.capacity import least_latency_s
+from ingest.admission.capacity import least_latency_s, timeout_floor_ms
 from ingest.admission.kv import decide_kv
 from ingest.admission.load_watch import LoadWatch
 from ingest.admission.overload import Overload
 from ingest.admission.ratelimit import InflightLimiter, TenantLimiter, Verdict
+from ingest.admission.view import LoadView
 from ingest.edge.db_health import too_slow_to_store
 from results.tenants import Tenant
 
@@ -93,6 +94,29 @@ def take_instance_slot(
             "this API instance is at capacity; retry shortly",
             retry_after_s=1,
             reason="instance_capacity",
+        )
+
+
+def check_timeout_floor(
+    view: LoadView | None,
+    settings: Settings,
+    model_ref: str,
+    asked_ms: int,
+    field: str = "timeout_ms",
+) -> None:
+    """400 for a caller's timeout shorter than this model could ever meet: no load makes
+    it possible, so it is the caller's mistake, not a 503 to retry (decision 62).
+    ``field``: where the door's caller set it (KServe: parameters.timeout, in us)."""
+    capacity = view.capacity.get(model_ref) if view is not None else None
+    floor = timeout_floor_ms(capacity, settings.deadline_margin_ms / 1000)
+    if asked_ms < floor:
+        single = f"{capacity.single_ms:.0f} ms for a batch of one and " if capacity else ""
+        where = "" if field == "timeout_ms" else f" ({field})"
+        raise InvalidInput(
+            f"timeout_ms{where} of {asked_ms} ms is below the minimum of {floor} ms this "
+            f"model can ever meet ({single}{settings.deadline_margin_ms} ms to store and "
+            f"send the answer); send timeout_ms >= {floor}",
+            field=field,
         )
 
 

@@ -98,6 +98,7 @@ async def infer_order(st: AppState, call: Call, req: V2Request) -> Order:
         spec.normalize_params(None),
         many=True,
         timeout_ms=req.timeout_ms,
+        timeout_field=req.timeout_field,
         tier=tier_for_priority(call.tenant.tier, req.priority),
         wire=req,
         asked=asked,  # what an Idempotency-Key's fingerprint covers: what was sent,

@@ -154,17 +154,20 @@ def parse_model_infer(
     priority = _param(m.parameters, "priority") or 0
     timeout_us = _param(m.parameters, "timeout")
     timeout_ms: int | None = None
+    timeout_field = "parameters.timeout"
     if timeout_us is not None:
         timeout_ms = timeout_of(timeout_us, settings)
     elif deadline_ms is not None:
         left = int(deadline_ms) - DEADLINE_MARGIN_MS
         timeout_ms = min(settings.max_timeout_ms, max(settings.min_timeout_ms, left))
+        timeout_field = "grpc-timeout"
     return V2Request(
         id=m.id or None,
         texts=texts,
         outputs={o.name: True for o in m.outputs},
         priority=priority,
         timeout_ms=timeout_ms,
+        timeout_field=timeout_field,
     )
 
 

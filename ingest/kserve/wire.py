@@ -53,6 +53,9 @@ class V2Request:
     binary_default: bool = False
     priority: int = 0
     timeout_ms: int | None = None
+    # Where the caller set it, named by a 400 when no batch could meet it: Triton's
+    # parameter (us), or over gRPC the call's own deadline (grpc-timeout).
+    timeout_field: str = "parameters.timeout"
 
 
 def _split(raw: bytes, header_length: str | None) -> tuple[bytes, bytes]:

@@ -15,7 +15,9 @@ takes (``max_batch``). A key is ready to flush when
 A free worker that would otherwise start a lower-ranked batch flushes a more
 urgent queue early instead (job items never hold a worker while sync waits).
 Requests that can no longer finish before their deadline are dropped before
-they reach a worker (the caller gets a 504 at once instead of a late answer).
+they reach a worker (the caller gets a 504 at once instead of a late answer), and a
+sync request the queue says will start too late is shed as soon as that shows
+(scheduler/core/shedding.py: its caller gets a 503 with Retry-After).
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from core.messages import RequestMessage, keep_until
+from core.messages import KEEP_UNTIL, RequestMessage, keep_until
 from core.vocab import ModelRef
 from scheduler.core.costmodel import CostModel
 from scheduler.core.fairness import FairQueue
 from scheduler.core.offsets import TopicPartition
+from scheduler.core.shedding import Arrivals, left_rate, retry_after_s, start_in_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +211,7 @@ class Batcher:
         self._count = 0
         self._by_rank = [0] * n_ranks
         self._by_ref_rank: Counter[tuple[ModelRef, int]] = Counter()
+        self.arrivals = Arrivals()  # queued per (model, rank), for shedding
 
     def __len__(self) -> int:
         return self._count
@@ -221,6 +225,7 @@ class Batcher:
         self._count += 1
         self._by_rank[p.rank] += 1
         self._by_ref_rank[(p.key.ref, p.rank)] += 1
+        self.arrivals.add((p.key.ref, p.rank), p.consumed_at)
 
     def limit(self, ref: ModelRef, sizing: Sizing | None = None) -> int:
         """Items a full batch of this model holds now (its measured batch target)."""
@@ -255,6 +260,49 @@ class Batcher:
                 dropped.append(p)
         self._forget(dropped)
         return dropped
+
+    def drop_hopeless(
+        self, now: float, items_s: dict[ModelRef, float], batch_s: dict[ModelRef, float]
+    ) -> list[tuple[Pending, float]]:
+        """Remove the sync requests that, by the queue ahead of them, the workers'
+        ``items_s`` and the arrivals above them, start too late to run a batch
+        (``batch_s``) before their deadline (scheduler/core/shedding.py); each with the
+        Retry-After its caller gets. Ahead of a request inside its class only its own
+        tenant's earlier requests are counted (round robin may put others first too:
+        counting fewer sheds later, never wrongly)."""
+        out: list[tuple[Pending, float]] = []
+        span = self.arrivals.span(now)
+        for key, q in self._queues.items():
+            ref = key.ref
+            rate = items_s.get(ref, 0.0)
+            if rate <= 0:
+                continue
+            own_s = batch_s.get(ref, 0.0) + self.policy.margin_s
+            above_n = 0
+            above_s = 0.0
+            for rank in range(self.n_ranks - 1):  # the last rank (jobs) waits, never shed
+                fq = q.by_rank[rank]
+                if fq:
+                    left = left_rate(rate, above_s, span)
+                    mine: dict[str, list[Pending]] = {}
+                    for p in fq:
+                        # One kept for a partial answer's caller is not shed: it runs
+                        # on to its keep_until (decision 63), then expires.
+                        if not p.gone and KEEP_UNTIL not in p.msg.extra:
+                            mine.setdefault(p.tenant, []).append(p)
+                    for items in mine.values():
+                        items.sort(key=lambda p: p.seq)
+                        for j, p in enumerate(items):
+                            wait = start_in_s(above_n, j, rate, left)
+                            budget = p.deadline - now - own_s
+                            if wait > budget:
+                                out.append((p, retry_after_s(wait, budget)))
+                above_n += self._by_ref_rank[(ref, rank)]
+                above_s += self.arrivals.rate((ref, rank), now)
+        for p, _ in out:
+            self._queues[p.key].discard(p)
+        self._forget([p for p, _ in out])
+        return out
 
     def take(
         self, now: float, serves: Callable[[ModelRef], bool], sizing: Sizing | None = None

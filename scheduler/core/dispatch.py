@@ -17,6 +17,7 @@ docs/decisions/0018-a-pure-dispatch-core.md, 0047).
 
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -28,6 +29,7 @@ from typing import Any
 from core.config import Settings
 from core.load_report import LoadReport, ModelCapacity
 from core.protocol import ModelInfo, WorkResult
+from core.shed import shed_error
 from core.vocab import PRIORITY_CLASSES, ModelRef, RequestStatus
 from scheduler.core.backpressure import BufferBudget, paused_classes
 from scheduler.core.batcher import Batch, Batcher, FlushPolicy, FlushReason, Pending, Sizing
@@ -52,6 +54,7 @@ from scheduler.core.plans import (
     result_writes,
 )
 from scheduler.core.retry import RetryPolicy, plan_failure
+from scheduler.core.shedding import SHED_PERIOD_S, SHED_SCAN_ITEMS_S
 from scheduler.core.stagger import Running, background_hold_until
 from scheduler.core.stats import CoreStats, WorkerStats, snapshot, worker_stats
 
@@ -103,12 +106,14 @@ class DispatchCore:
         self.workers: list[Worker] = []
         self.cancelled_jobs: frozenset[tuple[str, int]] = frozenset()  # (job id, attempt)
         self.dispatching = True
+        self._shed_at = 0.0  # when the queues were last checked for requests to shed
         self.stats = dict.fromkeys(
             (
                 "consumed",
                 "rejected",
                 "batches",
                 "expired",
+                "shed",
                 "cancelled",
                 "failed",
                 "persisted",
@@ -231,6 +236,7 @@ class DispatchCore:
             if expired:
                 self.stats["expired"] += len(expired)
                 writes.append(record(expired, RequestStatus.EXPIRED, EXPIRED_ERROR))
+            writes.extend(self._shed(now))
             for r in self.retries:
                 if r.not_before <= now and w.serves(r.batch.key.ref):
                     self.retries.remove(r)
@@ -260,6 +266,37 @@ class DispatchCore:
                     if not batch.items:
                         continue
             return Step(start=self._start(w, batch, now), writes=writes)
+
+    def _shed(self, now: float) -> list[Write]:
+        """Sync requests the queue says will start too late, dropped now rather than at
+        their deadline (scheduler/core/shedding.py); at most every ``SHED_PERIOD_S``,
+        and less often while the queues are long (the check reads every sync item)."""
+        queued = len(self.batcher)
+        if now - self._shed_at < max(SHED_PERIOD_S, queued / SHED_SCAN_ITEMS_S):
+            return []
+        self._shed_at = now
+        items_s: dict[ModelRef, float] = {}
+        batch_s: dict[ModelRef, float] = {}
+        for w in self.workers:
+            if not w.alive:
+                continue
+            s = self.sizing(w.worker_class)
+            for ref in w.refs:
+                full = s.predicted_s(ref, s.limit(ref))
+                items_s[ref] = items_s.get(ref, 0.0) + s.limit(ref) / max(full, 1e-6)
+                batch_s[ref] = max(batch_s.get(ref, 0.0), full)
+        shed = self.batcher.drop_hopeless(now, items_s, batch_s)
+        if not shed:
+            return []
+        self.stats["shed"] += len(shed)
+        # One write per Retry-After (in whole seconds, as the header carries it).
+        by_retry: dict[int, list[Pending]] = {}
+        for p, retry in shed:
+            by_retry.setdefault(math.ceil(retry), []).append(p)
+        return [
+            record(items, RequestStatus.EXPIRED, shed_error(retry))
+            for retry, items in sorted(by_retry.items())
+        ]
 
     def _cancelled(self, p: Pending) -> bool:
         return (p.msg.job_id, p.msg.job_attempt) in self.cancelled_jobs

@@ -137,6 +137,17 @@ def test_token_ids_are_refused_saying_how_to_send_text(client: openai.OpenAI) ->
         assert "send the text as a string or an array of strings" in e.value.message
 
 
+def test_an_impossible_timeout_is_a_400_naming_timeout_ms_and_the_minimum(
+    served: System, client: openai.OpenAI
+) -> None:
+    """A deadline shorter than the model's batch of one plus the scheduler's margin can
+    never be met: the SDK's BadRequestError, naming the field (decision 62)."""
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.embeddings.create(model=MODEL, input="x", extra_body={"timeout_ms": 1})
+    assert bad.value.param == "timeout_ms"
+    assert "timeout_ms" in bad.value.message and "minimum of" in bad.value.message
+
+
 def test_errors_in_openais_shape_with_gristmills_status(
     served: System, client: openai.OpenAI
 ) -> None:

@@ -39,9 +39,9 @@ def live_schema(system: System) -> Any:
 
 
 def tight_deadline(case: Any) -> bool:
-    """A 503 (refused at once: no batch can meet it, decision 24) or a 504 is the promised
-    answer when the caller's own timeout_ms is shorter than a batch can run (the sim
-    model's batch takes 100 ms)."""
+    """A 503 (refused at once, or shed by the scheduler: decisions 24, 62) or a 504 is a
+    promised answer for a short timeout_ms the load cannot meet; one below what a batch
+    of one can ever take is a 400 (decision 62; the sim model's batch takes 100 ms)."""
     body = case.body if isinstance(case.body, dict) else {}
     timeout = body.get("timeout_ms")
     return isinstance(timeout, int) and timeout < 2_000

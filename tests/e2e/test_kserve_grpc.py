@@ -6,6 +6,7 @@ right gRPC status, never INTERNAL."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 
@@ -186,6 +187,19 @@ def test_a_hostile_caller_gets_statuses_naming_the_problem(
     big = [texts_input([b"x" * (system.settings.max_body_bytes + 10)])]
     e = refused(lambda: client.infer("sim", big, headers=auth(system)))
     assert e.status() == "StatusCode.RESOURCE_EXHAUSTED"
+
+
+def test_a_timeout_no_batch_can_meet_is_invalid_argument_naming_the_minimum(
+    client: tg.InferenceServerClient, system: System
+) -> None:
+    """Triton's ``timeout`` (us) below what a batch of one takes is the caller's mistake
+    (decision 62): INVALID_ARGUMENT naming timeout_ms and the minimum, not UNAVAILABLE."""
+    ok = [texts_input([b"x"])]
+    e = refused(lambda: client.infer("sim", ok, headers=auth(system), timeout=1000))
+    assert e.status() == "StatusCode.INVALID_ARGUMENT", e.message()
+    assert "timeout_ms" in e.message() and "parameters.timeout" in e.message()
+    m = re.search(r"minimum of (\d+) ms", e.message())
+    assert m is not None and int(m.group(1)) >= 100 + system.settings.deadline_margin_ms
 
 
 def test_a_message_tritonclient_would_not_build(grpc_url: str, system: System) -> None:

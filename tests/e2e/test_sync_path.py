@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import uuid
 
@@ -124,14 +125,46 @@ def test_model_version_can_be_named(system: System) -> None:
     assert r.status_code == 200 and r.json()["model_version"] == "1"
 
 
-def test_a_deadline_no_batch_can_meet_is_refused_at_once(system: System) -> None:
-    # The sim model's batches take 100 ms: a 30 ms deadline cannot be met, and admission
-    # says so at once (decision 24) instead of queueing it for a 504 later.
+def _floor_named(message: str) -> int:
+    """The minimum a 400 for an impossible timeout names (ms)."""
+    m = re.search(r"minimum of (\d+) ms", message)
+    assert m is not None and "timeout_ms" in message, message
+    return int(m.group(1))
+
+
+def test_a_deadline_no_batch_can_meet_is_a_400_naming_timeout_ms_and_the_minimum(
+    system: System,
+) -> None:
+    # The sim model's batches take 100 ms: a 30 ms deadline can never be met, whatever
+    # the load, so it is the caller's mistake, said at once (decision 62), not a 503 to
+    # retry. The minimum is the measured batch of one plus the scheduler's margin.
     started = time.time()
-    r = infer(system, {"model": "sim", "input": "too slow", "timeout_ms": 30})
-    assert r.status_code == 503
-    assert "deadline" in r.json()["error"]["message"]
-    assert time.time() - started < 1
+    for timeout_ms in (1, 30):
+        r = infer(system, {"model": "sim", "input": "too slow", "timeout_ms": timeout_ms})
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert error["field"] == "timeout_ms"
+        floor = _floor_named(error["message"])
+        assert 100 + system.settings.deadline_margin_ms <= floor < 1000, error
+    assert time.time() - started < 2
+    r = infer(system, {"model": "sim", "input": "in time", "timeout_ms": 5000})
+    assert r.status_code == 200, r.text
+
+
+def test_kserve_http_names_timeout_ms_and_the_minimum_for_an_impossible_timeout(
+    system: System,
+) -> None:
+    body = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["x"]}],
+        "parameters": {"timeout": 1000},  # Triton's timeout is in microseconds: 1 ms
+    }
+    r = httpx.post(
+        f"{system.url}/v2/models/sim/infer", json=body, headers=system.headers(), timeout=30
+    )
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]
+    assert "parameters.timeout" in message
+    assert _floor_named(message) >= 100 + system.settings.deadline_margin_ms
 
 
 def test_idempotent_retry_returns_same_answer_without_computing_again(system: System) -> None:

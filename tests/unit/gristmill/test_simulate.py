@@ -25,7 +25,7 @@ def test_every_admitted_request_is_answered_served_or_late() -> None:
     r = simulate(sc)
     for tier, s in r.tiers.items():
         assert s.offered == s.admitted + sum(s.refused.values()), tier
-        assert s.admitted == s.served + s.late + s.expired, tier
+        assert s.admitted == s.served + s.late + s.expired + s.shed, tier
     assert r.tiers["free"].refused["capacity"] > 0  # 3x capacity: refusals happened
 
 
@@ -45,7 +45,7 @@ def test_a_lost_worker_halves_capacity_and_the_rest_stay_busy() -> None:
     assert 0.6 < r.capacity_used() < 0.9  # a quarter and a half of the fleet gone a while
     assert r.order_violations == 0
     for s in r.tiers.values():
-        assert s.admitted == s.served + s.late + s.expired
+        assert s.admitted == s.served + s.late + s.expired + s.shed
 
 
 def test_the_same_seed_gives_the_same_run() -> None:

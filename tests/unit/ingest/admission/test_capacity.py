@@ -16,6 +16,7 @@ from ingest.admission.capacity import (
     ORDER_WINDOW_S,
     Admission,
     Decision,
+    timeout_floor_ms,
     wait_budget_s,
     wait_s,
 )
@@ -287,3 +288,35 @@ def test_a_backlog_longer_than_the_rate_window_is_overload_whoever_built_it() ->
     d = decide(a, v, "paid", now=1.0, tenant="noisy")
     assert not d.admit and d.reason == "capacity"
     assert decide(a, v, "paid", now=1.0, tenant="quiet").admit
+
+
+def test_higher_classes_admitted_since_the_reports_are_queued_ahead() -> None:
+    """Reports show empty queues, but since them this instance admitted a clump of 100
+    enterprise requests (half a second of the workers): a free request overloaded behind
+    them counts them, less what the workers served since the report."""
+    a = admission()
+    offer(a, "enterprise", 100, until=5.0)
+    offer(a, "free", 400, until=5.0, admitted=False)
+    v = view({})
+    v.as_of = 5.0
+    quiet = decide(a, v, "free", now=5.0, deadline_s=1.0)
+    assert quiet.admit
+    for i in range(100):
+        a.admitted.add((REF, "enterprise"), 5.0 + i * 1e-4)
+        a.admitted_long.add((REF, "enterprise"), 5.0 + i * 1e-4)
+    crowded = decide(a, v, "free", now=5.05, deadline_s=1.0)
+    assert crowded.predicted_delay_s > quiet.predicted_delay_s
+    assert not crowded.admit
+
+
+# ---- the shortest timeout any batch can meet (decision 62) -----------------------------
+@pytest.mark.parametrize(
+    ("single_ms", "margin_s", "floor"),
+    [(100.0, 0.02, 120), (100.3, 0.02, 121), (7.2, 0.02, 28), (2000.0, 0.0, 2000), (0.4, 0.02, 21)],
+)
+def test_the_timeout_floor_is_a_batch_of_one_and_the_margin(
+    single_ms: float, margin_s: float, floor: int
+) -> None:
+    shape = ModelLoad(items_s=200, batch=10, batch_ms=single_ms, single_ms=single_ms, workers=2)
+    assert timeout_floor_ms(shape, margin_s) == floor
+    assert timeout_floor_ms(None, margin_s) == math.ceil(margin_s * 1000)  # nothing reported
