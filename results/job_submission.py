@@ -30,6 +30,14 @@ class NewJob:
     body_hash: str
     webhook_url: str | None
     webhook_secret: str | None
+    # An incremental job (decision 61): its items that reused a result are counted
+    # succeeded from the start; a job with nothing left to compute starts finished.
+    base_job_id: str | None = None
+    reused: int = 0
+    succeeded: int = 0
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    webhook_next_at: datetime | None = None
 
 
 async def forget_expired_key(conn: AsyncConnection, tenant_id: str, key: str, ttl_h: float) -> None:

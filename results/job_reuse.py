@@ -1,0 +1,74 @@
+"""An incremental job's reused results (decision 61), written in its submission's
+transaction: each new item whose content hash matches a succeeded item of the base job
+gets a result row of its own (the base's output copied, status succeeded) and is marked
+``reused``; it is never sent to Kafka.
+
+A copy, not a pointer: every reader, the retry, the sweeper's output expiry and the
+request log's retention keep treating the new job's rows as its own, and the base job
+may expire or be deleted without touching the new one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from core.vocab import PriorityClass
+
+# A base item's result is the row of its *current* attempt (job_items.request_id), read
+# through the request log's (job_id, item_index) index, so the search stays within the
+# base job whatever the log's size. DISTINCT ON: a base holding one input twice lends
+# one of its (equal) outputs. The tenant is in the content hash and checked again here.
+# received_at is the transaction's now(), the new job's created_at (its items' time).
+_REUSE = text("""
+    WITH lent AS (
+        SELECT DISTINCT ON (b.content_hash) b.content_hash, r.output, r.output_vector
+        FROM job_items b
+        JOIN requests r ON r.job_id = b.job_id AND r.item_index = b.item_index
+                       AND r.request_id = b.request_id
+        WHERE b.job_id = :base AND r.job_id = :base AND r.tenant_id = :tenant
+          AND r.status = 'succeeded' AND b.content_hash IS NOT NULL
+        ORDER BY b.content_hash
+    ), copied AS (
+        INSERT INTO requests (request_id, tenant_id, priority, model, model_version, params,
+                              status, output, output_vector, attempts, job_id, item_index,
+                              received_at)
+        SELECT n.request_id, :tenant, :priority, :model, :version, CAST(:params AS jsonb),
+               'succeeded', lent.output, lent.output_vector, 0, n.job_id, n.item_index, now()
+        FROM job_items n JOIN lent ON lent.content_hash = n.content_hash
+        WHERE n.job_id = :job
+        RETURNING item_index
+    )
+    UPDATE job_items i SET reused = true FROM copied
+    WHERE i.job_id = :job AND i.item_index = copied.item_index
+    RETURNING i.item_index""")
+
+
+async def reuse_results(
+    conn: AsyncConnection,
+    *,
+    job_id: str,
+    base_job_id: str,
+    tenant_id: str,
+    model: str,
+    version: str,
+    params: dict[str, Any],
+) -> frozenset[int]:
+    """Copy the base job's results to the new job's matching items (already COPYed, in
+    the caller's transaction); the indexes of the items that were reused."""
+    rows = await conn.execute(
+        _REUSE,
+        {
+            "job": job_id,
+            "base": base_job_id,
+            "tenant": tenant_id,
+            "priority": str(PriorityClass.JOBS),
+            "model": model,
+            "version": version,
+            "params": orjson.dumps(params).decode(),
+        },
+    )
+    return frozenset(r[0] for r in rows)
