@@ -59,6 +59,12 @@ async def reuse_results(
 ) -> frozenset[int]:
     """Copy the base job's results to the new job's matching items (already COPYed, in
     the caller's transaction); the indexes of the items that were reused."""
+    # The new job's items were COPYed in this transaction, so the planner's statistics
+    # know none of them (and often none of a base COPYed minutes ago either): it
+    # expected one row on each side and joined them in a nested loop, re-reading the
+    # base's 200,000 results for each of 200,000 new items (quadratic: minutes). Every
+    # join here is a bulk one, which hash joins do in time linear in the two jobs.
+    await conn.execute(text("SET LOCAL enable_nestloop = off"))
     rows = await conn.execute(
         _REUSE,
         {
@@ -71,4 +77,6 @@ async def reuse_results(
             "params": orjson.dumps(params).decode(),
         },
     )
-    return frozenset(r[0] for r in rows)
+    reused = frozenset(r[0] for r in rows)
+    await conn.execute(text("RESET enable_nestloop"))  # the rest of the transaction as usual
+    return reused
