@@ -319,7 +319,6 @@ async def record_job(st: AppState, sub: Submission) -> Recorded:
                     succeeded=len(reused),  # counted here: the scheduler never sees them
                     started_at=now if reused else None,
                     finished_at=done,
-                    webhook_next_at=done if sub.webhook_url else None,
                 ),
             )
             if not created:
