@@ -37,9 +37,7 @@ def canonical_input(value: Any, staged: str) -> str:
 
 def item_hash(scope: bytes, canonical: str) -> bytes:
     """One item's content hash (32 bytes) from its job's ``scope_digest``."""
-    h = hashlib.sha256(scope)
-    h.update(canonical.encode())
-    return h.digest()
+    return hashlib.sha256(scope + canonical.encode()).digest()  # one call: ~0.5 us an item
 
 
 def check_base(base: Any, model: str, version: str, field: str = "base_job_id") -> None:

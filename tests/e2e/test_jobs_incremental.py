@@ -4,7 +4,9 @@ full recomputation, in input order; and no tenant reuses another's."""
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +15,7 @@ import httpx
 import openai
 import orjson
 import pytest
+import standardwebhooks
 
 from gristmill.devservices.stack import Services, System, build_system
 
@@ -157,6 +160,39 @@ def test_a_base_still_running_is_refused_naming_it(vsys: System) -> None:
     assert r.status_code == 400 and "not finished" in r.json()["error"]["message"]
     assert r.json()["error"]["field"] == "base_job_id"
     httpx.post(f"{vsys.url}/v1/jobs/{running['job_id']}/cancel", headers=vsys.headers())
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    received: list[tuple[bytes, dict[str, str]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        _Hook.received.append((body, {k.lower(): v for k, v in self.headers.items()}))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_job_finished_at_its_202_still_calls_its_webhook(vsys: System) -> None:
+    items = [f"hooked {i}" for i in range(20)]
+    base = accepted(submit_json(vsys, items))
+    wait_done(vsys, base["job_id"])
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/hook"
+        j = accepted(submit_json(vsys, items, base_job_id=base["job_id"], webhook_url=url))
+        assert j["status"] == "completed"
+        deadline = time.time() + 30
+        while not _Hook.received and time.time() < deadline:
+            time.sleep(0.2)
+        body, headers = _Hook.received[0]
+        event = standardwebhooks.Webhook(j["webhook_secret"]).verify(body, headers)
+        assert event["job_id"] == j["job_id"] and event["status"] == "completed"
+    finally:
+        server.shutdown()
 
 
 def sdk(s: System, tier: str = "paid") -> openai.OpenAI:
