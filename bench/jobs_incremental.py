@@ -79,7 +79,9 @@ def timed_job(gm: Client, src: Path, base_job_id: str | None = None) -> dict[str
 def compare(system: System, job_a: str, job_b: str) -> dict[str, int]:
     """Items whose stored outputs differ between the two jobs (by index), and items
     either job lacks a succeeded result for."""
-    with make_engine(system.settings.database_url).connect() as conn:
+    with make_engine(system.settings.database_url).begin() as conn:
+        # Both jobs are fresh: the planner's statistics know neither (results/job_reuse.py).
+        conn.execute(text("SET LOCAL enable_nestloop = off"))
         row = conn.execute(
             text(
                 "SELECT count(*) FILTER (WHERE a.output_vector IS DISTINCT FROM b.output_vector "
