@@ -18,33 +18,40 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core.vocab import PriorityClass
 
+# Matched on narrow rows first (hash and request id: ~100 bytes an item), the outputs
+# (1.5 KB for a 384-float embedding) read once, streamed into the INSERT: carrying them
+# through the sort and the hash spilled 300 MB to disk twice for a 200,000-item base.
 # A base item's result is the row of its *current* attempt (job_items.request_id), read
-# through the request log's (job_id, item_index) index, so the search stays within the
-# base job whatever the log's size. DISTINCT ON: a base holding one input twice lends
-# one of its (equal) outputs. The tenant is in the content hash and checked again here.
+# within the base job ((job_id, item_index) index per partition) whatever the log's size.
+# DISTINCT ON: a base holding one input twice lends one of them (computed again if that
+# one did not succeed). The tenant is in the content hash and checked again here.
 # received_at is the transaction's now(), the new job's created_at (its items' time).
 _REUSE = text("""
     WITH lent AS (
-        SELECT DISTINCT ON (b.content_hash) b.content_hash, r.output, r.output_vector
+        SELECT DISTINCT ON (b.content_hash) b.content_hash, b.request_id
         FROM job_items b
-        JOIN requests r ON r.job_id = b.job_id AND r.item_index = b.item_index
-                       AND r.request_id = b.request_id
-        WHERE b.job_id = :base AND r.job_id = :base AND r.tenant_id = :tenant
-          AND r.status = 'succeeded' AND b.content_hash IS NOT NULL
+        WHERE b.job_id = :base AND b.content_hash IS NOT NULL
         ORDER BY b.content_hash
+    ), matched AS (
+        SELECT n.request_id, n.item_index, lent.request_id AS source
+        FROM job_items n JOIN lent ON lent.content_hash = n.content_hash
+        WHERE n.job_id = :job
     ), copied AS (
         INSERT INTO requests (request_id, tenant_id, priority, model, model_version, params,
                               status, output, output_vector, attempts, job_id, item_index,
                               received_at)
-        SELECT n.request_id, :tenant, :priority, :model, :version, CAST(:params AS jsonb),
-               'succeeded', lent.output, lent.output_vector, 0, n.job_id, n.item_index, now()
-        FROM job_items n JOIN lent ON lent.content_hash = n.content_hash
-        WHERE n.job_id = :job
+        SELECT m.request_id, :tenant, :priority, :model, :version, CAST(:params AS jsonb),
+               'succeeded', r.output, r.output_vector, 0, :job, m.item_index, now()
+        FROM matched m JOIN requests r ON r.request_id = m.source
+        WHERE r.job_id = :base AND r.tenant_id = :tenant AND r.status = 'succeeded'
         RETURNING item_index
     )
     UPDATE job_items i SET reused = true FROM copied
     WHERE i.job_id = :job AND i.item_index = copied.item_index
     RETURNING i.item_index""")
+# Memory for this statement's sort and hashes (narrow rows: ~100 bytes an item), so a
+# base of up to ~500,000 items matches in memory; a larger one spills to disk, correctly.
+_WORK_MEM = "64MB"
 
 
 async def reuse_results(
@@ -65,6 +72,7 @@ async def reuse_results(
     # base's 200,000 results for each of 200,000 new items (quadratic: minutes). Every
     # join here is a bulk one, which hash joins do in time linear in the two jobs.
     await conn.execute(text("SET LOCAL enable_nestloop = off"))
+    await conn.execute(text(f"SET LOCAL work_mem = '{_WORK_MEM}'"))
     rows = await conn.execute(
         _REUSE,
         {
@@ -78,5 +86,6 @@ async def reuse_results(
         },
     )
     reused = frozenset(r[0] for r in rows)
-    await conn.execute(text("RESET enable_nestloop"))  # the rest of the transaction as usual
+    for name in ("enable_nestloop", "work_mem"):  # the rest of the transaction as usual
+        await conn.execute(text(f"RESET {name}"))
     return reused
