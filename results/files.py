@@ -14,6 +14,7 @@ from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, t
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from results.jobs import job_rows
 from results.schema import jobs, openai_batches, stored_file_chunks, stored_files
 
 # Bytes per stored chunk: an upload or a download holds one at a time (1 MiB: large
@@ -190,7 +191,7 @@ async def batch_page(
         if not rows:
             return []
         found = await conn.execute(
-            select(jobs).where(
+            job_rows().where(
                 jobs.c.job_id.in_([r.job_id for r in rows]), jobs.c.tenant_id == tenant_id
             )
         )

@@ -3,18 +3,19 @@ scheduler advances as results land."""
 
 from __future__ import annotations
 
-from collections import Counter
+import threading
+import uuid
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from sqlalchemy import Select, select, update
+from sqlalchemy import Select, delete, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from core.vocab import ItemStatus, JobStatus
-from results.schema import job_items, jobs, requests
+from results.schema import JOB_COUNTERS, job_counts, job_items, job_progress, jobs, requests
 
 
 def finished_count(j: Any) -> int:
@@ -77,12 +78,21 @@ def usage(j: Any) -> dict[str, int]:
 # --- the job API's queries (ingest, async) ---
 
 
+def job_rows() -> Select[Any]:
+    """The job rows with their counters as they stand (``job_progress``: the row's own
+    plus what its result writers counted since), under the job table's column names."""
+    kept = [c for c in jobs.c if c.name not in JOB_COUNTERS]
+    return select(*kept, *(job_progress.c[c] for c in JOB_COUNTERS)).select_from(
+        jobs.join(job_progress, job_progress.c.job_id == jobs.c.job_id)
+    )
+
+
 async def get_job(engine: AsyncEngine, tenant_id: str, job_id: str) -> Row[Any] | None:
     """The job row, only if it belongs to the tenant (``job_id`` in canonical form)."""
     async with engine.connect() as conn:
         return (
             await conn.execute(
-                select(jobs).where(jobs.c.job_id == job_id, jobs.c.tenant_id == tenant_id)
+                job_rows().where(jobs.c.job_id == job_id, jobs.c.tenant_id == tenant_id)
             )
         ).first()
 
@@ -91,7 +101,7 @@ async def list_jobs(
     engine: AsyncEngine, tenant_id: str, before: datetime | None, limit: int
 ) -> list[Row[Any]]:
     """The tenant's jobs, newest first, created before ``before`` if given."""
-    q = select(jobs).where(jobs.c.tenant_id == tenant_id)
+    q = job_rows().where(jobs.c.tenant_id == tenant_id)
     if before is not None:
         q = q.where(jobs.c.created_at < before)
     async with engine.connect() as conn:
@@ -113,13 +123,13 @@ async def cancel_job(engine: AsyncEngine, job_id: str, now: datetime) -> None:
 
 
 async def lock_job(conn: AsyncConnection, tenant_id: str, job_id: str) -> Row[Any] | None:
-    """The job row, locked until the transaction ends: a retry and the results the
-    scheduler writes for the job then take turns (see ``record_job_results``)."""
+    """The job row, locked until the transaction ends: a retry, a cancel and a settle
+    of the job's results take turns (see ``settle``)."""
     return (
         await conn.execute(
-            select(jobs)
+            job_rows()
             .where(jobs.c.job_id == job_id, jobs.c.tenant_id == tenant_id)
-            .with_for_update()
+            .with_for_update(of=jobs)
         )
     ).first()
 
@@ -143,6 +153,8 @@ async def start_attempt(
     counters restart from the items that keep their successful result, the window
     restarts at ``now`` with the job's original length, the webhook is due again."""
     window: timedelta = j.expires_at - j.created_at
+    # What earlier attempts' writers counted is in ``succeeded`` (from the items' rows).
+    await conn.execute(delete(job_counts).where(job_counts.c.job_id == j.job_id))
     await conn.execute(
         update(jobs)
         .where(jobs.c.job_id == j.job_id)
@@ -166,72 +178,118 @@ async def start_attempt(
 
 
 # --- the scheduler's side: counters advanced with the result rows (sync) ---
+#
+# Each result writer (a scheduler's persist connection) adds its newly written rows to
+# its own ``job_counts`` row of the job's attempt, in the results transaction: the
+# counts match the rows exactly even when Kafka redelivers a request (the upsert skips
+# it; it is not counted), and no two writers of one job ever wait for each other. (The
+# counters were the job row's own, and its lock, held from the update to the commit,
+# serialized every write of a job - and, with group commit, of every job a write
+# merged: bench/store/commit_rate.py measured half the rows a second.) After the
+# commit, ``settle`` marks the job started and, once every item is counted, finished.
+# Decision 64.
 
 # Plain SQL for the driver's cursor: the results transaction runs on a psycopg
 # connection of its own (results/store.py). Arrays travel in binary (the driver's text
 # format for a list is built in Python, element by element).
-_LOCK_JOBS = (
-    "SELECT 1 FROM jobs WHERE job_id = ANY(%(ids)b::text[]::uuid[]) ORDER BY job_id FOR UPDATE"
-)
-
+#
 # Counts only rows of each item's *current* attempt: a row of an older attempt (still
 # queued when the job was retried, persisted afterwards) is in the request log but is
-# not this attempt's result, so it must not advance the counters.
-_ADVANCE = """
-    UPDATE jobs j SET
-        succeeded = j.succeeded + c.succeeded,
-        failed = j.failed + c.failed,
-        expired = j.expired + c.expired,
-        cancelled = j.cancelled + c.cancelled,
-        started_at = coalesce(j.started_at, now()),
-        finished_at = CASE WHEN j.finished_at IS NULL AND j.succeeded + j.failed + j.expired
-                               + j.cancelled + c.n >= j.total_items THEN now()
-                           ELSE j.finished_at END,
-        webhook_next_at = CASE WHEN j.finished_at IS NULL AND j.webhook_url IS NOT NULL
-                                    AND j.succeeded + j.failed + j.expired + j.cancelled
-                                        + c.n >= j.total_items THEN now()
-                               ELSE j.webhook_next_at END
-    FROM (
-        SELECT i.job_id,
-               count(*) AS n,
-               count(*) FILTER (WHERE w.status = 'succeeded') AS succeeded,
-               count(*) FILTER (WHERE w.status = 'failed') AS failed,
-               count(*) FILTER (WHERE w.status = 'expired') AS expired,
-               count(*) FILTER (WHERE w.status = 'cancelled') AS cancelled
-        FROM unnest(%(rids)b::text[]::uuid[], %(jobs)b::text[]::uuid[],
-                    %(idx)b::int4[], %(st)b::text[])
-             AS w(request_id, job_id, item_index, status)
-        JOIN job_items i ON i.job_id = w.job_id AND i.item_index = w.item_index
-                        AND i.request_id = w.request_id
-        GROUP BY i.job_id
-    ) c
-    WHERE j.job_id = c.job_id"""
+# not this attempt's result. One statement, one snapshot: the items' request ids and the
+# job's attempt are read together, so a retry committing meanwhile is either wholly seen
+# (the old row matches no item) or not at all (the row counts toward the old attempt,
+# which ``job_progress`` no longer reads).
+_COUNT = """
+    INSERT INTO job_counts AS c (job_id, attempt, writer, succeeded, failed, expired, cancelled)
+    SELECT i.job_id, j.attempt, %(writer)s::uuid,
+           count(*) FILTER (WHERE w.status = 'succeeded'),
+           count(*) FILTER (WHERE w.status = 'failed'),
+           count(*) FILTER (WHERE w.status = 'expired'),
+           count(*) FILTER (WHERE w.status = 'cancelled')
+    FROM unnest(%(rids)b::text[]::uuid[], %(jobs)b::text[]::uuid[],
+                %(idx)b::int4[], %(st)b::text[])
+         AS w(request_id, job_id, item_index, status)
+    JOIN job_items i ON i.job_id = w.job_id AND i.item_index = w.item_index
+                    AND i.request_id = w.request_id
+    JOIN jobs j ON j.job_id = i.job_id
+    GROUP BY i.job_id, j.attempt
+    ON CONFLICT (job_id, attempt, writer) DO UPDATE SET
+        succeeded = c.succeeded + excluded.succeeded,
+        failed = c.failed + excluded.failed,
+        expired = c.expired + excluded.expired,
+        cancelled = c.cancelled + excluded.cancelled"""
+
+# After the counts commit: the job is started, and finished once every item is counted
+# - then its writers' counts are folded into its row and deleted, in one statement. Only
+# a job that changes is locked (the first write of each, and its last): the WHERE reads
+# the others without a lock and writes nothing, so a settle costs a round trip, not a
+# commit's flush. Whichever writer commits a job's last counts sees every other
+# writer's (they committed before it), so the job is finished exactly once; a crash
+# before the settle leaves the write's offsets uncommitted, and its redelivery settles.
+_SETTLE = """
+    WITH p AS (
+        SELECT p.*, p.succeeded + p.failed + p.expired + p.cancelled >= j.total_items AS fin
+        FROM job_progress p JOIN jobs j ON j.job_id = p.job_id
+        WHERE p.job_id = ANY(%(ids)b::text[]::uuid[])
+    ), done AS (
+        UPDATE jobs j SET
+            started_at = coalesce(j.started_at, now()),
+            finished_at = CASE WHEN p.fin THEN now() END,
+            webhook_next_at = CASE WHEN p.fin AND j.webhook_url IS NOT NULL THEN now()
+                                   ELSE j.webhook_next_at END,
+            succeeded = CASE WHEN p.fin THEN p.succeeded ELSE j.succeeded END,
+            failed = CASE WHEN p.fin THEN p.failed ELSE j.failed END,
+            expired = CASE WHEN p.fin THEN p.expired ELSE j.expired END,
+            cancelled = CASE WHEN p.fin THEN p.cancelled ELSE j.cancelled END
+        FROM p
+        WHERE j.job_id = p.job_id AND j.finished_at IS NULL
+          AND (j.started_at IS NULL OR p.fin)
+        RETURNING j.job_id, j.attempt, p.fin
+    )
+    DELETE FROM job_counts c USING done
+    WHERE done.fin AND c.job_id = done.job_id AND c.attempt = done.attempt"""
+
+
+_writer = threading.local()
+
+
+def writer_id() -> str:
+    """This thread's writer id (its own ``job_counts`` rows): a thread runs one results
+    transaction at a time, so its rows are never waited for by itself."""
+    wid: str | None = getattr(_writer, "id", None)
+    if wid is None:
+        wid = _writer.id = str(uuid.uuid4())
+    return wid
 
 
 def record_job_results(
-    cur: psycopg.Cursor[Any], written: Iterable[tuple[str, str | None, int | None, str]]
+    cur: psycopg.Cursor[Any],
+    written: Iterable[tuple[str, str | None, int | None, str]],
+    writer: str,
 ) -> None:
-    """Advance job counters by newly written result rows (request id, job id, item
-    index, status), in the results transaction: counters match the rows exactly even
-    when Kafka redelivers a request (the upsert skips it; it is not counted).
-
-    The job rows are locked first, in one order (no deadlocks), and counted by the
-    next statement, which therefore sees a retry that committed while we waited:
-    a retry (``start_attempt``) and this count never interleave."""
+    """Add newly written result rows (request id, job id, item index, status) to
+    ``writer``'s counts of their jobs, in the results transaction."""
     rows = [(r, j, i, s) for r, j, i, s in written if j is not None and i is not None]
     if not rows:
         return
-    ids = sorted(Counter(j for _, j, _, _ in rows))
-    cur.execute(_LOCK_JOBS, {"ids": ids})
     cur.execute(
-        _ADVANCE,
+        _COUNT,
         {
+            "writer": writer,
             "rids": [r for r, _, _, _ in rows],
             "jobs": [j for _, j, _, _ in rows],
             "idx": [i for _, _, i, _ in rows],
             "st": [s for _, _, _, s in rows],
         },
     )
+
+
+def settle(cur: psycopg.Cursor[Any], job_ids: Iterable[str]) -> None:
+    """Mark these jobs started, and finished if every item is counted (see ``_SETTLE``),
+    after the transaction that counted their results committed; the caller commits."""
+    ids = sorted(set(job_ids))
+    if ids:
+        cur.execute(_SETTLE, {"ids": ids})
 
 
 def cancelled_unfinished_stmt() -> Select[Any]:

@@ -14,7 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.vocab import ItemStatus, JobStatus
 
-# Unfinished jobs only (finished_at is set in the transaction of the job's last result).
+# Unfinished jobs only (finished_at is set once the job's last result committed), their
+# counters as they stand (job_progress: the row's and its result writers').
 _UNFINISHED = text(
     """
     SELECT
@@ -22,18 +23,19 @@ _UNFINISHED = text(
       count(*) FILTER (WHERE cancelled_at IS NULL AND expires_at <= now()) AS expired,
       count(*) FILTER (
         WHERE cancelled_at IS NULL AND expires_at > now()
-          AND (started_at IS NOT NULL OR succeeded + failed + expired + cancelled > 0)
+          AND (started_at IS NOT NULL OR p.succeeded + p.failed + p.expired + p.cancelled > 0)
       ) AS running,
       count(*) FILTER (
         WHERE cancelled_at IS NULL AND expires_at > now()
-          AND started_at IS NULL AND succeeded + failed + expired + cancelled = 0
+          AND started_at IS NULL AND p.succeeded + p.failed + p.expired + p.cancelled = 0
       ) AS queued,
-      coalesce(sum(total_items - succeeded - failed - expired - cancelled), 0) AS items_queued,
-      coalesce(sum(succeeded), 0) AS items_succeeded,
-      coalesce(sum(failed), 0) AS items_failed,
-      coalesce(sum(expired), 0) AS items_expired,
-      coalesce(sum(cancelled), 0) AS items_cancelled
-    FROM jobs
+      coalesce(sum(total_items - p.succeeded - p.failed - p.expired - p.cancelled), 0)
+          AS items_queued,
+      coalesce(sum(p.succeeded), 0) AS items_succeeded,
+      coalesce(sum(p.failed), 0) AS items_failed,
+      coalesce(sum(p.expired), 0) AS items_expired,
+      coalesce(sum(p.cancelled), 0) AS items_cancelled
+    FROM jobs j JOIN job_progress p ON p.job_id = j.job_id
     WHERE finished_at IS NULL
     """
 )

@@ -31,6 +31,9 @@ from core.vocab import TIERS, RequestStatus
 
 metadata = MetaData()
 
+# A job's item counters, by how its items ended.
+JOB_COUNTERS = ("succeeded", "failed", "expired", "cancelled")
+
 
 def written_at(name: str) -> Column[Any]:
     """A time the database sets when the row is written (``now()``)."""
@@ -271,6 +274,30 @@ job_items = Table(
     # job's at submission, never computed (decision 61).
     Column("content_hash", BYTEA),
     Column("reused", Boolean, nullable=False, server_default="false"),
+)
+
+# Each result writer's counts of a job's current attempt (migration 0025, decision 64).
+job_counts = Table(
+    "job_counts",
+    metadata,
+    Column(
+        "job_id",
+        UUID(as_uuid=False),
+        ForeignKey("jobs.job_id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("attempt", Integer, primary_key=True),
+    Column("writer", UUID(as_uuid=False), primary_key=True),
+    *(Column(c, Integer, nullable=False, server_default="0") for c in JOB_COUNTERS),
+)
+
+# A view (migration 0025): a job's counters as they stand, the job row's plus its
+# writers' counts. Described apart from ``metadata``: it is not a table to create.
+job_progress = Table(
+    "job_progress",
+    MetaData(),
+    Column("job_id", UUID(as_uuid=False), primary_key=True),
+    *(Column(c, Integer) for c in JOB_COUNTERS),
 )
 
 api_instances = Table(

@@ -34,7 +34,7 @@ from sqlalchemy.dialects.postgresql import BYTEA, JSONB, UUID
 
 from results import announce
 from results.db import RESULTS_CHANNEL, libpq_url
-from results.jobs import record_job_results
+from results.jobs import record_job_results, settle, writer_id
 from results.schema import REQUEST_ROW_COLUMNS, RequestRow, batches, requests
 
 _PG_TYPES: dict[type, str] = {
@@ -139,7 +139,8 @@ def insert_parameters(arrays: list[list[Any]]) -> tuple[str, list[Any]]:
 def write_results(
     conn: Connection, request_rows: list[RequestRow], *batch_rows: dict[str, Any] | None
 ) -> list[str]:
-    """``write_on`` inside the caller's SQLAlchemy transaction (it commits)."""
+    """``write_on`` inside the caller's SQLAlchemy transaction (it commits, then calls
+    ``settle_jobs``)."""
     driver = conn.connection.driver_connection  # the psycopg connection, same transaction
     assert driver is not None
     return write_on(driver, request_rows, [b for b in batch_rows if b is not None], commit=False)
@@ -187,10 +188,28 @@ def write_on(
     with pg.pipeline():
         if notes:
             cur.execute(_NOTIFY, (notes,))
-        record_job_results(cur, jobs)
+        record_job_results(cur, jobs, writer_id())
         if commit:
             pg.commit()
+            # Every job of the write, new rows or not: a redelivered write settles what
+            # a crash after the commit left unsettled.
+            settle(cur, job_ids(request_rows))
+            pg.commit()
     return list(written)
+
+
+def job_ids(rows: Sequence[Mapping[str, Any]]) -> set[str]:
+    return {r["job_id"] for r in rows if r["job_id"] is not None}
+
+
+def settle_jobs(engine: Engine, rows: Sequence[Mapping[str, Any]]) -> None:
+    """After a ``write_results`` transaction committed: settle its rows' jobs."""
+    ids = job_ids(rows)
+    if ids:
+        with engine.begin() as conn:
+            driver = conn.connection.driver_connection
+            assert driver is not None
+            settle(driver.cursor(), ids)
 
 
 @lru_cache(maxsize=8)
@@ -305,4 +324,6 @@ def persist(
 ) -> list[str]:
     """One write in a transaction of its own, on a pooled connection (tools, tests)."""
     with engine.begin() as conn:
-        return write_results(conn, request_rows, *batch_rows)
+        written = write_results(conn, request_rows, *batch_rows)
+    settle_jobs(engine, request_rows)
+    return written

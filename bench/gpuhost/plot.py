@@ -112,7 +112,7 @@ def jobs_chart(runs: list[tuple[str, dict[str, Any]]], out: Path, plt: Any) -> N
     """Several runs' jobs side by side: where the time from the first byte to the last
     row went (staging, the COPY and the publish until the 202, the drain after it), and
     items/s end to end against the raw ceiling."""
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.8))
     names = [name for name, _ in runs]
     jobs = [res["job"] for _, res in runs]
     staged = [j.get("staged_s", 0.0) for j in jobs]
@@ -124,7 +124,7 @@ def jobs_chart(runs: list[tuple[str, dict[str, Any]]], out: Path, plt: Any) -> N
     ax.barh(names, drained, left=left, label="last items computed and stored")
     ax.set(xlabel="seconds from the first byte", title="a 1,000,000-item job")
     ax.invert_yaxis()
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)
     share = [100 * j["items_per_s"] / j["ceiling_items_per_s"] for j in jobs]
     flowing = [100 * j["flowing_items_per_s"] / j["ceiling_items_per_s"] for j in jobs]
     y = list(range(len(runs)))
@@ -133,8 +133,8 @@ def jobs_chart(runs: list[tuple[str, dict[str, Any]]], out: Path, plt: Any) -> N
     bx.axvline(75, color="grey", lw=0.8)
     bx.set_yticks(y, names)
     bx.invert_yaxis()
-    bx.set(xlabel="% of the raw ceiling (same call, same inputs)", title="items/s")
-    bx.legend(fontsize=7)
+    bx.set(xlabel="% of the raw ceiling (same call, same inputs)", title="items/s", xlim=(0, 100))
+    bx.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(out / "jobs.png", dpi=110)
     plt.close(fig)

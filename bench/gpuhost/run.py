@@ -286,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--loadgen-cores", type=int, default=3)
     ap.add_argument("--schedulers", type=int, default=0, help="0: as gristmill host shapes it")
+    ap.add_argument(
+        "--pg-conf",
+        choices=("default", "host"),
+        default="default",
+        help="PostgreSQL sized for the host (gristmill/devservices/pg_sizing.py) or its defaults",
+    )
     ap.add_argument("--profile", action="store_true", help="py-spy at the top rate and in the job")
     ap.add_argument("--fault-at", default="20,50,80", help="seconds: worker, scheduler, API")
     ap.add_argument("--fault-seconds", type=float, default=110.0, help="sync load under faults")

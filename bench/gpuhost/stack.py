@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -15,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from bench.gpuhost.corpora import MAX_BATCH, MODEL
 from bench.gpuhost.measure import Cpu
 from core.config import settings_from_env
 from core.topics import ensure_topics
 from gristmill.devservices import KafkaCluster, PostgresServer, free_port
+from gristmill.devservices.pg_sizing import host_settings
 from gristmill.hostshape import partitions_for, shape_host
 from gristmill.migrate import migrate_database
 from results.db import make_engine
@@ -67,7 +70,13 @@ class Stack:
         )
         pg_dir = Path(tempfile.mkdtemp(prefix="gmhost-pg-"))
         pg_dir.chmod(0o711)
-        self.pg = PostgresServer(pg_dir, fast=False, max_connections=500)
+        sized = self.args.pg_conf == "host"
+        pg_settings = host_settings(psutil.virtual_memory().total, shutil.disk_usage(pg_dir).free)
+        self.pg = PostgresServer(
+            pg_dir, fast=False, max_connections=500, settings=pg_settings if sized else None
+        )
+        self.pg_settings = pg_settings if sized else {}
+        log(f"PostgreSQL settings: {self.pg_settings or 'defaults'}")
         t0 = time.time()
         self.kafka.start(timeout_s=120)
         self.pg.start()
@@ -120,6 +129,7 @@ class Stack:
             },
             "partitions": partitions,
             "brokers": self.args.brokers,
+            "postgres": self.pg_settings,
             "start_s": round(time.time() - t0, 1),
         }
 

@@ -15,6 +15,7 @@ import signal
 import stat
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from gristmill.devservices.lifeline import PgData, lifeline, postmaster
@@ -124,11 +125,14 @@ class PostgresServer(Served):
         *,
         fast: bool = False,
         max_connections: int = 200,
+        settings: Mapping[str, str | int] | None = None,
     ) -> None:
         self.workdir = Path(workdir).resolve()
         self.port = port if port is not None else free_port(HOST)
         self.fast = fast
         self.max_connections = max_connections
+        # More server settings (GUCs), written after the defaults above (they win).
+        self.settings = dict(settings or {})
         self.data_dir = self.workdir / "data"
         self.log_path = self.workdir / "postgres.log"
         self._pg_ctl_out = self.workdir / "pg_ctl.out"
@@ -277,6 +281,7 @@ class PostgresServer(Served):
         if self.fast:
             # Durability is irrelevant for throwaway test data; these cut commit latency.
             settings.update(fsync="off", synchronous_commit="off", full_page_writes="off")
+        settings.update(self.settings)
         lines = []
         for key, value in settings.items():
             if isinstance(value, int):

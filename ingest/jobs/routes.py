@@ -256,8 +256,8 @@ async def retry_job(request: Request, job_id: str, tenant: Caller) -> ORJSONResp
     jid = canonical_id(job_id)
     now = datetime.now(UTC)
     async with st.engine.begin() as conn:
-        # Locked: results the scheduler writes for this job wait for the new attempt
-        # (results/jobs.py, record_job_results), so old attempts are never counted in it.
+        # Locked: a settle of the job's results waits for the new attempt; results of the
+        # old attempt count toward it alone (results/jobs.py, _COUNT).
         j = await jobs_db.lock_job(conn, tenant.id, jid)
         if j is None:
             raise NotFound(f"no job {jid}")

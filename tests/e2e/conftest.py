@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
+from sqlalchemy.engine import make_url
 
 from gristmill.devservices.stack import Services, System, build_system, local_services
+from results.db import libpq_url
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -33,3 +37,22 @@ def system(services: Services, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield sys_
     finally:
         sys_.close()
+
+
+@pytest.fixture
+def database(services: Services) -> Iterator[str]:
+    """A fresh, empty database on the session's server; dropped afterwards."""
+    name = f"gm_log_{uuid.uuid4().hex[:10]}"
+    admin = libpq_url(
+        make_url(services.database_url)
+        .set(database="postgres")
+        .render_as_string(hide_password=False)
+    )
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    url = make_url(services.database_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

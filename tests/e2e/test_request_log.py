@@ -10,21 +10,16 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 import numpy as np
-import psycopg
-import pytest
 from sqlalchemy import Engine, text
-from sqlalchemy.engine import make_url
 
 from core.config import Settings
 from core.vocab import RequestStatus
-from gristmill.devservices.stack import Services
 from gristmill.migrate import migrate_database
-from results.db import libpq_url, make_engine
+from results.db import make_engine
 from results.partitions import create as create_partition
 from results.partitions import list_partitions
 from results.retention import PARTITIONED, Slot, partition_name
@@ -34,25 +29,6 @@ from results.sweeper import Sweeper
 from results.tenants import create_tenant, set_log_retention
 
 DAY = timedelta(days=1)
-
-
-@pytest.fixture
-def database(services: Services) -> Iterator[str]:
-    """A fresh, empty database on the session's server; dropped afterwards."""
-    name = f"gm_log_{uuid.uuid4().hex[:10]}"
-    admin = libpq_url(
-        make_url(services.database_url)
-        .set(database="postgres")
-        .render_as_string(hide_password=False)
-    )
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    url = make_url(services.database_url).set(database=name).render_as_string(hide_password=False)
-    try:
-        yield url
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def settings_for(url: str, **kw: Any) -> Settings:

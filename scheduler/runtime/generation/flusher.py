@@ -22,6 +22,7 @@ from core.request_row import RequestRow
 from core.vocab import RequestStatus
 from results.faults import first_line
 from results.generation import write_flush
+from results.store import settle_jobs
 from scheduler.core.batcher import Pending
 from scheduler.core.generation.events import Event, Failed, gap_summary
 from scheduler.core.generation.outbox import Ending, Flush, Outbox
@@ -191,6 +192,7 @@ class Flusher:
             try:
                 with self.db.begin() as conn:
                     write_flush(conn, progress, rows)
+                settle_jobs(self.db, rows)
                 break
             except Exception as exc:
                 # PostgreSQL away: keep trying; nothing is committed meanwhile, and the

@@ -1,0 +1,206 @@
+"""A job's counters advanced by several result writers at once, on a real PostgreSQL
+(decision 64): no writer waits for another's commit, the job is finished exactly once by
+whichever commits its last results, a redelivered write counts nothing twice, and a
+reader sees the counts as they stand at every moment."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Engine, text
+
+from core.config import Settings
+from core.vocab import RequestStatus
+from gristmill.migrate import migrate_database
+from results.db import libpq_url, make_engine
+from results.jobs import job_rows, settle
+from results.schema import RequestRow, jobs
+from results.store import write_on
+from results.tenants import create_tenant
+
+ITEMS = 400
+
+
+@pytest.fixture
+def engine(database: str) -> Iterator[Engine]:
+    migrate_database(Settings(database_url=database))
+    eng = make_engine(database, pool_size=2)
+    yield eng
+    eng.dispose()
+
+
+def new_job(engine: Engine, total: int = ITEMS) -> tuple[str, str, list[str]]:
+    """A submitted job of ``total`` items: (tenant, job, the items' request ids)."""
+    job = str(uuid.uuid4())
+    rids = [str(uuid.uuid4()) for _ in range(total)]
+    with engine.begin() as conn:
+        tenant = create_tenant(conn, f"t-{job[:8]}", "paid").id
+        conn.execute(
+            text(
+                "INSERT INTO jobs (job_id, tenant_id, model, model_version, total_items, "
+                "submit_state, expires_at, webhook_url) VALUES (:j, :t, 'sim', '1', :n, "
+                "'submitted', now() + interval '1 day', 'https://hooks.example/x')"
+            ),
+            {"j": job, "t": tenant, "n": total},
+        )
+        conn.execute(
+            text(
+                "INSERT INTO job_items (job_id, item_index, input, request_id) "
+                "SELECT :j, i, '\"x\"', (CAST(:r AS uuid[]))[i + 1] FROM generate_series(0, :n - 1) i"
+            ),
+            {"j": job, "r": rids, "n": total},
+        )
+    return tenant, job, rids
+
+
+def rows(tenant: str, job: str, rids: list[str], indexes: range, status: str) -> list[RequestRow]:
+    at = datetime.now(UTC)
+    return [
+        {
+            "request_id": rids[i],
+            "tenant_id": tenant,
+            "priority": "jobs",
+            "model": "sim",
+            "model_version": "1",
+            "params": {},
+            "input": "x",
+            "status": RequestStatus(status),
+            "output": {"i": i},
+            "output_vector": None,
+            "error": None,
+            "attempts": 1,
+            "batch_id": None,
+            "batch_size": 1,
+            "job_id": job,
+            "item_index": i,
+            "received_at": at,
+            "produced_at": at,
+            "consumed_at": at,
+            "batched_at": at,
+            "compute_start_at": at,
+            "compute_end_at": at,
+            "deadline_at": at + timedelta(seconds=60),
+            "kafka_topic": "t",
+            "kafka_partition": 0,
+            "kafka_offset": i,
+        }
+        for i in indexes
+    ]
+
+
+def job(engine: Engine, job_id: str) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(job_rows().where(jobs.c.job_id == job_id)).one()
+
+
+def counts_rows(engine: Engine, job_id: str) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM job_counts WHERE job_id = :j"), {"j": job_id}
+            ).scalar_one()
+        )
+
+
+def in_thread(fn: Any) -> Any:
+    """Run ``fn`` in a thread of its own (its own writer id), return its result."""
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(fn()))
+    t.start()
+    t.join(30)
+    assert out, "the write did not finish"
+    return out[0]
+
+
+@pytest.mark.slow
+def test_writers_of_one_job_never_wait_and_the_last_commit_finishes_it(engine: Engine) -> None:
+    tenant, job_id, rids = new_job(engine)
+    url = libpq_url(str(engine.url.render_as_string(hide_password=False)))
+    half = ITEMS // 2
+    # Writer A counts the first half and holds its transaction open.
+    a = psycopg.connect(url, autocommit=False)
+    write_on(a, rows(tenant, job_id, rids, range(half), "succeeded"), [], commit=False)
+
+    # Writer B, meanwhile, stores and commits the rest without waiting for A (a wait
+    # would hit the lock timeout): the job row is not locked by A's counts.
+    def b() -> list[str]:
+        with psycopg.connect(url, autocommit=False) as pg:
+            pg.execute("SET lock_timeout = '2s'")
+            pg.commit()
+            return write_on(
+                pg, rows(tenant, job_id, rids, range(half, ITEMS), "failed"), [], commit=True
+            )
+
+    assert len(in_thread(b)) == ITEMS - half
+    mid = job(engine, job_id)
+    # B's counts show; A's do not yet; the job has started and is not finished.
+    assert (mid.succeeded, mid.failed) == (0, ITEMS - half)
+    assert mid.started_at is not None and mid.finished_at is None
+
+    # A commits last: its settle sees B's counts and finishes the job, once.
+
+    a.commit()
+    settle(a.cursor(), [job_id])
+    a.commit()
+    a.close()
+    done = job(engine, job_id)
+    assert (done.succeeded, done.failed, done.expired, done.cancelled) == (half, ITEMS - half, 0, 0)
+    assert done.finished_at is not None and done.webhook_next_at is not None
+    # Folded into the job row: the writers' counts are gone and the row holds the totals.
+    assert counts_rows(engine, job_id) == 0
+    with engine.connect() as conn:
+        raw = conn.execute(
+            text("SELECT succeeded, failed FROM jobs WHERE job_id = :j"), {"j": job_id}
+        ).one()
+    assert tuple(raw) == (half, ITEMS - half)
+
+
+@pytest.mark.slow
+def test_a_redelivered_write_counts_nothing_twice_and_settles(engine: Engine) -> None:
+    tenant, job_id, rids = new_job(engine, total=10)
+    url = libpq_url(str(engine.url.render_as_string(hide_password=False)))
+    first = rows(tenant, job_id, rids, range(10), "succeeded")
+    with psycopg.connect(url, autocommit=False) as pg:
+        write_on(pg, first[:6], [], commit=True)
+        # Kafka redelivers the first six with four new ones: six were stored already.
+        written = write_on(pg, first, [], commit=True)
+    assert len(written) == 4
+    j = job(engine, job_id)
+    assert j.succeeded == 10 and j.finished_at is not None
+    finished_at = j.finished_at
+    # Again, after the finish: nothing moves.
+    with psycopg.connect(url, autocommit=False) as pg:
+        assert write_on(pg, first, [], commit=True) == []
+    again = job(engine, job_id)
+    assert again.succeeded == 10 and again.finished_at == finished_at
+
+
+@pytest.mark.slow
+def test_many_writers_at_once_count_every_item_exactly(engine: Engine) -> None:
+    tenant, job_id, rids = new_job(engine, total=ITEMS)
+    url = libpq_url(str(engine.url.render_as_string(hide_password=False)))
+    statuses = ("succeeded", "failed", "expired", "cancelled")
+    parts = [range(k, ITEMS, 8) for k in range(8)]
+    barrier = threading.Barrier(len(parts))
+
+    def writer(k: int) -> None:
+        mine = rows(tenant, job_id, rids, parts[k], statuses[k % 4])
+        with psycopg.connect(url, autocommit=False) as pg:
+            barrier.wait()
+            for chunk in range(0, len(mine), 10):  # many small commits, interleaved
+                write_on(pg, mine[chunk : chunk + 10], [], commit=True)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(len(parts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    j = job(engine, job_id)
+    assert (j.succeeded, j.failed, j.expired, j.cancelled) == (ITEMS // 4,) * 4
+    assert j.finished_at is not None and counts_rows(engine, job_id) == 0
