@@ -5,7 +5,7 @@ Online: nullable columns and columns with a constant default (PostgreSQL 11+ add
 without rewriting the table); nothing existing is locked for long.
 
 Revision ID: 0022
-Revises: 0021
+Revises: 0025 (numbered 0022 when it was written; it runs after 0025, which landed first)
 """
 
 import sqlalchemy as sa
@@ -13,7 +13,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import BYTEA, UUID
 
 revision = "0022"
-down_revision = "0021"
+down_revision = "0025"
 branch_labels = None
 depends_on = None
 
