@@ -4,9 +4,7 @@ full recomputation, in input order; and no tenant reuses another's."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +16,7 @@ import pytest
 import standardwebhooks
 
 from gristmill.devservices.stack import Services, System, build_system
+from tests.e2e.webhook_receiver import Hook, serve
 
 N = 300
 CHANGED = {i for i in range(N) if i % 20 == 7}  # 15 items of 300 (5%)
@@ -162,33 +161,19 @@ def test_a_base_still_running_is_refused_naming_it(vsys: System) -> None:
     httpx.post(f"{vsys.url}/v1/jobs/{running['job_id']}/cancel", headers=vsys.headers())
 
 
-class _Hook(http.server.BaseHTTPRequestHandler):
-    received: list[tuple[bytes, dict[str, str]]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        _Hook.received.append((body, {k.lower(): v for k, v in self.headers.items()}))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 def test_a_job_finished_at_its_202_still_calls_its_webhook(vsys: System) -> None:
     items = [f"hooked {i}" for i in range(20)]
     base = accepted(submit_json(vsys, items))
     wait_done(vsys, base["job_id"])
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve()
     try:
         url = f"http://127.0.0.1:{server.server_port}/hook"
         j = accepted(submit_json(vsys, items, base_job_id=base["job_id"], webhook_url=url))
         assert j["status"] == "completed"
         deadline = time.time() + 30
-        while not _Hook.received and time.time() < deadline:
+        while not Hook.received and time.time() < deadline:
             time.sleep(0.2)
-        body, headers = _Hook.received[0]
+        body, headers = Hook.received[0]
         event = standardwebhooks.Webhook(j["webhook_secret"]).verify(body, headers)
         assert event["job_id"] == j["job_id"] and event["status"] == "completed"
     finally:
