@@ -12,7 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from results.schema import job_items, requests
 
 # COPY text format, in the column order the staging writes (ingest/jobs/upload.py).
-COPY_ITEMS = "COPY job_items (job_id, item_index, custom_id, input, request_id) FROM STDIN"
+COPY_ITEMS = (
+    "COPY job_items (job_id, item_index, custom_id, input, request_id, content_hash) FROM STDIN"
+)
 _COPY_BLOCK = 1 << 20  # bytes handed to the driver at a time
 
 
@@ -39,6 +41,7 @@ _ITEM_RESULT = (
     requests.c.output_vector,  # an embedding's float32 bytes, where stored so
     requests.c.error,
     requests.c.attempts,
+    job_items.c.reused,
 )
 
 

@@ -30,6 +30,14 @@ class NewJob:
     body_hash: str
     webhook_url: str | None
     webhook_secret: str | None
+    # An incremental job (decision 61): its items that reused a result are counted
+    # succeeded from the start; a job with nothing left to compute starts finished (its
+    # webhook is then due once it is submitted: ``mark_submitted``).
+    base_job_id: str | None = None
+    reused: int = 0
+    succeeded: int = 0
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
 
 
 async def forget_expired_key(conn: AsyncConnection, tenant_id: str, key: str, ttl_h: float) -> None:
@@ -91,11 +99,20 @@ def heartbeat(engine: Engine, job_id: str) -> None:
         )
 
 
+# A job finished at its recording (every item reused, decision 61) has its webhook due
+# only now: an OpenAI batch's row, which the event names, is written after the job's.
+_SUBMITTED = text("""
+    UPDATE jobs SET submit_state = 'submitted',
+        webhook_next_at = CASE WHEN webhook_next_at IS NULL AND webhook_attempts = 0
+                                    AND webhook_delivered_at IS NULL
+                                    AND webhook_url IS NOT NULL AND finished_at IS NOT NULL
+                               THEN now() ELSE webhook_next_at END
+    WHERE job_id = :j""")
+
+
 def mark_submitted(engine: Engine, job_id: str) -> None:
     with engine.begin() as conn:
-        conn.execute(
-            text("UPDATE jobs SET submit_state = 'submitted' WHERE job_id = :j"), {"j": job_id}
-        )
+        conn.execute(_SUBMITTED, {"j": job_id})
 
 
 def claim_stale(engine: Engine, stale_s: float) -> str | None:

@@ -65,6 +65,16 @@ def counts(j: Any) -> dict[str, int]:
     }
 
 
+def usage(j: Any) -> dict[str, int]:
+    """Items answered from the base job's results apart from items the model ran (an
+    incremental job, decision 61): ``computed`` grows as results land; at the end
+    ``reused + computed`` is every item that has an answer (succeeded or failed)."""
+    return {
+        "reused_items": int(j.reused),
+        "computed_items": int(j.succeeded) - int(j.reused) + int(j.failed),
+    }
+
+
 # --- the job API's queries (ingest, async) ---
 
 

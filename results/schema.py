@@ -235,6 +235,10 @@ jobs = Table(
     # as long as the tenant's request log retention.
     Column("output_expires_at", DateTime(timezone=True)),
     Column("output_expired_at", DateTime(timezone=True)),
+    # An incremental job (decision 61): the job it reused results of, and how many of its
+    # items took a stored result instead of being computed (fixed at submission).
+    Column("base_job_id", UUID(as_uuid=False)),
+    Column("reused", Integer, nullable=False, server_default="0"),
     Index(
         "jobs_webhook_due",
         "webhook_next_at",
@@ -265,6 +269,11 @@ job_items = Table(
     Column("input", JSONB, nullable=False),
     Column("request_id", UUID(as_uuid=False), nullable=False),
     Column("attempt", Integer, nullable=False, server_default="0"),
+    # sha256 of what decides the item's output (ingest/jobs/incremental.py); NULL for
+    # items staged before revision 0022. ``reused``: its result was copied from the base
+    # job's at submission, never computed (decision 61).
+    Column("content_hash", BYTEA),
+    Column("reused", Boolean, nullable=False, server_default="false"),
 )
 
 # Each result writer's counts of a job's current attempt (migration 0025, decision 64).

@@ -46,6 +46,9 @@ def submit(
     params: str | None = typer.Option(None, help="model params as a JSON object"),
     completion_window_s: int | None = None,
     webhook_url: str | None = None,
+    base: str | None = typer.Option(
+        None, help="a finished job whose results items with unchanged content reuse"
+    ),
     wait: bool = typer.Option(False, "--wait", help="wait for the job to finish"),
 ) -> None:
     """Submit a JSONL file (one {"input": ..., "custom_id"?: ...} per line)."""
@@ -60,11 +63,14 @@ def submit(
                 completion_window_s=completion_window_s,
                 webhook_url=webhook_url,
                 on_bytes=bar.update,
+                base_job_id=base,
             )
         except GristmillHTTPError as exc:
             typer.secho(str(exc), fg="red", err=True)
             raise typer.Exit(1) from exc
     typer.echo(f"job {job['job_id']}: {job['counts']['total']} items, {job['status']}")
+    if base:
+        typer.echo(f"reused from {base}: {job['usage']['reused_items']} items")
     if job.get("webhook_secret"):
         typer.echo(f"webhook secret (shown once): {job['webhook_secret']}")
     if wait:

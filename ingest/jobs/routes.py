@@ -75,7 +75,11 @@ async def page(st: AppState, j: Any, start: int, limit: int) -> list[dict[str, A
 
 
 def jsonl_options(
-    model: str | None, params: str | None, window: int | None, webhook_url: str | None
+    model: str | None,
+    params: str | None,
+    window: int | None,
+    webhook_url: str | None,
+    base_job_id: str | None = None,
 ) -> JobOptions:
     """A JSONL upload's options come in the query string."""
     try:
@@ -85,7 +89,7 @@ def jsonl_options(
     data = {"model": model, "params": parsed, "completion_window_s": window}
     if model is None:
         data.pop("model")
-    return validate({**data, "webhook_url": webhook_url}, JobOptions)
+    return validate({**data, "webhook_url": webhook_url, "base_job_id": base_job_id}, JobOptions)
 
 
 @router.post("/v1/jobs", status_code=202)
@@ -97,6 +101,7 @@ async def submit_job(
     params: str | None = Query(default=None, description="JSONL uploads: params as JSON"),
     completion_window_s: int | None = Query(default=None),
     webhook_url: str | None = Query(default=None),
+    base_job_id: str | None = Query(default=None, description="JSONL uploads: the base job"),
 ) -> ORJSONResponse:
     st = get_state(request)
     key = check_key(st.settings, idempotency_key)
@@ -121,7 +126,7 @@ async def submit_job(
         if json_body:
             sub = await stage_json(st, tenant, request.stream(), key)
         else:
-            opts = jsonl_options(model, params, completion_window_s, webhook_url)
+            opts = jsonl_options(model, params, completion_window_s, webhook_url, base_job_id)
             sub = await stage_jsonl(st, tenant, request.stream(), opts, key)
         t1 = time.monotonic()
         try:

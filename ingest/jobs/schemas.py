@@ -35,6 +35,9 @@ class JobOptions(BaseModel):
     params: dict[str, Any] | None = None
     completion_window_s: int | None = None
     webhook_url: str | None = None
+    # An incremental job (decision 61): a finished job of the tenant, same model and
+    # version, whose results items with unchanged content reuse.
+    base_job_id: str | None = None
 
 
 class JobItem(BaseModel):

@@ -23,17 +23,20 @@ from typing import Any
 import orjson
 
 from core.config import Settings
-from core.errors import IdempotencyConflict, InvalidInput, PayloadTooLarge, Unavailable
-from core.limits import check_object
+from core.errors import IdempotencyConflict, InvalidInput, NotFound, PayloadTooLarge, Unavailable
+from core.limits import canonical_uuid, check_object, shown
 from core.models.spec import ModelSpec
 from ingest.acceptance.state import AppState
 from ingest.jobs import quota as job_quota
 from ingest.jobs.destinations import AllowList, check_addresses, parse_destination
+from ingest.jobs.incremental import check_base, scope_digest
 from ingest.jobs.schemas import JobBody, JobOptions, check_metadata, validate
 from ingest.jobs.upload import ItemStager, Staged, upload_chunks
 from ingest.jobs.webhook_client import NotResolved, resolve
 from ingest.jobs.webhook_events import new_secret
+from results import jobs as jobs_db
 from results.job_items import copy_items
+from results.job_reuse import reuse_results
 from results.job_submission import (
     NewJob,
     forget_expired_key,
@@ -63,6 +66,7 @@ class Submission:
     idempotency_key: str | None
     staged: Staged
     job_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    base_job_id: str | None = None  # checked: the tenant's, finished, same model version
 
 
 @dataclass(frozen=True)
@@ -80,10 +84,12 @@ class Options:
     params: dict[str, Any]
     window_s: int
     webhook_url: str | None
+    base_job_id: str | None
 
 
-async def check_options(st: AppState, opts: JobOptions) -> Options:
-    """The model, params, window and webhook destination, or the 4xx naming the field."""
+async def check_options(st: AppState, tenant: Tenant, opts: JobOptions) -> Options:
+    """The model, params, window, webhook destination and base job, or the 4xx naming
+    the field."""
     s = st.settings
     # A job's items may wait in Kafka for a version no worker serves yet (loading).
     spec = await st.catalog.resolve(opts.model, wait_for_workers=True)
@@ -104,7 +110,23 @@ async def check_options(st: AppState, opts: JobOptions) -> Options:
         )
     if opts.webhook_url is not None:
         await check_webhook(s, opts.webhook_url)
-    return Options(spec, params, window, opts.webhook_url)
+    base = None
+    if opts.base_job_id is not None:
+        base = await base_job(st, tenant, opts.base_job_id, spec)
+    return Options(spec, params, window, opts.webhook_url, base)
+
+
+async def base_job(
+    st: AppState, tenant: Tenant, raw_id: str, spec: ModelSpec, field: str = "base_job_id"
+) -> str:
+    """The id of the tenant's job ``raw_id`` once it may lend its results to a job of
+    ``spec``; another tenant's job is a 404 like one that does not exist."""
+    jid = canonical_uuid(raw_id)
+    base = None if jid is None else await jobs_db.get_job(st.engine, tenant.id, jid)
+    if base is None:
+        raise NotFound(f"no job {shown(raw_id)} to use as {field}", field=field)
+    check_base(base, spec.name, spec.version, field)
+    return str(base.job_id)
 
 
 async def check_webhook(settings: Settings, url: str) -> None:
@@ -119,7 +141,10 @@ async def check_webhook(settings: Settings, url: str) -> None:
     check_addresses(dest, addresses, AllowList.parse(settings.webhook_allow_networks))
 
 
-def item_stager(st: AppState, spec: ModelSpec, job_id: str) -> ItemStager:
+def item_stager(
+    st: AppState, tenant: Tenant, spec: ModelSpec, params: dict[str, Any], job_id: str
+) -> ItemStager:
+    """``params``: the job's, normalised (they are in each item's content hash)."""
     s = st.settings
     return ItemStager(
         job_id,
@@ -128,6 +153,7 @@ def item_stager(st: AppState, spec: ModelSpec, job_id: str) -> ItemStager:
         max_line=s.max_body_bytes,
         max_depth=s.max_json_depth,
         folder=s.upload_dir,
+        scope=scope_digest(tenant.id, spec.name, spec.version, params),
     )
 
 
@@ -160,9 +186,9 @@ async def stage_json(
             "jobs as JSONL (application/x-ndjson)"
         )
     check_metadata(body.metadata)
-    opts = await check_options(st, body)
+    opts = await check_options(st, tenant, body)
     job_id = str(uuid.uuid4())
-    stager = item_stager(st, opts.spec, job_id)
+    stager = item_stager(st, tenant, opts.spec, opts.params, job_id)
     stager.hasher.update(raw)
 
     def stage_all() -> Staged:
@@ -185,6 +211,7 @@ async def stage_json(
         key,
         staged,
         job_id,
+        opts.base_job_id,
     )
 
 
@@ -198,12 +225,13 @@ async def stage_jsonl(
     """A JSONL upload: options from the query, then one item per line, staged as the
     lines arrive."""
     s = st.settings
-    opts = await check_options(st, opts_in)
+    opts = await check_options(st, tenant, opts_in)
     job_id = str(uuid.uuid4())
-    stager = item_stager(st, opts.spec, job_id)
+    stager = item_stager(st, tenant, opts.spec, opts.params, job_id)
+    base = [opts_in.base_job_id] if opts_in.base_job_id is not None else []  # old hashes hold
     stager.hasher.update(
         orjson.dumps(
-            [opts_in.model, opts_in.params, opts_in.completion_window_s, opts_in.webhook_url]
+            [opts_in.model, opts_in.params, opts_in.completion_window_s, opts_in.webhook_url, *base]
         )
     )
     try:
@@ -217,7 +245,16 @@ async def stage_jsonl(
         stager.close()
         raise
     return Submission(
-        tenant, opts.spec, opts.params, opts.window_s, opts.webhook_url, None, key, staged, job_id
+        tenant,
+        opts.spec,
+        opts.params,
+        opts.window_s,
+        opts.webhook_url,
+        None,
+        key,
+        staged,
+        job_id,
+        opts.base_job_id,
     )
 
 
@@ -246,8 +283,22 @@ async def record_job(st: AppState, sub: Submission) -> Recorded:
                 if prev is not None:
                     return _replay(prev, sub)
             await copy_items(conn, sub.staged.file)
+            reused = frozenset[int]()
+            if sub.base_job_id is not None:
+                reused = await reuse_results(
+                    conn,
+                    job_id=sub.job_id,
+                    base_job_id=sub.base_job_id,
+                    tenant_id=tenant.id,
+                    model=sub.spec.name,
+                    version=sub.spec.version,
+                    params=sub.params,
+                )
             # Charged after the COPY: the budget's row lock lasts only until the commit.
-            await job_quota.charge(conn, s, tenant, sub.staged.count)
+            # Only computed items are charged: the budget paces work for the GPUs.
+            await job_quota.charge(conn, s, tenant, sub.staged.count - len(reused))
+            now = datetime.now(UTC)
+            done = now if len(reused) == sub.staged.count else None  # nothing to compute
             created = await insert_job(
                 conn,
                 NewJob(
@@ -263,6 +314,11 @@ async def record_job(st: AppState, sub: Submission) -> Recorded:
                     body_hash=sub.staged.body_hash,
                     webhook_url=sub.webhook_url,
                     webhook_secret=secret,
+                    base_job_id=sub.base_job_id,
+                    reused=len(reused),
+                    succeeded=len(reused),  # counted here: the scheduler never sees them
+                    started_at=now if reused else None,
+                    finished_at=done,
                 ),
             )
             if not created:
@@ -276,4 +332,5 @@ async def record_job(st: AppState, sub: Submission) -> Recorded:
                 "a concurrent submission holds this key; retry", retry_after_s=1
             ) from None
         return _replay(prev, sub)
+    sub.staged.reused = reused  # its publish sends only the items left to compute
     return Recorded(sub.job_id, True, secret)

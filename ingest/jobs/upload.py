@@ -27,6 +27,7 @@ from core.errors import InvalidInput, PayloadTooLarge, RequestTimeout
 from core.limits import check_json
 from core.messages import job_item_request_ids
 from core.models.spec import ModelSpec
+from ingest.jobs.incremental import canonical_input, item_hash
 from ingest.jobs.schemas import JobItem, check_custom_id, validate
 
 _WRITE_BUFFER = 256 << 10  # characters of rows buffered before a write to the staged file
@@ -110,6 +111,9 @@ class Staged:
     file: IO[bytes]
     count: int
     body_hash: str
+    # Indexes of items whose result was reused from a base job at recording (decision
+    # 61): they are never sent to Kafka.
+    reused: frozenset[int] = frozenset()
 
     def close(self) -> None:
         self.file.close()
@@ -125,7 +129,9 @@ class Staged:
             tail = lines.pop()
             page: list[Item] = []
             for line in lines:
-                _, index, _, value, rid = line.split(b"\t")
+                _, index, _, value, rid, _ = line.split(b"\t")
+                if self.reused and int(index) in self.reused:
+                    continue
                 page.append((int(index), copy_unescape(value), rid.decode(), 0))
             if page:
                 yield page
@@ -157,8 +163,10 @@ class ItemStager:
         max_line: int,
         max_depth: int,
         folder: str,
+        scope: bytes,
     ):
         self.job_id = job_id
+        self.scope = scope  # the job's part of each item's content hash (decision 61)
         self.max_depth = max_depth  # nesting of a non-string input (settings.max_json_depth)
         self._request_id = job_item_request_ids(job_id)
         self.spec = spec
@@ -184,7 +192,9 @@ class ItemStager:
         value = orjson.dumps(item.input).decode()
         cid = "\\N" if item.custom_id is None else copy_text(item.custom_id)
         rid = self._request_id(self.count)
-        row = f"{self.job_id}\t{self.count}\t{cid}\t{copy_text(value)}\t{rid}\n"
+        # bytea in COPY text: \x and hex, its backslash escaped as COPY's.
+        digest = item_hash(self.scope, canonical_input(item.input, value)).hex()
+        row = f"{self.job_id}\t{self.count}\t{cid}\t{copy_text(value)}\t{rid}\t\\\\x{digest}\n"
         self._out.append(row)
         self._out_size += len(row)
         self.count += 1

@@ -6,7 +6,7 @@ from datetime import datetime
 from typing import Any
 
 from core.vocab import ItemStatus
-from results.jobs import counts, item_status, job_status
+from results.jobs import counts, item_status, job_status, usage
 from results.vectors import EncodingFormat, answer_output
 
 
@@ -40,6 +40,8 @@ def job_summary(j: Any, now: datetime) -> dict[str, Any]:
         "params": j.params,
         "metadata": j.metadata,
         "counts": c,
+        "usage": usage(j),
+        "base_job_id": str(j.base_job_id) if j.base_job_id else None,
         "progress": round((c["total"] - c["queued"]) / c["total"], 4) if c["total"] else 1.0,
         "created_at": _iso(j.created_at),
         "started_at": _iso(j.started_at),
@@ -62,4 +64,5 @@ def item_view(r: Any, j: Any, now: datetime) -> dict[str, Any]:
         else None,
         "error": r.error,
         "attempts": r.attempts or 0,
+        "reused": r.reused,  # its result came from the base job, not computed
     }

@@ -367,7 +367,9 @@ def batch_object(
         "expired_at": ts(job.finished_at or job.expires_at) if status == "expired" else None,
         "cancelling_at": ts(job.cancelled_at),
         "cancelled_at": ts(job.finished_at) if status == "cancelled" and done else None,
-        "request_counts": request_counts(counts),
+        # Gristmill adds "reused": completed lines answered from the base batch (decision
+        # 61), not computed; OpenAI's SDK keeps a field it does not know.
+        "request_counts": {**request_counts(counts), "reused": int(job.reused)},
         "metadata": b.metadata,
         "model": job.model,
     }

@@ -32,7 +32,7 @@ from ingest.jobs import quota as job_quota
 from ingest.jobs.limits import slot
 from ingest.jobs.routes import reader
 from ingest.jobs.schemas import JobItem, check_metadata, parse_index, validate
-from ingest.jobs.submit import Submission, check_webhook, item_stager, record_job
+from ingest.jobs.submit import Submission, base_job, check_webhook, item_stager, record_job
 from ingest.jobs.upload import ItemStager, LineSplitter
 from ingest.openai import batch_wire as bw
 from ingest.openai.wire import list_page
@@ -58,6 +58,9 @@ class BatchBody(BaseModel):
     # Gristmill's extension (the OpenAI SDK's ``extra_body``): where to send the batch's
     # terminal event, OpenAI's ``batch.*`` body signed by Standard Webhooks (decision 53).
     webhook_url: str | None = None
+    # Gristmill's extension: an incremental batch (decision 61) names an earlier batch of
+    # the tenant, same model and version; lines with unchanged content reuse its results.
+    base_batch_id: str | None = None
 
 
 class BatchStager:
@@ -135,8 +138,8 @@ async def _stage_file(
     try:
         async for chunk in files_db.file_chunks(st.engine, file_id):
             parsed = await asyncio.to_thread(bs.lines, chunk)
-            await _stage(st, bs, parsed, job_id)
-        await _stage(st, bs, await asyncio.to_thread(bs.last), job_id)
+            await _stage(st, tenant, bs, parsed, job_id)
+        await _stage(st, tenant, bs, await asyncio.to_thread(bs.last), job_id)
         if bs.items is None:
             raise InvalidInput("the input file holds no request lines", field="input_file_id")
         return bs, bs.items
@@ -147,14 +150,21 @@ async def _stage_file(
 
 
 async def _stage(
-    st: AppState, bs: BatchStager, parsed: list[tuple[bw.BatchLine, int]], job_id: str
+    st: AppState,
+    tenant: Tenant,
+    bs: BatchStager,
+    parsed: list[tuple[bw.BatchLine, int]],
+    job_id: str,
 ) -> None:
     if not parsed:
         return
     if bs.items is None:
-        spec = await st.catalog.resolve(parsed[0][0].model)
+        first = parsed[0][0]
+        spec = await st.catalog.resolve(first.model)
         _check_endpoint(spec, bs.endpoint)
-        bs.spec, bs.items = spec, item_stager(st, spec, job_id)
+        # Every line has the first's params (bw.LineChecks): the job's, in each hash.
+        params = spec.normalize_params(first.params)
+        bs.spec, bs.items = spec, item_stager(st, tenant, spec, params, job_id)
     await asyncio.to_thread(bs.stage, parsed)
 
 
@@ -186,6 +196,8 @@ async def create_batch(
             f"file {f.file_id} has purpose {f.purpose!r}; a batch's input needs 'batch'",
             field="input_file_id",
         )
+    if body.base_batch_id is not None:
+        bw.job_id_for(body.base_batch_id)  # 404 unless it looks like one of ours, early
     await job_quota.refuse_if_in_debt(st.engine, st.settings, tenant)
     job_id = str(uuid.uuid4())
     async with slot(st.uploads, tenant.id, "uploads"):
@@ -193,6 +205,10 @@ async def create_batch(
         try:
             assert bs.spec is not None and bs.checks.first is not None
             first = bs.checks.first
+            base = None
+            if body.base_batch_id is not None:  # its model is known from the first line
+                base_id = bw.job_id_for(body.base_batch_id)
+                base = await base_job(st, tenant, base_id, bs.spec, "base_batch_id")
             items.hasher.update(
                 orjson.dumps(
                     [
@@ -201,6 +217,7 @@ async def create_batch(
                         body.completion_window,
                         body.metadata,
                         *([body.webhook_url] if body.webhook_url is not None else []),
+                        *([body.base_batch_id] if body.base_batch_id is not None else []),
                     ]
                 )
             )
@@ -215,6 +232,7 @@ async def create_batch(
                 key,
                 staged,
                 job_id,
+                base,
             )
             recorded = await record_job(st, sub)
         finally:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import http.server
-import threading
 import time
 import uuid
 from typing import Any
@@ -17,6 +15,7 @@ import standardwebhooks
 from core.models.sim import sim_output
 from gristmill.devservices.stack import System
 from ingest.jobs import webhook_events as ev
+from tests.e2e.webhook_receiver import Hook, serve
 
 
 def submit(
@@ -199,30 +198,16 @@ def test_completion_window_expires_unfinished_items(system: System) -> None:
     assert done["status"] in ("expired", "completed")
 
 
-class _Hook(http.server.BaseHTTPRequestHandler):
-    received: list[tuple[bytes, dict[str, str]]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        _Hook.received.append((body, {k.lower(): v for k, v in self.headers.items()}))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 def test_webhook_is_signed_and_delivered_on_completion(system: System) -> None:
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = serve()
     try:
         url = f"http://127.0.0.1:{server.server_port}/hook"
         r = submit(system, {"model": "sim", "items": [{"input": "hook"}], "webhook_url": url})
         secret = r.json()["webhook_secret"]
         deadline = time.time() + 60
-        while not _Hook.received and time.time() < deadline:
+        while not Hook.received and time.time() < deadline:
             time.sleep(0.2)
-        body, headers = _Hook.received[0]
+        body, headers = Hook.received[0]
         # Standard Webhooks (decision 53): the receivers' own tools verify it.
         event = standardwebhooks.Webhook(secret).verify(body, headers)
         assert event["job_id"] == r.json()["job_id"] and event["status"] == "completed"

@@ -132,8 +132,11 @@ def _job_query(
     params: dict[str, Any] | None,
     completion_window_s: int | None,
     webhook_url: str | None,
+    base_job_id: str | None = None,
 ) -> dict[str, str]:
     q = {"model": model}
+    if base_job_id:  # an incremental job: unchanged items reuse this job's results
+        q["base_job_id"] = base_job_id
     if params:
         q["params"] = _dumps(params).decode()
     if completion_window_s:
@@ -235,10 +238,13 @@ class Client(_Base[httpx.Client]):
         webhook_url: str | None = None,
         idempotency_key: str | None = None,
         on_bytes: Callable[[int], None] | None = None,
+        base_job_id: str | None = None,
     ) -> dict[str, Any]:
-        """Submit a job from a JSONL file (streamed, retried) or an iterable of items."""
+        """Submit a job from a JSONL file (streamed, retried) or an iterable of items;
+        with ``base_job_id`` (a finished job of the same model version) items whose
+        input and params are unchanged reuse its results instead of being computed."""
         headers = _headers(idempotency_key, "application/x-ndjson")
-        query = _job_query(model, params, completion_window_s, webhook_url)
+        query = _job_query(model, params, completion_window_s, webhook_url, base_job_id)
         if isinstance(items, Path):
             path = items
             return dict(
@@ -355,13 +361,14 @@ class AsyncClient(_Base[httpx.AsyncClient]):
         completion_window_s: int | None = None,
         webhook_url: str | None = None,
         idempotency_key: str | None = None,
+        base_job_id: str | None = None,
     ) -> dict[str, Any]:
         headers = _headers(idempotency_key, "application/x-ndjson")
         r = await self._request(
             "POST",
             "/v1/jobs",
             content=b"".join(_jsonl_chunks(items)),
-            params=_job_query(model, params, completion_window_s, webhook_url),
+            params=_job_query(model, params, completion_window_s, webhook_url, base_job_id),
             headers=headers,
         )
         return dict(r.json())

@@ -85,6 +85,7 @@ def stager(max_items: int = 1000, tmp: str = "") -> ItemStager:
         max_line=1 << 20,
         max_depth=32,
         folder=tmp,
+        scope=b"s" * 32,
     )
 
 

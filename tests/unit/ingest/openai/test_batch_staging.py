@@ -35,7 +35,9 @@ def stage(spec: ModelSpec, endpoint: str, raw: bytes, chunk: int = 7) -> list[li
     """The staged rows; fed in small chunks so lines span them."""
     bs = BatchStager(endpoint, 1 << 20)
     bs.spec = spec
-    bs.items = ItemStager(JOB, spec, max_items=5, max_line=1 << 20, max_depth=32, folder="")
+    bs.items = ItemStager(
+        JOB, spec, max_items=5, max_line=1 << 20, max_depth=32, folder="", scope=b"s" * 32
+    )
     try:
         for i in range(0, len(raw), chunk):
             bs.stage(bs.lines(raw[i : i + chunk]))

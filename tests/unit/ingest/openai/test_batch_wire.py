@@ -194,6 +194,7 @@ def test_batch_object_names_its_files_and_times() -> None:
         cancelled_at=None,
         expires_at=t + timedelta(days=1),
         model="m",
+        reused=1,
     )
     c = {"total": 2, "queued": 0, "succeeded": 1, "failed": 1, "expired": 0, "cancelled": 0}
     o = bw.batch_object(b, j, status="completed", counts=c, has_errors=True)
@@ -201,7 +202,7 @@ def test_batch_object_names_its_files_and_times() -> None:
     assert o["output_file_id"] == bw.output_file_id(b.batch_id)
     assert o["error_file_id"] == bw.error_file_id(b.batch_id)
     assert o["completed_at"] == int(t.timestamp()) + 5
-    assert o["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
+    assert o["request_counts"] == {"total": 2, "completed": 1, "failed": 1, "reused": 1}
     v = bw.batch_object(b, j, status="validating", counts=c, has_errors=False)
     assert v["output_file_id"] is None and v["error_file_id"] is None
 
