@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 from gristmill.devservices.leftovers import RECORD_FILE, read_record
@@ -26,7 +27,11 @@ def test_watchdog_stops_nothing_that_was_released() -> None:
         b"not json\n",
         json.dumps({"op": "release", **group}).encode(),
     ]
-    assert watch(owner=1, lines=lines) == 0
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        assert watch(owner=1, lines=lines) == 0
+    finally:  # the watchdog ignores SIGTERM once it stops things: not this test run
+        signal.signal(signal.SIGTERM, term)
 
 
 def test_record_names_owner_and_targets(tmp_path: Path) -> None:

@@ -103,6 +103,34 @@ def test_the_pool_makes_the_model_tokenizers_ids(model: Any) -> None:
     assert max(lens) == SPEC.max_tokens  # truncated as the tokenizer truncates
 
 
+def _ignores_sigterm(pid: int) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        ign = next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
+    return bool(ign & (1 << (signal.SIGTERM - 1)))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_pool_processes_can_be_stopped_when_their_worker_ignores_sigterm(model: Any) -> None:
+    """A worker its scheduler spawned ignores SIGTERM, which its pool processes would
+    inherit: the executor could not stop them once the pool broke, and the worker would
+    wait for them at exit."""
+    from workers.models.embedding.tokenize_pool import TokenizerPool
+
+    before = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        pool = TokenizerPool(str(model.model_dir), SPEC.max_tokens, 2)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    procs = list(pool._pool._processes.values())
+    try:
+        assert procs and not any(_ignores_sigterm(p.pid) for p in procs)
+    finally:
+        pool.close()
+    for p in procs:
+        p.join(10)
+        assert not p.is_alive()
+
+
 def test_pooled_texts_embed_as_in_process_and_survive_a_dead_process(model: Any) -> None:
     params = {"normalize": True}
     inline = model.finish(model.launch(TEXTS, params))

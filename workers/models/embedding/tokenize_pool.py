@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
+import signal
 from array import array
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -91,6 +92,10 @@ def make_encoder(model_dir: str, max_tokens: int) -> Callable[[str], list[int]]:
 
 def _start(model_dir: str, max_tokens: int) -> None:
     global _encode
+    # A worker its scheduler spawned ignores SIGTERM, and an ignored signal stays ignored
+    # across exec: the executor could not stop a process of a broken pool (it terminates
+    # them), and the worker would wait for it at exit.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _encode = make_encoder(model_dir, max_tokens)
 
 
@@ -147,7 +152,7 @@ class TokenizerPool:
         procs.update(getattr(self._pool, "_processes", None) or {})
         for proc in procs.values():
             if proc.is_alive():
-                proc.terminate()
+                proc.kill()
 
 
 def _joined(got: list[tuple[bytes, bytes]], n: int) -> tuple[Any, Any, Any]:
