@@ -9,6 +9,7 @@ version, the deadline and the ingest timestamps. Times are Unix epoch seconds
 from __future__ import annotations
 
 import hashlib
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,21 @@ def job_item_request_ids(job_id: str, attempt: int = 0) -> Callable[[int], str]:
         return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
 
     return request_id
+
+
+# ``extra`` key: a time (epoch s) past the deadline until which the scheduler keeps the
+# request instead of expiring it, because its caller takes a partial answer at the
+# deadline and fetches the rest later (decision 63). Absent: expire at the deadline.
+KEEP_UNTIL = "keep_until"
+
+
+def keep_until(extra: dict[str, Any]) -> float | None:
+    """A message's ``KEEP_UNTIL`` when it is a finite time, else None (absent, or not a
+    time: such a request expires at its deadline, as one without it)."""
+    v = extra.get(KEEP_UNTIL)
+    if (type(v) is float or type(v) is int) and 0 < v < math.inf:
+        return float(v)
+    return None
 
 
 def body_hash(model: str, input_: Any, params: dict[str, Any]) -> str:

@@ -66,6 +66,10 @@ _BY_IDS = select(*RESULT_COLUMNS).where(
 )
 
 
+# The tenant's rows among ids: another tenant's are not seen (nor learned to exist).
+_TENANT_BY_IDS = _BY_IDS.where(requests.c.tenant_id == bindparam("tenant_id"))
+
+
 def answer_row(mapping: Any) -> AnswerRow:
     """A fetched row (a SQLAlchemy ``Row``'s mapping) as an ``AnswerRow``."""
     return cast(AnswerRow, dict(mapping))
@@ -81,6 +85,15 @@ async def answers_in(conn: AsyncConnection, ids: Sequence[str]) -> list[AnswerRo
     """``fetch_answers`` on the caller's connection (a statement of its transaction)."""
     rows = await conn.execute(_BY_IDS, {"ids": list(ids)})
     return [answer_row(r._mapping) for r in rows]
+
+
+async def fetch_tenant_answers(
+    engine: AsyncEngine, tenant_id: str, ids: Sequence[str]
+) -> list[AnswerRow]:
+    """The tenant's finished rows among ``ids`` (canonical UUID text), in no order."""
+    async with engine.connect() as conn:
+        rows = await conn.execute(_TENANT_BY_IDS, {"ids": list(ids), "tenant_id": tenant_id})
+        return [answer_row(r._mapping) for r in rows]
 
 
 async def fetch_request(engine: AsyncEngine, tenant_id: str, request_id: str) -> AnswerRow | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from core.messages import RequestMessage
+from core.messages import KEEP_UNTIL, RequestMessage
 from core.models.spec import ModelSpec
 from core.vocab import TIER_TO_CLASS, PriorityClass
 from results.tenants import Tenant
@@ -32,12 +32,14 @@ def request_message(
     fingerprint: str = "",
     tier: str | None = None,
     fairness_id: str | None = None,
+    keep: float | None = None,
 ) -> RequestMessage:
     """The message of one accepted input. ``fingerprint``: what its Idempotency-Key
     claim recorded of the body (acceptance/idempotency.py), if it has one of its own.
     ``tier``: the tier it is scheduled in (a client may lower its priority, never raise
     it: kserve/wire.py); else the key's. ``fairness_id``: the flow inside the tenant
-    (acceptance/gateway.py)."""
+    (acceptance/gateway.py). ``keep``: until when the scheduler keeps it past its
+    deadline (``kept_until``), if its caller takes a partial answer."""
     return RequestMessage(
         request_id=request_id,
         tenant_id=tenant.id,
@@ -51,7 +53,15 @@ def request_message(
         body_hash=fingerprint,
         weight=tenant.weight,
         fairness_id=fairness_id,
+        extra={} if keep is None else {KEEP_UNTIL: keep},
     )
+
+
+def kept_until(received: float, deadline: float, max_timeout_ms: int) -> float:
+    """Until when the inputs of a request answered in part at its deadline keep running
+    (decision 63): as long as any sync request may be given (``max_timeout_ms`` from its
+    arrival, the operator's bound on sync work), never less than its own deadline."""
+    return max(deadline, received + max_timeout_ms / 1000)
 
 
 @dataclass(frozen=True, slots=True)

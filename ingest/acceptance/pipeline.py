@@ -61,7 +61,7 @@ from ingest.acceptance.gateway import (
     scheduled_tier,
 )
 from ingest.acceptance.idempotency import aim, check_key, first_version
-from ingest.acceptance.message import request_message
+from ingest.acceptance.message import kept_until, request_message
 from ingest.acceptance.ports import Claim, KeyUse
 from ingest.acceptance.state import AppState
 from ingest.acceptance.waiters import ARRIVED_AT
@@ -82,9 +82,8 @@ Headers = Sequence[tuple[bytes, bytes]]  # an ASGI scope's headers: lower-case n
 # A door's answer: an HTTP ``Response``, or another protocol's message (KServe's gRPC).
 A = TypeVar("A", covariant=True)
 
-# The request path allocates little (slots, no lists for a lone input): each object is
-# work for the collector, whose passes over the process's long-lived objects were most
-# of what the first version of this pipeline added to a request's CPU.
+# The request path allocates little (slots, no lists for a lone input): the collector's
+# passes over long-lived objects were most of the CPU this pipeline first added.
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +154,7 @@ class Order:
     wait_s: float | None = None
     generation: Generation | None = None
     stream: bool = False  # hand the accepted request to the door unwaited
+    partial: bool = False  # answered at the deadline with what is done (decision 63)
     wire: Any = None  # the door's own parsed request, for its answer
     # What an Idempotency-Key fingerprints (decision 44): the model as the caller named
     # it ("": the spec's ref) and the parameters it sent (None: ``params``), not what
@@ -187,17 +187,22 @@ class Outcome:
     retry: bool = False  # the Idempotency-Key named an earlier request
     replayed: bool = False  # every row was stored before this call: a retry's answer
     unanswered: Sequence[RequestMessage] = ()
+    finished: list[AnswerRow | None] | None = None  # a partial order's: each input's row
     # Its gen_ai.server.* metrics: a sync answer's recorded by ``serve``, a stream's by
     # its door when the stream ends.
     meter: genai.Meter | None = None
 
     def gave_up(self, message: str) -> DeadlineExceeded:
-        """The 504 of a sync request whose deadline passed: remembered, so the request
-        log tells a result stored later from one answered in time."""
+        """The 504 of a sync request whose deadline passed (``timed_out``)."""
+        self.timed_out()
+        return DeadlineExceeded(message)
+
+    def timed_out(self) -> None:
+        """Its unanswered inputs remembered as timed out, so the request log tells a
+        result stored later from one answered in time."""
         now = time.time()
         for m in self.unanswered:
             TIMEOUTS.record(Timeout(m.request_id, m.tenant_id, m.received_at, now))
-        return DeadlineExceeded(message)
 
 
 class Door(Protocol[A]):
@@ -312,6 +317,7 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
         slo_ms, n, spec.max_batch_size, s.max_timeout_ms
     )
     deadline = call.received + timeout_ms / 1000
+    keep = kept_until(call.received, deadline, s.max_timeout_ms) if order.partial else None
     flow = fairness_id(call.header(FAIRNESS_HEADER))  # a 400 before anything is charged
     limit_headers = _admit(st, tenant, order, timeout_ms, deadline)
     hint = objective_tier(s.gateway_objective_tiers, call.header(OBJECTIVE_HEADER))
@@ -326,7 +332,7 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
             key,
             first,
             fingerprint,
-            deadline,
+            keep or deadline,  # a retry resends after it; a partial order's inputs run on
             call.received,
             spec.version,
             # As claims before decision 44 fingerprinted it (the routed version's ref).
@@ -353,6 +359,7 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
                 fingerprint=use.body_hash if use is not None and not order.many else "",
                 tier=tier,
                 fairness_id=flow,
+                keep=keep,
             )
         )
     retry = claim is not None and not claim.first
@@ -375,7 +382,8 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
             if send and pending:
                 await _aim_at_first(st, order, claim, msgs, pending)
         if send and pending:
-            await _send(st, tenant, _picked(msgs, pending), claim, use)
+            picked = msgs if len(pending) == n else [msgs[i] for i in pending]
+            await _send(st, tenant, picked, claim, use)
         out = Outcome(ids, msgs, None, limit_headers, timeout_ms, retry, retry and not pending)
         out.meter = genai.Meter.of(order, msgs, call.received)
         if order.stream:
@@ -384,6 +392,8 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
             await _wait(order, futs, pending, deadline)
         if not all(f.done() for f in futs):
             out.unanswered = [m for m, f in zip(msgs, futs, strict=True) if not f.done()]
+            if order.partial:
+                out.finished = [f.result() if f.done() else None for f in futs]
             return out
         out.rows = [f.result() for f in futs]
         _answered(st, msgs, out.rows, pending)
@@ -405,10 +415,6 @@ async def _aim_at_first(
     for i in pending:
         aim(msgs[i], spec, order.inputs[i])
         msgs[i].params = params
-
-
-def _picked(msgs: list[RequestMessage], pending: Sequence[int]) -> list[RequestMessage]:
-    return msgs if len(pending) == len(msgs) else [msgs[i] for i in pending]
 
 
 async def _replay(

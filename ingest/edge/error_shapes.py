@@ -33,7 +33,14 @@ class Shape(StrEnum):
 
 # Paths served for OpenAI's clients (templates: ``{name}`` is one path segment) and
 # KServe's (prefix).
-OPENAI_PATHS = frozenset({"/v1/embeddings", "/v1/completions", "/v1/completions/{completion_id}"})
+OPENAI_PATHS = frozenset(
+    {
+        "/v1/embeddings",
+        "/v1/embeddings/{request_id}",
+        "/v1/completions",
+        "/v1/completions/{completion_id}",
+    }
+)
 OPENAI_PREFIXES = ("/v1/files", "/v1/batches")  # and every path under them
 KSERVE_PREFIX = "/v2"
 

@@ -5,9 +5,12 @@ limits, admission and the deadline; an ``Idempotency-Key`` makes a retry name th
 same results. Each input is its own request, batched by the scheduler with all other
 traffic (ingest/acceptance/pipeline.py). ``Prefer: respond-async, wait=N`` (RFC 7240)
 answers 202 with ``Location: /v1/requests/{id}`` when the answer is not ready within N
-seconds. Errors are in OpenAI's shape (ingest/edge/error_shapes.py). The wire format is
-ingest/openai/wire.py; what differs from OpenAI's service: decision 34. In production
-the fast path serves it (ingest/fast_path.py), through the same door (``EMBEDDINGS``).
+seconds. ``Prefer: partial-results`` answers 200 at the deadline with the inputs done by
+then and where to fetch the rest (``GET /v1/embeddings/{id}``, decision 63; the shaping
+is ingest/openai/partial.py). Errors are in OpenAI's shape (ingest/edge/error_shapes.py).
+The wire format is ingest/openai/wire.py; what differs from OpenAI's service: decision
+34. In production the fast path serves it (ingest/fast_path.py), through the same door
+(``EMBEDDINGS``).
 """
 
 from __future__ import annotations
@@ -18,13 +21,23 @@ from fastapi import APIRouter, Header, Request
 from fastapi.responses import ORJSONResponse
 from starlette.responses import Response
 
-from core.errors import InvalidInput
+from core.errors import InvalidInput, NotFound
+from core.limits import canonical_uuid, shown
 from ingest.acceptance import pipeline
 from ingest.acceptance.pipeline import Call, Order, Outcome
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.error_shapes import Shape, declared
+from ingest.jobs.limits import check_reads
+from ingest.openai.partial import (
+    missing_of,
+    parse_rest_query,
+    partial_answer,
+    partial_headers,
+    rest_location,
+)
 from ingest.openai.wire import (
+    PARTIAL_RESULTS,
     EmbeddingsRequest,
     Prefer,
     check_dimensions,
@@ -33,6 +46,7 @@ from ingest.openai.wire import (
     parse_prefer,
     prompt_tokens,
 )
+from results.requests import AnswerRow, fetch_tenant_answers
 
 router = APIRouter()
 
@@ -65,6 +79,8 @@ class EmbeddingsDoor:
             timeout_ms=body.timeout_ms,
             # respond-async: the client takes a 202 once Kafka has it, or after ``wait`` s.
             wait_s=(prefer.wait_s or 0) if prefer.respond_async else None,
+            # partial-results: at the deadline, what is done; respond-async's 202 wins.
+            partial=prefer.partial and not prefer.respond_async,
             wire=(body, prefer),
             asked=body.model,  # an Idempotency-Key's fingerprint: what was sent
             sent={},
@@ -73,6 +89,8 @@ class EmbeddingsDoor:
 
     def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:
         body, prefer = order.wire
+        if outcome.finished is not None:
+            return _partial(outcome, order.spec.ref, body, outcome.finished)
         if outcome.rows is None:
             return _pending(outcome, body, prefer)
         many = len(outcome.rows) > 1
@@ -117,7 +135,8 @@ def _pending(outcome: Outcome, body: EmbeddingsRequest, prefer: Prefer) -> ORJSO
     if not prefer.respond_async:
         raise outcome.gave_up(
             "no answer before the deadline; the inputs stay accepted and their results "
-            f"can be fetched at /v1/requests/{{id}} (first: {where})"
+            f"can be fetched at /v1/requests/{{id}} (first: {where}); with 'Prefer: "
+            f"{PARTIAL_RESULTS}' the deadline answers with the inputs done by then"
         )
     content: dict[str, Any] = {
         "object": "list",
@@ -131,3 +150,77 @@ def _pending(outcome: Outcome, body: EmbeddingsRequest, prefer: Prefer) -> ORJSO
     applied = "respond-async" + (f", wait={prefer.wait_s}" if prefer.wait_s is not None else "")
     headers = {**outcome.limit_headers, "Location": where, "Preference-Applied": applied}
     return ORJSONResponse(content, status_code=202, headers=headers)
+
+
+def _partial(
+    outcome: Outcome, model: str, body: EmbeddingsRequest, rows: list[AnswerRow | None]
+) -> ORJSONResponse:
+    """The deadline passed with some inputs not done, and the client takes a part: 200
+    with those done and where the rest are (decision 63). One that failed is the error
+    of the whole call, as in a full answer. With none done, the deadline's 504 with the
+    same headers: OpenAI's SDK refuses an answer whose ``data`` is empty."""
+    _raise_if_any_unsuccessful(rows)
+    where = rest_location(outcome.request_ids[0], len(rows), body.encoding, body.dimensions)
+    missing = missing_of(rows)
+    if missing == len(rows):
+        exc = outcome.gave_up(
+            f"no input done before the deadline; all {missing} keep running and are "
+            f"fetched at {where} (or with the same Idempotency-Key) as they finish"
+        )
+        exc.headers.update(partial_headers(missing, where))
+        raise exc
+    outcome.timed_out()  # the missing ones missed their deadline, as a 504's would
+    tokens = sum(
+        prompt_tokens(m.input) for m, r in zip(outcome.messages, rows, strict=True) if r is not None
+    )
+    content = partial_answer(
+        rows,
+        model=model,
+        encoding=body.encoding,
+        dimensions=body.dimensions,
+        tokens=tokens,
+        location=where,
+    )
+    headers = {**outcome.limit_headers, **partial_headers(missing, where)}
+    return ORJSONResponse(content, headers=headers)
+
+
+@router.get(
+    "/v1/embeddings/{request_id}",
+    responses=declared(Shape.OPENAI),
+    summary="A multi-input embeddings request's inputs done so far (a partial answer's Location)",
+)
+async def get_embeddings(request: Request, request_id: str, tenant: Caller) -> ORJSONResponse:
+    """Every input of the request done by now, in OpenAI's shape, with ``partial`` while
+    any is missing; nothing is computed again. Tenant-scoped: another tenant's ids find
+    nothing."""
+    st = get_state(request)
+    limit_headers = check_reads(st.limiter, st.settings, tenant)
+    q = parse_rest_query(request.query_params)
+    first = canonical_uuid(request_id)
+    if first is None:
+        raise NotFound(f"no request {shown(request_id)}; ids are canonical UUIDs")
+    ids = [pipeline.item_request_id(first, i) for i in range(q.inputs)]
+    found = {str(r["request_id"]): r for r in await fetch_tenant_answers(st.engine, tenant.id, ids)}
+    rows = [found.get(rid) for rid in ids]
+    _raise_if_any_unsuccessful(rows)
+    done = next((r for r in rows if r is not None), None)
+    where = rest_location(first, q.inputs, q.encoding, q.dimensions)
+    content = partial_answer(
+        rows,
+        model="" if done is None else f"{done['model']}@{done['model_version']}",
+        encoding=q.encoding,
+        dimensions=q.dimensions,
+        tokens=None,  # the inputs are not at hand here
+        location=where,
+    )
+    missing = missing_of(rows)
+    headers = {**limit_headers, **(partial_headers(missing, where) if missing else {})}
+    return ORJSONResponse(content, headers=headers)
+
+
+def _raise_if_any_unsuccessful(rows: list[AnswerRow | None]) -> None:
+    """A finished input that failed or expired is the error of the whole answer."""
+    for i, row in enumerate(rows):
+        if row is not None:
+            pipeline.raise_if_unsuccessful(row, f"input[{i}]")

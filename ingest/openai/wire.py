@@ -180,14 +180,16 @@ def embedding(row: Mapping[str, Any], encoding: EncodingFormat, dimensions: int 
 
 
 def embeddings_answer(
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[Mapping[str, Any] | None],
     *,
     model: str,
     encoding: EncodingFormat,
     dimensions: int | None,
     tokens: int,
 ) -> dict[str, Any]:
-    """OpenAI's ``CreateEmbeddingResponse`` for finished rows in input order."""
+    """OpenAI's ``CreateEmbeddingResponse`` for finished rows in input order; an input
+    not finished (None: a partial answer, decision 63) is left out, the others keep
+    their ``index``."""
     return {
         "object": "list",
         "data": [
@@ -197,6 +199,7 @@ def embeddings_answer(
                 "embedding": embedding(row, encoding, dimensions),
             }
             for i, row in enumerate(rows)
+            if row is not None
         ],
         "model": model,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
@@ -237,21 +240,29 @@ def list_page(data: list[dict[str, Any]], *, more: bool) -> dict[str, Any]:
 _WAIT = re.compile(r"^\s*wait\s*=\s*\"?([0-9]{1,9})\"?\s*$", re.IGNORECASE)
 
 
+# Gristmill's own preference: at the deadline, the inputs done so far (decision 63).
+PARTIAL_RESULTS = "partial-results"
+
+
 @dataclass(frozen=True)
 class Prefer:
     respond_async: bool = False
     wait_s: int | None = None  # how long the client will wait for the answer (seconds)
+    partial: bool = False  # partial-results: a 200 with what is done at the deadline
 
 
 def parse_prefer(values: list[str]) -> Prefer:
-    """``Prefer: respond-async, wait=N`` from every Prefer header. Preferences we do not
-    know are ignored, as RFC 7240 asks; a malformed ``wait`` too."""
-    respond_async, wait = False, None
+    """``Prefer: respond-async, wait=N`` and ``partial-results`` from every Prefer
+    header. Preferences we do not know are ignored, as RFC 7240 asks; a malformed
+    ``wait`` too."""
+    respond_async, wait, partial = False, None, False
     for header in values:
         for pref in header.split(","):
             token = pref.split(";")[0].strip()
             if token.lower() == "respond-async":
                 respond_async = True
+            elif token.lower() == PARTIAL_RESULTS:
+                partial = True
             elif (m := _WAIT.match(token)) is not None:
                 wait = int(m.group(1))
-    return Prefer(respond_async, wait)
+    return Prefer(respond_async, wait, partial)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from core.messages import RequestMessage
+from core.messages import KEEP_UNTIL, RequestMessage, keep_until
 from core.vocab import ModelRef
 from scheduler.core.costmodel import CostModel
 from scheduler.core.fairness import FairQueue
@@ -66,10 +66,13 @@ class Pending:
     seq: int = 0
     gone: bool = False  # dropped (expired or revoked) while still in a deque
     trace: Any = None  # the API's trace context from the message headers (core/tracing.py)
+    # Past its deadline, the later one it waits on: its caller took a partial answer and
+    # fetches the rest (the message's keep_until, decision 63). 0: none yet.
+    kept: float = 0.0
 
     @property
     def deadline(self) -> float:
-        return self.msg.deadline
+        return self.kept or self.msg.deadline
 
     @property
     def tenant(self) -> str:
@@ -239,13 +242,20 @@ class Batcher:
         )
 
     def drop_expired(self, now: float, sizing: Sizing | None = None) -> list[Pending]:
-        """Remove requests that cannot finish before their deadline, even if sent now."""
+        """Remove requests that cannot finish before their deadline, even if sent now.
+        One whose caller keeps it past the deadline (``keep_until``) stays, queued from
+        then on under that later deadline: no longer urgent, still in its turn."""
         cost = (sizing or self.sizing).cost
         dropped: list[Pending] = []
         for key, q in self._queues.items():
             single = cost.predict_ms(key.ref, 1) / 1000.0
             while q.count and q.earliest_deadline() < now + single:
                 p = heapq.heappop(q.deadlines)[2]
+                later = None if p.kept else keep_until(p.msg.extra)
+                if later is not None and later >= now + single:
+                    p.kept = later
+                    heapq.heappush(q.deadlines, (later, p.seq, p))
+                    continue
                 q.discard(p)
                 dropped.append(p)
         self._forget(dropped)
@@ -276,7 +286,9 @@ class Batcher:
                     left = left_rate(rate, above_s, span)
                     mine: dict[str, list[Pending]] = {}
                     for p in fq:
-                        if not p.gone:
+                        # One kept for a partial answer's caller is not shed: it runs
+                        # on to its keep_until (decision 63), then expires.
+                        if not p.gone and KEEP_UNTIL not in p.msg.extra:
                             mine.setdefault(p.tenant, []).append(p)
                     for items in mine.values():
                         items.sort(key=lambda p: p.seq)

@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
@@ -56,3 +57,20 @@ def database(services: Services) -> Iterator[str]:
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="module")
+def served(system: System) -> System:
+    """The system once a worker serves the embedding model (it loads on CPU after sim)."""
+    system.wait_until_serving("all-minilm-l6-v2", timeout_s=300)
+    return system
+
+
+@pytest.fixture(scope="module")
+def client(served: System) -> Iterator[openai.OpenAI]:
+    """The official openai SDK on the served system, as the paid tier, no retries."""
+    c = openai.OpenAI(
+        base_url=f"{served.url}/v1", api_key=served.keys["paid"], max_retries=0, timeout=60
+    )
+    yield c
+    c.close()

@@ -27,20 +27,6 @@ DIM = 384
 
 
 @pytest.fixture(scope="module")
-def served(system: System) -> System:
-    """The embedding model loads on CPU after sim; wait until a worker serves it."""
-    system.wait_until_serving(MODEL, timeout_s=300)
-    return system
-
-
-@pytest.fixture(scope="module")
-def client(served: System) -> Iterator[openai.OpenAI]:
-    c = openai.OpenAI(base_url=f"{served.url}/v1", api_key=served.keys["paid"], max_retries=0)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="module")
 def tclient(served: System) -> Iterator[triton.InferenceServerClient]:
     c = triton.InferenceServerClient(served.url.removeprefix("http://"), network_timeout=60)
     yield c

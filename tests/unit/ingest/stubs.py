@@ -252,20 +252,21 @@ def answer_row(
 class Worker:
     """Answers what is produced, as the scheduler and the workers would: sim's output,
     a vector for an embedding model, a generated text token by token. ``hold`` keeps
-    every answer back (a request that misses its deadline); ``fail`` names inputs that
-    fail."""
+    every answer back (a request that misses its deadline), ``held`` those of the
+    inputs it names; ``fail`` names inputs that fail."""
 
     def __init__(self, waiter: StubWaiter, dim: int = 384):
         self.waiter = waiter
         self.dim = dim
         self.hold = False
+        self.held: set[str] = set()
         self.fail: set[str] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.generated = ("Hel", "lo", ",", " world")
 
     def __call__(self, msg: RequestMessage) -> None:
         self.loop = asyncio.get_running_loop()
-        if self.hold:
+        if self.hold or input_text(msg.input) in self.held:
             return
         self.loop.call_soon(self.answer, msg)
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.messages import KEEP_UNTIL
 from scheduler.core.batcher import Batcher, BatchKey, FlushPolicy, flush_time
 from scheduler.core.costmodel import CostModel
 from tests.unit.helpers import pending
@@ -132,6 +133,33 @@ def test_requests_that_cannot_finish_are_dropped() -> None:
     assert len(b) == 1
     batch = b.take(1.0, ALL)
     assert batch is not None and batch.items == [ok]
+
+
+def test_a_request_kept_past_its_deadline_waits_under_the_later_one_then_expires() -> None:
+    """Decision 63: a caller that takes a partial answer keeps the rest running."""
+    b = make_batcher(compute_ms=100)
+    kept = pending(at=0.0, deadline=0.05)
+    kept.msg.extra[KEEP_UNTIL] = 3.0
+    doomed = pending(at=0.0, deadline=0.05)
+    doomed.msg.extra[KEEP_UNTIL] = "soon"  # not a time: expires as if absent
+    b.add(kept)
+    b.add(doomed)
+    assert b.drop_expired(0.0) == [doomed]
+    assert kept.deadline == 3.0 and kept.msg.deadline == 0.05  # the row keeps its own
+    assert b.drop_expired(1.0) == [] and len(b) == 1
+    # No longer urgent: it flushes by the linger, not by a deadline long past.
+    assert b.wake_at(ALL) == pytest.approx(0.05)
+    assert b.drop_expired(2.95) == [kept] and len(b) == 0
+
+
+def test_a_kept_request_is_batched_like_any_other() -> None:
+    b = make_batcher(compute_ms=100)
+    kept = pending(at=0.0, deadline=0.05)
+    kept.msg.extra[KEEP_UNTIL] = 3.0
+    b.add(kept)
+    assert b.drop_expired(0.0) == []
+    batch = b.take(1.0, ALL)
+    assert batch is not None and batch.items == [kept]
 
 
 def test_drop_partitions_forgets_only_those() -> None:

@@ -9,6 +9,7 @@ import math
 
 import pytest
 
+from core.messages import KEEP_UNTIL
 from core.protocol import ModelInfo
 from core.shed import shed_error, shed_retry_after_s
 from core.vocab import PRIORITY_CLASSES, RequestStatus
@@ -177,6 +178,20 @@ def test_requests_of_the_classes_above_queued_now_run_first() -> None:
     assert [p for p, _ in shed if p.rank == FREE] == [short], [(p.rank, r) for p, r in shed][-3:]
     # and the enterprise tail that cannot start within its own 1 s goes too
     assert sum(p.rank == ENT for p, _ in shed) == pytest.approx(900 - 200 * (1 - 0.12), abs=2)
+
+
+def test_a_request_kept_for_a_partial_answer_is_not_shed() -> None:
+    """Its caller takes what is done at the deadline and the rest later (decision 63):
+    it runs on to its keep_until, where drop_expired ends it."""
+    b = make_batcher()
+    arrive(b, PAID, 1000, 0.0, 5.0)
+    head, kept, tail = (item(FREE, 5.0 + i * 1e-4, 6.0) for i in range(3))
+    kept.msg.extra[KEEP_UNTIL] = 300.0
+    for p in (head, kept, tail):
+        b.add(p)
+    # The head may ride in the next batch; of the two behind it only the plain one goes.
+    assert [p for p, _ in b.drop_hopeless(5.0, {REF: 200.0}, {REF: 0.1})] == [tail]
+    assert len(b) == 2
 
 
 def test_job_items_are_never_shed() -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -19,7 +18,7 @@ from starlette.testclient import TestClient
 from core.models.sim import sim_output
 from ingest.app import create_app
 from ingest.edge.refusal_counts import TIMEOUTS
-from tests.unit.ingest.stubs import Stubs, make_stubs, stub_app, stub_services
+from tests.unit.ingest.stubs import Stubs, make_stubs, stub_services
 
 EMBED = "all-minilm-l6-v2"
 KSERVE_BODY = {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a", "b"]}]}
@@ -30,14 +29,6 @@ DOORS: list[tuple[str, dict[str, Any], list[str]]] = [
     ("/v2/models/sim/infer", KSERVE_BODY, ["a", "b"]),
     ("/v1/completions", {"model": "gristmill-lm", "prompt": "hi", "max_tokens": 4}, ["hi"]),
 ]
-
-
-@pytest.fixture
-def api() -> Iterator[tuple[TestClient, Stubs]]:
-    app, stubs = stub_app()
-    with TestClient(app) as client:
-        client.headers["Authorization"] = f"Bearer {stubs.key}"
-        yield client, stubs
 
 
 def texts(stubs: Stubs) -> list[str]:
