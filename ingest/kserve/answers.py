@@ -12,7 +12,7 @@ from core import __version__
 from core.errors import NotFound, Unavailable
 from core.limits import shown
 from core.models.spec import ModelSpec
-from ingest.acceptance import pipeline
+from ingest.acceptance import inputs, pipeline
 from ingest.acceptance.pipeline import Call, Order, Outcome
 from ingest.acceptance.state import AppState
 from ingest.edge.readiness import Readiness
@@ -91,7 +91,7 @@ async def infer_order(st: AppState, call: Call, req: V2Request) -> Order:
         asked, tenant_id=call.tenant.id, idempotency_key=call.idempotency_key
     )
     check_outputs(req, output_name(spec.embedding_dim()))
-    pipeline.validate_each(spec, req.texts, lambda i: f"inputs[0].data[{i}]")
+    inputs.validate_each(spec, req.texts, lambda i: f"inputs[0].data[{i}]")
     return Order(
         spec,
         req.texts,
@@ -119,7 +119,7 @@ def infer_rows(
             f"can be fetched at /v1/requests/{{id}} (first: {outcome.request_ids[0]})"
         )
     for i, row in enumerate(outcome.rows):
-        pipeline.raise_if_unsuccessful(row, f"inputs[0].data[{i}]")
+        inputs.raise_if_unsuccessful(row, f"inputs[0].data[{i}]")
     spec, rows = order.spec, outcome.rows
     if spec.embedding_dim() is not None:
         return spec, [stored_vector(r) for r in rows], None

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.config import Settings
 from core.limits import check_int, check_json, check_object, check_text
 from core.models.spec import ModelSpec
-from ingest.acceptance.pipeline import raise_if_unsuccessful
+from ingest.acceptance.inputs import raise_if_unsuccessful
 from ingest.edge.bodies import parse_body
 from results.requests import AnswerRow
 from results.vectors import EncodingFormat, answer_output

@@ -23,7 +23,7 @@ from starlette.responses import Response
 
 from core.errors import InvalidInput, NotFound
 from core.limits import canonical_uuid, shown
-from ingest.acceptance import pipeline
+from ingest.acceptance import inputs, pipeline
 from ingest.acceptance.pipeline import Call, Order, Outcome
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
@@ -70,7 +70,7 @@ class EmbeddingsDoor:
             )
         check_dimensions(body.dimensions, dim, spec.ref)
         many = len(body.inputs) > 1
-        pipeline.validate_each(spec, body.inputs, lambda i: f"input[{i}]" if many else "input")
+        inputs.validate_each(spec, body.inputs, lambda i: f"input[{i}]" if many else "input")
         return Order(
             spec,
             body.inputs,
@@ -95,7 +95,7 @@ class EmbeddingsDoor:
             return _pending(outcome, body, prefer)
         many = len(outcome.rows) > 1
         for i, row in enumerate(outcome.rows):
-            pipeline.raise_if_unsuccessful(row, f"input[{i}]" if many else "input")
+            inputs.raise_if_unsuccessful(row, f"input[{i}]" if many else "input")
         tokens = sum(prompt_tokens(m.input) for m in outcome.messages)
         return ORJSONResponse(
             embeddings_answer(
@@ -200,7 +200,7 @@ async def get_embeddings(request: Request, request_id: str, tenant: Caller) -> O
     first = canonical_uuid(request_id)
     if first is None:
         raise NotFound(f"no request {shown(request_id)}; ids are canonical UUIDs")
-    ids = [pipeline.item_request_id(first, i) for i in range(q.inputs)]
+    ids = [inputs.item_request_id(first, i) for i in range(q.inputs)]
     found = {str(r["request_id"]): r for r in await fetch_tenant_answers(st.engine, tenant.id, ids)}
     rows = [found.get(rid) for rid in ids]
     _raise_if_any_unsuccessful(rows)
@@ -223,4 +223,4 @@ def _raise_if_any_unsuccessful(rows: list[AnswerRow | None]) -> None:
     """A finished input that failed or expired is the error of the whole answer."""
     for i, row in enumerate(rows):
         if row is not None:
-            pipeline.raise_if_unsuccessful(row, f"input[{i}]")
+            inputs.raise_if_unsuccessful(row, f"input[{i}]")

@@ -15,7 +15,7 @@ from core.load_report import LoadReport
 from core.models.sim import SimSpec
 from core.shed import shed_error
 from core.vocab import RequestStatus
-from ingest.acceptance.pipeline import (
+from ingest.acceptance.inputs import (
     default_timeout_ms,
     item_request_id,
     raise_if_unsuccessful,
