@@ -17,12 +17,10 @@ docs/decisions/0018-a-pure-dispatch-core.md, 0047).
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -35,6 +33,7 @@ from scheduler.core.backpressure import BufferBudget, paused_classes
 from scheduler.core.batcher import Batch, Batcher, FlushPolicy, FlushReason, Pending, Sizing
 from scheduler.core.capacity import capacity_by_model, merge_capacity
 from scheduler.core.costmodel import CostModel
+from scheduler.core.curves import ClassCurves
 from scheduler.core.load_report import tenant_backlog
 from scheduler.core.offsets import OffsetTracker, TopicPartition
 from scheduler.core.plans import (
@@ -54,7 +53,12 @@ from scheduler.core.plans import (
     result_writes,
 )
 from scheduler.core.retry import RetryPolicy, plan_failure
-from scheduler.core.shedding import SHED_PERIOD_S, SHED_SCAN_ITEMS_S
+from scheduler.core.shedding import (
+    SHED_PERIOD_S,
+    SHED_SCAN_ITEMS_S,
+    by_retry_after,
+    live_rates,
+)
 from scheduler.core.stagger import Running, background_hold_until
 from scheduler.core.stats import CoreStats, WorkerStats, snapshot, worker_stats
 
@@ -80,20 +84,13 @@ class DispatchCore:
         self.budget = budget
         self.retry = retry or RetryPolicy()
         self.rng = rng
-        # One cost curve per worker class (heterogeneous pools), keyed by model inside,
-        # each learned from every batch its class runs; it picks the batch size within
-        # the batch budget of each tier's SLO (scheduler/core/costmodel.py). ``cost`` is the
-        # default class's.
-        self._budget_ms = batch_budget_ms
-        self.cost = self._new_curve()
-        self.curves: dict[str, CostModel] = {DEFAULT_CLASS: self.cost}
-        # The largest batch each model's workers take (the smallest worker's own limit),
-        # overall and per worker class.
-        self.max_batch: dict[ModelRef, int] = {}
-        self.class_max_batch: dict[tuple[ModelRef, str], int] = {}
-        # Per worker class: its curves and limits, which the batcher sizes and times the
-        # batches of the worker asking by (passed with every call, never swapped in).
-        self._sizings: dict[str, Sizing] = {}
+        # Cost curves and batch limits per worker class (scheduler/core/curves.py); the
+        # dicts are the same objects, named here as readers of the core know them.
+        self.classes = ClassCurves(batch_budget_ms)
+        self.cost = self.classes.cost
+        self.curves = self.classes.curves
+        self.max_batch = self.classes.max_batch
+        self.class_max_batch = self.classes.class_max_batch
         default = self.sizing(DEFAULT_CLASS)
         self.batcher = Batcher(
             policy=flush,
@@ -132,45 +129,16 @@ class DispatchCore:
         )
 
     # ---- workers ---------------------------------------------------------------------
-    def _new_curve(self) -> CostModel:
-        return CostModel(budget_ms=self._budget_ms)
-
     def curve(self, worker_class: str) -> CostModel:
-        """The cost curves of one worker class."""
-        c = self.curves.get(worker_class)
-        if c is None:
-            c = self.curves[worker_class] = self._new_curve()
-        return c
-
-    def _cap(self, worker_class: str, ref: ModelRef) -> int:
-        """The largest batch of ``ref`` a worker of ``worker_class`` takes."""
-        return self.class_max_batch.get((ref, worker_class), self.max_batch.get(ref, 1))
+        return self.classes.curve(worker_class)
 
     def sizing(self, worker_class: str) -> Sizing:
-        """How batches for a worker of ``worker_class`` are sized and timed."""
-        s = self._sizings.get(worker_class)
-        if s is None:
-            s = Sizing(self.curve(worker_class), partial(self._cap, worker_class))
-            self._sizings[worker_class] = s
-        return s
-
-    def _learn(self, models: Sequence[ModelInfo], worker_class: str) -> None:
-        curve = self.curve(worker_class)
-        for m in models:
-            ref = ModelRef(m.name, m.version)
-            profile = {int(k): v for k, v in m.profile_ms.items()}
-            # The worker's own limit (memory bounded it at warm-up); the batch size
-            # within it follows the measured curve, which the warm-up only seeds.
-            cap = m.max_batch_size
-            self.max_batch[ref] = min(self.max_batch.get(ref, cap), cap)
-            key = (ref, worker_class)
-            self.class_max_batch[key] = min(self.class_max_batch.get(key, cap), cap)
-            curve.seed(ref, profile)
+        return self.classes.sizing(worker_class)
 
     def add_worker(
         self, worker_id: str, models: Sequence[ModelInfo], worker_class: str = DEFAULT_CLASS
     ) -> Worker:
-        self._learn(models, worker_class)
+        self.classes.learn(models, worker_class)
         w = Worker(
             worker_id,
             tuple(models),
@@ -185,7 +153,7 @@ class DispatchCore:
         model control's decision, scheduler/core/model_control.py). A version left out gets no
         new batch; what ``w`` holds of it finishes."""
         new = [m for m in models if ModelRef(m.name, m.version) not in w.refs]
-        self._learn(new, w.worker_class)
+        self.classes.learn(new, w.worker_class)
         w.models = tuple(models)
         w.refs = frozenset(ModelRef(m.name, m.version) for m in models)
 
@@ -198,7 +166,7 @@ class DispatchCore:
                 continue
             for ref in w.refs:
                 key = (ref, w.worker_class)
-                limit = self._cap(w.worker_class, ref)
+                limit = self.classes.cap(w.worker_class, ref)
                 n = out[key][2] + 1 if key in out else 1
                 out[key] = (limit, self.curve(w.worker_class).known(ref), n)
         return out
@@ -275,27 +243,11 @@ class DispatchCore:
         if now - self._shed_at < max(SHED_PERIOD_S, queued / SHED_SCAN_ITEMS_S):
             return []
         self._shed_at = now
-        items_s: dict[ModelRef, float] = {}
-        batch_s: dict[ModelRef, float] = {}
-        for w in self.workers:
-            if not w.alive:
-                continue
-            s = self.sizing(w.worker_class)
-            for ref in w.refs:
-                full = s.predicted_s(ref, s.limit(ref))
-                items_s[ref] = items_s.get(ref, 0.0) + s.limit(ref) / max(full, 1e-6)
-                batch_s[ref] = max(batch_s.get(ref, 0.0), full)
-        shed = self.batcher.drop_hopeless(now, items_s, batch_s)
-        if not shed:
-            return []
+        shed = self.batcher.drop_hopeless(now, *live_rates(self.workers, self.sizing))
         self.stats["shed"] += len(shed)
-        # One write per Retry-After (in whole seconds, as the header carries it).
-        by_retry: dict[int, list[Pending]] = {}
-        for p, retry in shed:
-            by_retry.setdefault(math.ceil(retry), []).append(p)
         return [
             record(items, RequestStatus.EXPIRED, shed_error(retry))
-            for retry, items in sorted(by_retry.items())
+            for retry, items in by_retry_after(shed)
         ]
 
     def _cancelled(self, p: Pending) -> bool:
@@ -491,7 +443,7 @@ class DispatchCore:
         for cls, curve in self.curves.items():
             refs = [set(w.refs) for w in self.workers if w.alive and w.worker_class == cls]
             if refs:
-                limits = {ref: self._cap(cls, ref) for ref in set().union(*refs)}
+                limits = {ref: self.classes.cap(cls, ref) for ref in set().union(*refs)}
                 by_class.append(capacity_by_model(curve, refs, limits))
         return merge_capacity(by_class)
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any
 
 # Arrivals are counted over this window (two report periods of every scheduler and the
 # admission's own window, decision 24: what the API decides on and what sheds agree).
@@ -100,3 +101,30 @@ def retry_after_s(wait_s: float, budget_s: float) -> float:
     if not math.isfinite(wait_s):
         return NO_CAPACITY_RETRY_S
     return max(1.0, wait_s - max(0.0, budget_s))
+
+
+def live_rates(
+    workers: Iterable[Any], sizing: Callable[[str], Any]
+) -> tuple[dict[Any, float], dict[Any, float]]:
+    """For each model version the live workers serve: their items a second together at
+    full batches (each at its class's cost curve), and the longest full batch's time."""
+    items_s: dict[Any, float] = {}
+    batch_s: dict[Any, float] = {}
+    for w in workers:
+        if not w.alive:
+            continue
+        s = sizing(w.worker_class)
+        for ref in w.refs:
+            full = s.predicted_s(ref, s.limit(ref))
+            items_s[ref] = items_s.get(ref, 0.0) + s.limit(ref) / max(full, 1e-6)
+            batch_s[ref] = max(batch_s.get(ref, 0.0), full)
+    return items_s, batch_s
+
+
+def by_retry_after(shed: Sequence[tuple[Any, float]]) -> list[tuple[int, list[Any]]]:
+    """Shed requests grouped by their Retry-After in whole seconds (as the header
+    carries it): one write each."""
+    groups: dict[int, list[Any]] = {}
+    for p, retry in shed:
+        groups.setdefault(math.ceil(retry), []).append(p)
+    return sorted(groups.items())
