@@ -20,6 +20,7 @@ ceiling with room to spare, from two measurements the warm-up takes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing
@@ -151,7 +152,7 @@ class TokenizerPool:
         self._pool.shutdown(wait=False, cancel_futures=True)
         procs.update(getattr(self._pool, "_processes", None) or {})
         for proc in procs.values():
-            if proc.is_alive():
+            with contextlib.suppress(OSError, ValueError):  # gone already, or closed
                 proc.kill()
 
 
