@@ -291,6 +291,7 @@ class GenerationEngine:
             if self.versions.pool is None:
                 self.versions.pool = info
             self.versions.on_hello(h.hello.models)
+            holds_all = all(self.versions.ready(v) for v in self._busy)
         runner = WorkerRunner(h, self.spec.name, self.version_of)
         if self.loop is None:
             self.info = info
@@ -304,6 +305,8 @@ class GenerationEngine:
                 self._stepped,
                 name="gen-steps",
             )
+        elif holds_all:
+            self.inbox.put(Attach(runner))
         else:
             # It holds its boot versions only: it takes steps once it holds every
             # version in use (``refresh`` loads them, then attaches it).
