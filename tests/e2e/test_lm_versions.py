@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import json
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from ingest.openai.completion_wire import ID_PREFIX
 from results.db import make_engine
 from results.schema import requests
 from results.tenants import create_tenant, issue_key
+from tests.e2e.model_cli import models_cli, switch_time
 from workers.models.causal_lm import weights
 from workers.models.causal_lm.plain import generate
 from workers.models.causal_lm.tokenizer import Codec
@@ -53,16 +53,7 @@ class LMV:
         self.db = make_engine(system.settings.database_url)
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run(
-            [sys.executable, "-m", "gristmill", "models", *args],
-            env=self.system.env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        if check:
-            assert r.returncode == 0, r.stdout + r.stderr
-        return r
+        return models_cli(self.system.env, *args, check=check)
 
     def complete(
         self,
@@ -188,18 +179,14 @@ def test_a_canary_share_is_observed_and_sticky_per_tenant(lmv: LMV) -> None:
     assert 0 < on_canary < len(keys)
 
 
-def _switch_time(lmv: LMV, version: str, since: float, limit_s: float = 5.0) -> float:
-    """Seconds from ``since`` until both API instances answer unpinned with ``version``."""
-    seen: dict[str, float] = {}
-    while time.time() - since < limit_s and len(seen) < len(lmv.urls):
-        for url in lmv.urls:
-            if url not in seen:
-                r = lmv.complete(NAME, "switch", url=url, max_tokens=1)
-                if lmv.answered(r)[0] == version:  # nothing errs meanwhile
-                    seen[url] = time.time() - since
-        time.sleep(0.05)
-    assert len(seen) == len(lmv.urls), f"not every instance answered {version} within {limit_s}s"
-    return max(seen.values())
+def _switch_time(lmv: LMV, version: str, since: float) -> float:
+    """Seconds from ``since`` until both API instances answer unpinned with ``version``
+    (``answered`` asserts that nothing errs meanwhile)."""
+
+    def answered_by(url: str) -> str:
+        return lmv.answered(lmv.complete(NAME, "switch", url=url, max_tokens=1))[0]
+
+    return switch_time(answered_by, lmv.urls, version, since)
 
 
 def test_promote_and_rollback_reach_every_api_instance_within_2s(lmv: LMV) -> None:
