@@ -45,6 +45,7 @@ from scheduler.core.generation.engine import (
     Call,
     Command,
     Engine,
+    PartFailed,
     RunnerLost,
     StepFailed,
     StepStats,
@@ -89,22 +90,27 @@ class WorkerRunner:
         sampled: dict[str, int] = {}
         compute_s = 0.0
         errors: list[str] = []
+        failed: set[str] = set()
         try:
             for v, chunks in groups.items():
                 part = StepPlan(plan.step, tuple(chunks), plan.block_size)
                 self.handle.send(GenStep(f"{step_id}-{v}", self.name, v, part))
-            for _ in groups:
+            for v, chunks in groups.items():  # answered in the order sent
                 result = self.handle.receive_step(STEP_TIMEOUT_S)
                 if result.output is None:
-                    errors.append(result.error or "the step failed")
+                    errors.append(f"{self.name}@{v}: {result.error or 'the step failed'}")
+                    failed.update(c.seq_id for c in chunks)
                     continue
                 sampled.update(result.output.sampled)
                 compute_s += result.output.compute_s
         except WorkerLost as exc:
             raise RunnerLost(str(exc)) from exc
-        if errors:
+        out = StepOutput(plan.step, sampled, compute_s)
+        if len(errors) == len(groups):
             raise StepFailed("; ".join(errors))
-        return StepOutput(plan.step, sampled, compute_s)
+        if errors:  # one version's failure is not the other versions' requests'
+            raise PartFailed("; ".join(errors), frozenset(failed), out)
+        return out
 
 
 def policy_config(info: GenerationInfo) -> PolicyConfig:

@@ -20,7 +20,7 @@ from core.protocol import (
     ModelStatus,
     UnloadModel,
 )
-from scheduler.core.generation.engine import StepFailed
+from scheduler.core.generation.engine import PartFailed, StepFailed
 from scheduler.core.generation.versions import RETRY_FAILED_S, Versions
 from scheduler.runtime.generation.engine import WorkerRunner
 
@@ -156,9 +156,13 @@ def test_a_step_goes_to_the_worker_as_one_genstep_per_version() -> None:
     assert out.step == 7 and round(out.compute_s, 3) == 0.02
 
 
-def test_a_version_that_fails_its_part_fails_the_step() -> None:
+def test_a_versions_failed_part_fails_its_sequences_and_keeps_the_others_tokens() -> None:
     worker = TwoVersionWorker(fail="2")
     runner = WorkerRunner(worker, NAME, {"a": "1", "b": "2", "c": "1"})  # type: ignore[arg-type]
-    with pytest.raises(StepFailed, match="boom"):
+    with pytest.raises(PartFailed, match="gristmill-lm@2: boom") as e:
         runner.execute(_plan())
+    assert e.value.seq_ids == {"b"} and dict(e.value.output.sampled) == {"a": 101, "c": 103}
     assert len(worker.sent) == 2 and not worker.unanswered  # the socket stays in step
+    only = WorkerRunner(worker, NAME, {"a": "2", "b": "2", "c": "2"})  # type: ignore[arg-type]
+    with pytest.raises(StepFailed, match="boom"):  # every part failed: the whole step
+        only.execute(_plan())
