@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from core.models.readiness import Readiness
 from core.models.registry import VersionRecord, VersionState
@@ -36,6 +37,13 @@ from core.protocol import (
 RETRY_FAILED_S = 30.0
 
 Command = LoadModel | UnloadModel
+
+
+class Fate(StrEnum):
+    JOIN = "join"
+    FAIL = "fail"
+    EXPIRE = "expire"
+    WAIT = "wait"
 
 
 @dataclass
@@ -129,6 +137,17 @@ class Versions:
                 del self.held[v]
                 out.append(UnloadModel(self.name, v))
         return out
+
+    def waiting_fate(self, version: str, deadline: float, now: float) -> Fate:
+        """What becomes of a request that waits here for ``version``: it joins once the
+        version is ready, fails when the version failed to load, expires when its
+        first-token deadline passes first (as the policy would expire it), else waits."""
+        slot = self.held.get(version)
+        if slot is not None and slot.state is ModelState.READY:
+            return Fate.JOIN
+        if slot is not None and slot.state is ModelState.FAILED:
+            return Fate.FAIL
+        return Fate.EXPIRE if deadline < now else Fate.WAIT
 
     def ready(self, version: str) -> bool:
         slot = self.held.get(version)

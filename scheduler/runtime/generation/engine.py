@@ -34,8 +34,8 @@ from core.models.causal_lm import CausalLMSpec
 from core.models.lm_codec import Codec, shared_codec
 from core.models.readiness import Readiness
 from core.models.registry import VersionRecord
-from core.protocol import GenerationInfo, GenStep, ModelState, ModelStatus
-from core.vocab import ModelRef
+from core.protocol import GenerationInfo, GenStep, ModelStatus
+from core.vocab import ModelRef, RequestStatus
 from results.faults import first_line
 from results.generation import finished, read_streamed
 from scheduler.core.batcher import Pending
@@ -53,7 +53,7 @@ from scheduler.core.generation.engine import (
 from scheduler.core.generation.kv_report import DecodeRate, kv_state
 from scheduler.core.generation.policy import ContinuousBatcher
 from scheduler.core.generation.requests import Progress, Refused, prepare
-from scheduler.core.generation.versions import Versions
+from scheduler.core.generation.versions import Fate, Versions
 from scheduler.core.offsets import TopicPartition
 from scheduler.runtime import metrics
 from scheduler.runtime.engines import Announcement
@@ -347,18 +347,24 @@ class GenerationEngine:
 
     def _unpark(self, loop: Engine) -> None:
         """Requests whose version is loaded now join; those whose version failed to load
-        end failed with its reason."""
+        end failed with its reason, and those whose first-token deadline passed while
+        they waited end expired, as the policy would have ended them."""
         parked, self.parked = self.parked, {}
+        now = time.time()
         for version, held in parked.items():
-            with self._vlock:
-                slot = self.versions.held.get(version)
-            if slot is not None and slot.state is ModelState.FAILED:
-                why = f"{self.spec.name}@{version} cannot be served here: {slot.error}"
-                for h in held:
-                    self.flusher.refuse(Held(h.pending, failed=why))
-                continue
+            ref = f"{self.spec.name}@{version}"
             for h in held:
-                self._join(h, loop)
+                with self._vlock:
+                    fate = self.versions.waiting_fate(version, h.pending.msg.deadline, now)
+                    slot = self.versions.held.get(version)
+                if fate is Fate.FAIL:
+                    why = f"{ref} cannot be served here: {slot.error if slot else 'failed'}"
+                    self.flusher.refuse(Held(h.pending, failed=why))
+                elif fate is Fate.EXPIRE:
+                    why = f"no first token by the deadline ({ref} was loading)"
+                    self.flusher.refuse(Held(h.pending, failed=why, status=RequestStatus.EXPIRED))
+                else:  # joins, or waits again
+                    self._join(h, loop)
 
     def _drop(self, tps: set[TopicPartition], loop: Engine) -> None:
         """Partitions moved: their requests are the new owner's, who resumes them."""

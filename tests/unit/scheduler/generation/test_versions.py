@@ -21,7 +21,7 @@ from core.protocol import (
     UnloadModel,
 )
 from scheduler.core.generation.engine import PartFailed, StepFailed
-from scheduler.core.generation.versions import RETRY_FAILED_S, Versions
+from scheduler.core.generation.versions import RETRY_FAILED_S, Fate, Versions
 from scheduler.runtime.generation.engine import WorkerRunner
 
 NAME = "gristmill-lm"
@@ -110,6 +110,18 @@ def test_a_boot_build_that_is_not_the_registrys_is_loaded_again_when_idle() -> N
     v = booted(v1)
     assert v.tick(0.0, busy={"1"}) == []  # not under running requests
     assert v.tick(1.0, busy=()) == [LoadModel(v1)]
+
+
+def test_a_request_waiting_for_its_version_joins_fails_or_expires() -> None:
+    v2, v3 = rec("2", S.CANARY), rec("3", S.STAGED)
+    v = booted(rec("1", S.LIVE), v2, v3)
+    v.tick(0.0, busy=())
+    assert v.waiting_fate("2", deadline=10.0, now=5.0) is Fate.WAIT  # loading
+    assert v.waiting_fate("2", deadline=10.0, now=11.0) is Fate.EXPIRE  # no first token
+    v.on_status(ModelStatus(NAME, "2", ModelState.READY, info(v2)), 6.0)
+    assert v.waiting_fate("2", deadline=10.0, now=11.0) is Fate.JOIN  # the policy decides
+    v.on_status(ModelStatus(NAME, "3", ModelState.FAILED, error="bad weights"), 6.0)
+    assert v.waiting_fate("3", deadline=10.0, now=5.0) is Fate.FAIL
 
 
 class TwoVersionWorker:
