@@ -20,10 +20,11 @@ from ingest import metrics
 from ingest.acceptance.idempotency import check_key
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
+from ingest.jobs import estimates
 from ingest.jobs import quota as job_quota
 from ingest.jobs.limits import HeldStream, acquire, check_reads, hold_stream, slot
 from ingest.jobs.schemas import MAX_INDEX, JobOptions, parse_index, validate
-from ingest.jobs.submit import record_job, stage_json, stage_jsonl
+from ingest.jobs.submit import Submission, record_job, stage_json, stage_jsonl
 from ingest.jobs.views import item_view, job_summary
 from results import job_items as items_db
 from results import jobs as jobs_db
@@ -102,6 +103,7 @@ async def submit_job(
     completion_window_s: int | None = Query(default=None),
     webhook_url: str | None = Query(default=None),
     base_job_id: str | None = Query(default=None, description="JSONL uploads: the base job"),
+    dry_run: bool = Query(default=False, description="validate, count and quote; record nothing"),
 ) -> ORJSONResponse:
     st = get_state(request)
     key = check_key(st.settings, idempotency_key)
@@ -130,6 +132,9 @@ async def submit_job(
             sub = await stage_jsonl(st, tenant, request.stream(), opts, key)
         t1 = time.monotonic()
         try:
+            if dry_run:
+                return ORJSONResponse(await quote_view(st, sub))
+            await estimates.check_window(st, sub, datetime.now(UTC))
             recorded = await record_job(st, sub)
             t2 = time.monotonic()
             if recorded.created:  # its items are read back from the staged file
@@ -142,10 +147,28 @@ async def submit_job(
     j = await own_job(st, tenant, recorded.job_id)
     if recorded.created:
         metrics.job_submitted(tenant.tier, int(j.total_items))
-    body = job_summary(j, datetime.now(UTC))
+    eta = await estimates.job_estimate(st, j, tenant.weight)
+    body = job_summary(j, datetime.now(UTC), eta)
     if recorded.webhook_secret:
         body["webhook_secret"] = recorded.webhook_secret
-    return ORJSONResponse(body, status_code=202)
+    return ORJSONResponse(body, status_code=202, headers=estimates.completion_headers(eta))
+
+
+async def quote_view(st: AppState, sub: Submission) -> dict[str, Any]:
+    """A dry run's answer: the job as it would be submitted, counted and quoted."""
+    now = datetime.now(UTC)
+    quote = await estimates.new_job_quote(st, sub.tenant, sub.spec, sub.staged.count, now)
+    return {
+        "object": "job.quote",
+        "dry_run": True,
+        "model": sub.spec.name,
+        "model_version": sub.spec.version,
+        "total_items": sub.staged.count,
+        "completion_window_s": sub.window_s,
+        "estimated_completion_at": quote,
+        # None: no worker serves the model yet, so there is no quote to hold it to.
+        "meets_window": None if quote is None else quote <= now.timestamp() + sub.window_s,
+    }
 
 
 @router.get("/v1/jobs")
@@ -166,7 +189,9 @@ async def list_jobs(
         if cutoff.tzinfo is None:
             cutoff = cutoff.replace(tzinfo=UTC)
     now = datetime.now(UTC)
-    out = [job_summary(r, now) for r in await jobs_db.list_jobs(st.engine, tenant.id, cutoff, n)]
+    rows = await jobs_db.list_jobs(st.engine, tenant.id, cutoff, n)
+    etas = await estimates.job_estimates(st, rows, tenant.weight, now)
+    out = [job_summary(r, now, etas[str(r.job_id)]) for r in rows]
     return ORJSONResponse({"jobs": out, "next": out[-1]["created_at"] if len(out) == n else None})
 
 
@@ -175,9 +200,10 @@ async def get_job(request: Request, job_id: str, tenant: Caller) -> ORJSONRespon
     st = reader(request, tenant)
     j = await own_job(st, tenant, job_id)
     items = await page(st, j, 0, FIRST_PAGE)
+    eta = await estimates.job_estimate(st, j, tenant.weight)
     return ORJSONResponse(
         {
-            **job_summary(j, datetime.now(UTC)),
+            **job_summary(j, datetime.now(UTC), eta),
             "items": items,
             "next_cursor": FIRST_PAGE if j.total_items > FIRST_PAGE else None,
         }
@@ -275,4 +301,10 @@ async def retry_job(request: Request, job_id: str, tenant: Caller) -> ORJSONResp
         await items_db.give_new_request_ids(conn, jid, attempt, redo, [rid(i) for i in redo])
         await jobs_db.start_attempt(conn, j, attempt, now, succeeded=j.total_items - len(redo))
     await st.jobs.publish(jid)
-    return ORJSONResponse(job_summary(await own_job(st, tenant, jid), now), status_code=202)
+    j = await own_job(st, tenant, jid)
+    eta = await estimates.job_estimate(st, j, tenant.weight)
+    return ORJSONResponse(
+        job_summary(j, datetime.now(UTC), eta),
+        status_code=202,
+        headers=estimates.completion_headers(eta),
+    )

@@ -30,7 +30,8 @@ def webhook_view(j: Any) -> dict[str, Any] | None:
     }
 
 
-def job_summary(j: Any, now: datetime) -> dict[str, Any]:
+def job_summary(j: Any, now: datetime, eta: int | None = None) -> dict[str, Any]:
+    """``eta``: the job's completion-time quote, unix seconds (ingest/jobs/estimates.py)."""
     c = counts(j)
     return {
         "job_id": str(j.job_id),
@@ -48,6 +49,7 @@ def job_summary(j: Any, now: datetime) -> dict[str, Any]:
         "finished_at": _iso(j.finished_at),
         "cancelled_at": _iso(j.cancelled_at),
         "expires_at": _iso(j.expires_at),
+        "estimated_completion_at": eta,
         "attempt": j.attempt,
         "webhook": webhook_view(j),
     }

@@ -337,9 +337,16 @@ def output_line(custom_id: str | None, request_id: str, body: dict[str, Any]) ->
 
 
 def batch_object(
-    b: Any, job: Any, *, status: str, counts: dict[str, int], has_errors: bool
+    b: Any,
+    job: Any,
+    *,
+    status: str,
+    counts: dict[str, int],
+    has_errors: bool,
+    eta: int | None = None,
 ) -> dict[str, Any]:
-    """OpenAI's Batch object (timestamps in Unix seconds)."""
+    """OpenAI's Batch object (timestamps in Unix seconds). ``eta``: the job's
+    completion-time quote (ingest/jobs/estimates.py)."""
 
     def ts(t: datetime | None) -> int | None:
         return int(t.timestamp()) if t else None
@@ -372,4 +379,7 @@ def batch_object(
         "request_counts": {**request_counts(counts), "reused": int(job.reused)},
         "metadata": b.metadata,
         "model": job.model,
+        # Gristmill adds the quote, kept current as the batch runs (decision 69); null
+        # once it is done or while no worker serves its model.
+        "estimated_completion_at": eta,
     }

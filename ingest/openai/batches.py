@@ -28,6 +28,7 @@ from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.bodies import json_object
 from ingest.edge.error_shapes import Shape, declared
+from ingest.jobs import estimates
 from ingest.jobs import quota as job_quota
 from ingest.jobs.limits import slot
 from ingest.jobs.routes import reader
@@ -234,6 +235,7 @@ async def create_batch(
                 job_id,
                 base,
             )
+            await estimates.check_window(st, sub, datetime.now(UTC))
             recorded = await record_job(st, sub)
         finally:
             items.close()
@@ -273,14 +275,14 @@ async def _batch_view(st: AppState, tenant: Tenant, batch_id: str) -> dict[str, 
     j = await jobs_db.get_job(st.engine, tenant.id, str(b.job_id))
     if j is None:
         raise NotFound(f"no batch {batch_id[:80]!r}")
-    return _object(b, j)
+    return _object(b, j, await estimates.job_estimate(st, j, tenant.weight))
 
 
-def _object(b: Any, j: Any) -> dict[str, Any]:
+def _object(b: Any, j: Any, eta: int | None) -> dict[str, Any]:
     c = counts(j)
     status = bw.batch_status(job_status(j, datetime.now(UTC)), j.submit_state)
     failed = c["failed"] + c["expired"] + c["cancelled"]
-    return bw.batch_object(b, j, status=status, counts=c, has_errors=failed > 0)
+    return bw.batch_object(b, j, status=status, counts=c, has_errors=failed > 0, eta=eta)
 
 
 @router.get("/v1/batches/{batch_id}", responses=ERRORS)
@@ -310,5 +312,8 @@ async def list_batches(
     rows = await files_db.batch_page(st.engine, tenant.id, after, n + 1)
     if rows is None:
         raise NotFound(f"no batch {shown(after)} to page after", field="after")
-    data = [_object(b, j) for b, j in rows[:n]]
+    etas = await estimates.job_estimates(
+        st, [j for _, j in rows[:n]], tenant.weight, datetime.now(UTC)
+    )
+    data = [_object(b, j, etas[str(j.job_id)]) for b, j in rows[:n]]
     return ORJSONResponse(list_page(data, more=len(rows) > n))

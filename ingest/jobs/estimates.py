@@ -1,0 +1,136 @@
+"""Completion-time quotes for jobs, the I/O half: the live capacity and the sync
+classes' take from this instance's admission state, the model's job backlog from
+PostgreSQL; the policy is ingest/jobs/quote.py (decision 69)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from core.errors import Conflict
+from core.models.spec import ModelSpec
+from core.vocab import PRIORITY_CLASSES, JobStatus, PriorityClass
+from ingest.acceptance.state import AppState
+from ingest.jobs.quote import JobPlace, Pending, completion_at, job_rate, place_in_queue
+from ingest.jobs.submit import Submission
+from results import job_backlog
+from results.jobs import finished_count, job_status
+from results.tenants import Tenant
+
+# The 202 answer's header: the quote in unix seconds, as the body's field.
+COMPLETION_HEADER = "Gristmill-Estimated-Completion-At"
+# The classes served before job items (all above the jobs class).
+_AHEAD_OF_JOBS = PRIORITY_CLASSES[: PriorityClass.JOBS.rank]
+
+
+def jobs_rate(st: AppState, ref: str) -> float:
+    """Items/s left to the jobs class of a model now: the live workers' capacity less
+    what the classes above take (what every API instance admitted lately, from this
+    instance's counts times the instances, as admission reads it)."""
+    load = st.load
+    view = load.view
+    capacity = view.capacity.get(ref) if view is not None else None
+    if capacity is None or capacity.workers <= 0:
+        return 0.0
+    now = time.monotonic()
+    adm = load.admission
+    taken = sum(
+        max(adm.admitted.rate((ref, c), now), adm.admitted_long.rate((ref, c), now))
+        for c in _AHEAD_OF_JOBS
+    )
+    return job_rate(capacity.items_s, taken * max(1, load.limiter.instances))
+
+
+def _pending(rows: Sequence[Any]) -> list[Pending]:
+    return [
+        Pending(str(r.job_id), str(r.tenant_id), r.created_at, float(r.remaining), r.weight)
+        for r in rows
+    ]
+
+
+def _seconds(at: float | None) -> int | None:
+    return None if at is None else math.ceil(at)
+
+
+async def job_estimates(
+    st: AppState, rows: Sequence[Any], weight: float, now: datetime
+) -> dict[str, int | None]:
+    """Each job's ``estimated_completion_at`` (unix seconds): None once it is finished,
+    cancelled or expired, or while no worker serves its model. ``rows``: one tenant's
+    jobs (of weight ``weight``); one backlog read per model version among them."""
+    out: dict[str, int | None] = {str(j.job_id): None for j in rows}
+    live = [j for j in rows if job_status(j, now) in (JobStatus.QUEUED, JobStatus.RUNNING)]
+    by_ref: dict[tuple[str, str], list[Any]] = {}
+    for j in live:
+        by_ref.setdefault((j.model, j.model_version), []).append(j)
+    for (model, version), js in by_ref.items():
+        rate = jobs_rate(st, f"{model}@{version}")
+        if rate <= 0:
+            continue
+        pending = _pending(await job_backlog.pending_jobs(st.engine, model, version, now))
+        for j in js:
+            ahead, others = place_in_queue(str(j.tenant_id), str(j.job_id), j.created_at, pending)
+            done = max(0, int(j.succeeded) + int(j.failed) - int(j.reused))
+            running_s = (now - j.started_at).total_seconds() if j.started_at else 0.0
+            place = JobPlace(
+                ahead,
+                float(j.total_items - finished_count(j)),
+                weight,
+                done=done,
+                running_s=running_s,
+            )
+            out[str(j.job_id)] = _seconds(completion_at(now.timestamp(), rate, place, others))
+    return out
+
+
+async def job_estimate(st: AppState, j: Any, weight: float) -> int | None:
+    return (await job_estimates(st, [j], weight, datetime.now(UTC)))[str(j.job_id)]
+
+
+async def new_job_quote(
+    st: AppState, tenant: Tenant, spec: ModelSpec, items: int, now: datetime
+) -> int | None:
+    """When a job of ``items`` items submitted now would finish, behind all of the
+    tenant's unfinished jobs of the model; None while no worker serves it."""
+    rate = jobs_rate(st, spec.ref)
+    if rate <= 0:
+        return None
+    pending = _pending(await job_backlog.pending_jobs(st.engine, spec.name, spec.version, now))
+    ahead, others = place_in_queue(tenant.id, None, None, pending)
+    place = JobPlace(ahead, float(items), tenant.weight)
+    return _seconds(completion_at(now.timestamp(), rate, place, others))
+
+
+async def check_window(st: AppState, sub: Submission, now: datetime) -> None:
+    """Refuse a submission whose window its quote says cannot be met. Not checked for
+    a retry of a recorded Idempotency-Key (answered with its job) nor for an incremental
+    job (its reused items are known only as it is recorded: its count over-states it)."""
+    if sub.base_job_id is not None:
+        return
+    key = sub.idempotency_key
+    if key is not None and await job_backlog.key_has_job(st.engine, sub.tenant.id, key):
+        return
+    quote = await new_job_quote(st, sub.tenant, sub.spec, sub.staged.count, now)
+    refuse_unmeetable(quote, sub.window_s, now)
+
+
+def refuse_unmeetable(quote: int | None, window_s: int, now: datetime) -> None:
+    """409 naming ``completion_window_s`` and the earliest completion when the quote
+    falls past the window; no quote (no worker serves the model yet): accepted."""
+    if quote is None or quote <= now.timestamp() + window_s:
+        return
+    earliest_s = math.ceil(quote - now.timestamp())
+    at = datetime.fromtimestamp(quote, UTC).isoformat()
+    raise Conflict(
+        f"completion_window_s of {window_s} s cannot be met at the current load: the "
+        f"earliest this job could complete is {at} (unix {quote}, {earliest_s} s from "
+        f"now); send completion_window_s >= {earliest_s}, or submit fewer items",
+        field="completion_window_s",
+    )
+
+
+def completion_headers(quote: int | None) -> dict[str, str]:
+    return {} if quote is None else {COMPLETION_HEADER: str(quote)}
