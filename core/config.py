@@ -445,6 +445,10 @@ class SchedulerSettings(_Concern):
     # (min SLO - max linger - margin) / 2. The scheduler picks, from each worker's
     # warmup curve, the batch size with the most items/s within it.
     batch_budget_ms: float = Field(0.0, ge=0)
+    # What a tenant's weight buys inside its tier: device time (each item charged its
+    # estimated device time by length, decision 65), or requests (one each, as before;
+    # kept for the fairness benchmark's baseline).
+    fair_share_by: Literal["device_time", "requests"] = "device_time"
     # Buffered requests above which Kafka partitions are paused (backpressure).
     max_buffered: int = Field(20_000, ge=1)
     # A batch that takes longer than this is treated as a hung worker (seconds).

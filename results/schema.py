@@ -173,6 +173,8 @@ batches = Table(
     Column("compute_start_at", DateTime(timezone=True)),
     Column("compute_end_at", DateTime(timezone=True)),
     Column("compute_ms", Float),
+    # {tier: {tenant id: [device ms received, device ms entitled]}} (decision 65)
+    Column("shares", JSONB),
     written_at("persisted_at"),
     Index("batches_formed", "formed_at"),
 )

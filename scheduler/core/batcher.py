@@ -33,9 +33,11 @@ from enum import StrEnum
 from typing import Any
 
 from core.messages import KEEP_UNTIL, RequestMessage, keep_until
+from core.models.token_ids import input_tokens
 from core.vocab import ModelRef
 from scheduler.core.costmodel import CostModel
 from scheduler.core.fairness import FairQueue
+from scheduler.core.itemcost import ItemCosts, bucket
 from scheduler.core.offsets import TopicPartition
 from scheduler.core.shedding import Arrivals, left_rate, retry_after_s, start_in_s
 
@@ -69,6 +71,9 @@ class Pending:
     # Past its deadline, the later one it waits on: its caller took a partial answer and
     # fetches the rest (the message's keep_until, decision 63). 0: none yet.
     kept: float = 0.0
+    padded: int = 0  # the padded length it computes (scheduler/core/itemcost.py)
+    price: float = 1.0  # what it costs its tenant's deficit: relative device time
+    device_ms: float = 0.0  # its share of its batch's measured compute, once charged
 
     @property
     def deadline(self) -> float:
@@ -105,6 +110,9 @@ class Batch:
     reason: FlushReason
     batch_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     trace: Any = None  # its spans while it runs (scheduler/runtime/tracing.py)
+    # rank -> tenant -> weight: who was backlogged in the batch's queue when it was
+    # formed (its own items' tenants included): whom its device time was owed to.
+    backlog: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,11 +155,22 @@ def flush_time(
     return min(oldest_at + policy.max_linger_s, earliest_deadline - predicted_s - policy.margin_s)
 
 
+def _price(p: Pending) -> float:
+    return p.price
+
+
+def _deadline(p: Pending) -> float:
+    return p.msg.deadline
+
+
 class _KeyQueue:
-    """One batch key's requests: a fair queue per priority rank, plus a deadline heap."""
+    """One batch key's requests: a fair queue per priority rank (tenants share it by
+    device time, each flow earliest deadline first), plus a deadline heap."""
 
     def __init__(self, n_ranks: int):
-        self.by_rank: list[FairQueue[Pending]] = [FairQueue() for _ in range(n_ranks)]
+        self.by_rank: list[FairQueue[Pending]] = [
+            FairQueue(cost=_price, order=_deadline) for _ in range(n_ranks)
+        ]
         self.deadlines: list[tuple[float, int, Pending]] = []  # min-heap, lazily cleaned
         self.count = 0
 
@@ -187,6 +206,15 @@ class _KeyQueue:
         self.count -= len(out)
         return out
 
+    def backlog(self, taken: list[Pending]) -> dict[int, dict[str, float]]:
+        """Per rank, the tenants still queued and those of ``taken``, with weights."""
+        out: dict[int, dict[str, float]] = {}
+        for p in taken:
+            out.setdefault(p.rank, {})[p.tenant] = p.weight
+        for rank, mine in out.items():
+            mine.update(self.by_rank[rank].weights())
+        return out
+
     def discard(self, p: Pending) -> None:
         if not p.gone:
             p.gone = True
@@ -201,8 +229,12 @@ class Batcher:
         cost: CostModel,
         max_batch: Callable[[ModelRef], int],
         n_ranks: int = 4,
+        prices: ItemCosts | None = None,
     ):
+        """``prices``: items are charged their relative device time by length (None:
+        one each, the fair queue counts requests)."""
         self.policy = policy
+        self.prices = prices
         # Used where a call names no sizing (a pool of one worker class).
         self.sizing = Sizing(cost, max_batch)
         self.n_ranks = n_ranks
@@ -218,6 +250,9 @@ class Batcher:
 
     def add(self, p: Pending) -> None:
         p.seq = next(self._seq)
+        p.padded = bucket(input_tokens(p.msg.input))
+        if self.prices is not None:
+            p.price = self.prices.relative(p.key.ref, p.padded)
         q = self._queues.get(p.key)
         if q is None:
             q = self._queues[p.key] = _KeyQueue(self.n_ranks)
@@ -347,7 +382,7 @@ class Batcher:
         self._forget_taken(key.ref, items)
         left = sum(self._by_ref_rank[(key.ref, r)] for r in range(self.n_ranks))
         s.cost.took(key.ref, len(items), now, left)
-        return Batch(key=key, items=items, formed_at=now, reason=reason)
+        return Batch(key=key, items=items, formed_at=now, reason=reason, backlog=q.backlog(items))
 
     def wake_at(self, serves: Callable[[ModelRef], bool], sizing: Sizing | None = None) -> float:
         """The earliest time some queue this worker serves becomes ready (inf if none)."""

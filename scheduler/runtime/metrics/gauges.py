@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import start_http_server
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from core.metrics import snapshot
 from core.metrics_window import SCHEDULER_SERIES, MetricsWindow, merged
 from core.vocab import PRIORITY_CLASSES, ModelRef
+from scheduler.core.shares import FairnessStats
 from scheduler.core.stats import CoreStats
 from scheduler.runtime.metrics.families import (
     BATCHES,
@@ -58,6 +59,7 @@ class SchedulerState:
     workers: dict[str, set[ModelRef]]  # live worker id -> models
     warming: int  # spawned workers still loading and warming up
     classes: tuple[str, ...] = field(default=tuple(PRIORITY_CLASSES))
+    fairness: FairnessStats = field(default_factory=FairnessStats)  # decision 65
 
 
 def state_of(stats: CoreStats, lanes: Sequence[ConsumerLane], warming: int) -> SchedulerState:
@@ -81,6 +83,7 @@ def state_of(stats: CoreStats, lanes: Sequence[ConsumerLane], warming: int) -> S
         in_flight={w.worker_id: w.in_flight for w in stats.workers},
         workers={w.worker_id: set(w.serving) for w in stats.workers},
         warming=warming,
+        fairness=stats.fairness,
     )
 
 
@@ -151,6 +154,47 @@ def gauge_families(st: SchedulerState) -> Iterator[Metric]:
     )
 
 
+def fairness_families(f: FairnessStats) -> Iterator[Metric]:
+    """Per tier and tenant, device seconds received and owed, the recent shares of
+    both, and each tier's fairness index (decision 65)."""
+    for name, doc, attr in (
+        (
+            "gristmill_tenant_device_seconds",
+            "Device (GPU) seconds the tenant's requests received: each batch's measured "
+            "compute split over its items by their estimated cost",
+            "received_s",
+        ),
+        (
+            "gristmill_tenant_entitled_device_seconds",
+            "Device seconds the tenant was owed: each batch's time split over the tenants "
+            "backlogged in its tier by weight",
+            "entitled_s",
+        ),
+    ):
+        family = CounterMetricFamily(name, doc, labels=["class", "tenant"])
+        for row in f.tenants:
+            family.add_metric([row.tier, row.tenant], getattr(row, attr))
+        yield family
+    yield _gauge(
+        "gristmill_tenant_device_share",
+        "The tenant's share of its tier's recent device time (one-minute half-life): "
+        "received, or entitled (its weight over the backlogged tenants' weights)",
+        ["class", "tenant", "kind"],
+        (
+            ([r.tier, r.tenant, kind], value)
+            for r in f.tenants
+            for kind, value in (("received", r.received_share), ("entitled", r.entitled_share))
+        ),
+    )
+    yield _gauge(
+        "gristmill_fairness_index",
+        "Jain's index over the tier's tenants' recent received / entitled device time "
+        "(1: each got what it was owed; 1/n: one of n got it all)",
+        ["class"],
+        (([tier], value) for tier, value in sorted(f.index.items())),
+    )
+
+
 def device_families(
     samples: dict[str, tuple[dict[str, float | str], float]], now: float
 ) -> Iterator[Metric]:
@@ -179,7 +223,9 @@ class _StateCollector(Collector):
         self.read = read
 
     def collect(self) -> Iterator[Metric]:
-        yield from gauge_families(self.read())
+        st = self.read()
+        yield from gauge_families(st)
+        yield from fairness_families(st.fairness)
         with _devices_lock:
             samples = dict(_devices)
         yield from device_families(samples, time.monotonic())
