@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 LENGTH_BUCKET = 8
 # Batches kept per model: at a batch every 100 ms, the last 6 s; enough batches of
 # varied mixes for two parameters, recent enough to follow a host that got busier.
-WINDOW = 64
+WINDOW = 128
 # How far from collinear (1 - the uncentered correlation of items and tokens, squared)
 # the batches must be before the per-item term is fitted: below this the mixes were
 # too alike and timing noise would decide ``a``.
-MIN_SPREAD = 0.02
+MIN_SPREAD = 0.002
 
 
 def bucket(tokens: int) -> int:
