@@ -157,18 +157,21 @@ def test_jain() -> None:
 
 def test_a_batch_row_holds_received_and_owed_per_tier_and_tenant() -> None:
     costs, shares = ItemCosts(), Shares()
-    b = Batcher(policy=FlushPolicy(), cost=CostModel(), max_batch=lambda _ref: 4, prices=costs)
+    b = Batcher(policy=FlushPolicy(), cost=CostModel(), max_batch=lambda _ref: 3, prices=costs)
     for t, words in (("a", 5), ("a", 5), ("c", 60)):
         b.add(item(t, words))
-    b.add(item("idle", 5))
-    b._queues[next(iter(b._queues))].by_rank[0]._queues["idle"]  # queued, never taken
+    b.add(item("idle", 5))  # queued, and left for the next batch: owed, not received
     batch = b.take(0.0, lambda _ref: True)
-    assert batch is not None and len(batch.items) == 4
+    assert batch is not None and len(batch.items) == 3
     charge(costs, shares, batch, 80.0, 0.0)
     row = batch_shares(batch)["enterprise"]
+    # a 64-token input costs 8 of a turn's credit of 1 before any batch was measured:
+    # "a" and "idle" take the batch, "c" is owed its third and received nothing
+    assert sorted(p.tenant for p in batch.items) == ["a", "a", "idle"]
+    assert row["c"] == [0.0, pytest.approx(80.0 / 3, abs=0.01)]
     assert sum(v[0] for v in row.values()) == pytest.approx(80.0, abs=0.01)
     assert sum(v[1] for v in row.values()) == pytest.approx(80.0, abs=0.01)
-    assert row["c"][0] > row["a"][0]  # the long input received more of the batch
+    assert row["a"][0] == pytest.approx(2 * row["idle"][0], abs=0.01)
 
 
 def test_earliest_deadline_first_inside_a_flow_and_arrival_order_on_ties() -> None:
@@ -195,7 +198,8 @@ def test_the_exports_name_tier_tenant_and_kind() -> None:
     s = Shares()
     s.charge(1.0, "paid", {"a": 3.0, "b": 1.0}, {"a": 1.0, "b": 1.0})
     fams = {f.name: f for f in fairness_families(s.snapshot())}
-    received = {tuple(x.labels.values()): x.value for x in fams["gristmill_tenant_device_seconds"].samples}
+    counter = fams["gristmill_tenant_device_seconds"]
+    received = {tuple(x.labels.values()): x.value for x in counter.samples}
     assert received[("paid", "a")] == 3.0
     share = {
         (x.labels["tenant"], x.labels["kind"]): x.value
