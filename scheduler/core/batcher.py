@@ -36,8 +36,8 @@ from core.messages import KEEP_UNTIL, RequestMessage, keep_until
 from core.models.token_ids import input_tokens
 from core.vocab import ModelRef
 from scheduler.core.costmodel import CostModel
-from scheduler.core.fairness import FairQueue
 from scheduler.core.itemcost import ItemCosts, bucket
+from scheduler.core.keyqueue import KeyQueue
 from scheduler.core.offsets import TopicPartition
 from scheduler.core.shedding import Arrivals, left_rate, retry_after_s, start_in_s
 
@@ -155,72 +155,6 @@ def flush_time(
     return min(oldest_at + policy.max_linger_s, earliest_deadline - predicted_s - policy.margin_s)
 
 
-def _price(p: Pending) -> float:
-    return p.price
-
-
-def _deadline(p: Pending) -> float:
-    return p.msg.deadline
-
-
-class _KeyQueue:
-    """One batch key's requests: a fair queue per priority rank (tenants share it by
-    device time, each flow earliest deadline first), plus a deadline heap."""
-
-    def __init__(self, n_ranks: int):
-        self.by_rank: list[FairQueue[Pending]] = [
-            FairQueue(cost=_price, order=_deadline) for _ in range(n_ranks)
-        ]
-        self.deadlines: list[tuple[float, int, Pending]] = []  # min-heap, lazily cleaned
-        self.count = 0
-
-    def push(self, p: Pending) -> None:
-        self.by_rank[p.rank].append(p)
-        heapq.heappush(self.deadlines, (p.deadline, p.seq, p))
-        self.count += 1
-
-    def oldest_at(self) -> float:
-        return min(fq.oldest_at() for fq in self.by_rank)
-
-    def earliest_deadline(self) -> float:
-        if len(self.deadlines) > 2 * self.count + 64:
-            # Mostly entries of taken requests: one rebuild costs less than popping each.
-            self.deadlines = [e for e in self.deadlines if not e[2].gone]
-            heapq.heapify(self.deadlines)
-        while self.deadlines and self.deadlines[0][2].gone:
-            heapq.heappop(self.deadlines)
-        return self.deadlines[0][0] if self.deadlines else math.inf
-
-    def best_rank(self) -> int:
-        return next((r for r, fq in enumerate(self.by_rank) if fq), len(self.by_rank))
-
-    def pop(self, n: int) -> list[Pending]:
-        """Most urgent rank first; inside a rank, tenants share by deficit round robin."""
-        out: list[Pending] = []
-        for fq in self.by_rank:
-            if len(out) >= n:
-                break
-            out.extend(fq.take(n - len(out)))
-        for p in out:
-            p.gone = True  # leaves the deadline heap lazily
-        self.count -= len(out)
-        return out
-
-    def backlog(self, taken: list[Pending]) -> dict[int, dict[str, float]]:
-        """Per rank, the tenants still queued and those of ``taken``, with weights."""
-        out: dict[int, dict[str, float]] = {}
-        for p in taken:
-            out.setdefault(p.rank, {})[p.tenant] = p.weight
-        for rank, mine in out.items():
-            mine.update(self.by_rank[rank].weights())
-        return out
-
-    def discard(self, p: Pending) -> None:
-        if not p.gone:
-            p.gone = True
-            self.count -= 1
-
-
 class Batcher:
     def __init__(
         self,
@@ -238,7 +172,7 @@ class Batcher:
         # Used where a call names no sizing (a pool of one worker class).
         self.sizing = Sizing(cost, max_batch)
         self.n_ranks = n_ranks
-        self._queues: dict[BatchKey, _KeyQueue] = {}
+        self._queues: dict[BatchKey, KeyQueue] = {}
         self._seq = itertools.count()
         self._count = 0
         self._by_rank = [0] * n_ranks
@@ -255,7 +189,7 @@ class Batcher:
             p.price = self.prices.relative(p.key.ref, p.padded)
         q = self._queues.get(p.key)
         if q is None:
-            q = self._queues[p.key] = _KeyQueue(self.n_ranks)
+            q = self._queues[p.key] = KeyQueue(self.n_ranks)
         q.push(p)
         self._count += 1
         self._by_rank[p.rank] += 1
@@ -266,7 +200,7 @@ class Batcher:
         """Items a full batch of this model holds now (its measured batch target)."""
         return (sizing or self.sizing).limit(ref)
 
-    def _flush_time(self, key: BatchKey, q: _KeyQueue, s: Sizing) -> float:
+    def _flush_time(self, key: BatchKey, q: KeyQueue, s: Sizing) -> float:
         return flush_time(
             oldest_at=q.oldest_at(),
             earliest_deadline=q.earliest_deadline(),
