@@ -79,13 +79,13 @@ def test_prometheus_shows_each_tenants_device_seconds_shares_and_the_tier_index(
         return got[0]
 
     for tid in ran.values():
-        assert value("gristmill_tenant_device_seconds_total", **{"class": "paid"}, tenant=tid) > 0
-        assert value("gristmill_tenant_entitled_device_seconds_total", tenant=tid) > 0
+        assert value("gristmill_tenant_device_seconds", **{"class": "paid"}, tenant=tid) > 0
+        assert value("gristmill_tenant_entitled_device_seconds", tenant=tid) > 0
         for kind in ("received", "entitled"):
             assert 0 < value("gristmill_tenant_device_share", tenant=tid, kind=kind) <= 1
     # a one-word input is charged less of each batch than a 200-word one
     terse, verbose = (
-        value("gristmill_tenant_device_seconds_total", tenant=ran[n]) for n in ("terse", "verbose")
+        value("gristmill_tenant_device_seconds", tenant=ran[n]) for n in ("terse", "verbose")
     )
     assert terse < verbose
     index = value("gristmill_fairness_index", **{"class": "paid"})
@@ -120,8 +120,10 @@ def test_the_analysts_views_add_up_to_the_batches_measured_time(
         ).one()
         assert shared == pytest.approx(measured, rel=1e-3)
         index = conn.execute(
-            text("SELECT min(fairness_index), max(fairness_index) FROM tier_fairness"
-                 " WHERE tier = 'paid'")
+            text(
+                "SELECT min(fairness_index), max(fairness_index) FROM tier_fairness"
+                " WHERE tier = 'paid'"
+            )
         ).one()
         assert 0 < index[0] <= index[1] <= 1 + 1e-9
         assert not math.isnan(index[1])

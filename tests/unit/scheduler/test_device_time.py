@@ -208,3 +208,13 @@ def test_the_exports_name_tier_tenant_and_kind() -> None:
     assert share[("a", "received")] == 0.75 and share[("a", "entitled")] == 0.5
     index = fams["gristmill_fairness_index"].samples[0].value
     assert index == pytest.approx(jain([1.5, 0.5]))
+
+
+def test_tenants_past_the_series_limit_are_summed_as_other() -> None:
+    s = Shares()
+    s.charge(
+        1.0, "free", {t: float(i + 1) for i, t in enumerate("abcde")}, dict.fromkeys("abcde", 1.0)
+    )
+    fams = {f.name: f for f in fairness_families(s.snapshot(), limit=2)}
+    got = {x.labels["tenant"]: x.value for x in fams["gristmill_tenant_device_seconds"].samples}
+    assert got == {"e": 5.0, "d": 4.0, "other": 6.0}
