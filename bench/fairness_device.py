@@ -14,10 +14,16 @@ get half of the device? (issue 32 item 3, decision 65)
    closed-loop clients sending ``/v1/embeddings`` requests of ``--short-inputs`` /
    ``--long-inputs`` texts (a deadline of two minutes: nothing expires), so both always
    have inputs queued. After ``--warm`` seconds, ``--runs`` windows of ``--window`` s.
-3. Per window and tenant, from the request log: inputs computed, their device time
-   at the calibrated cost (independent), and the ledger's device time
-   (``tenant_device_time``, the scheduler's split of measured batch times). The share
-   of the short tenant and the short/long ratio per window; medians over the windows.
+2. Then, in the same system, each tenant alone for ``--solo`` s: its batches hold one
+   length only, so their measured compute / size is what an item of that length costs
+   on this host under this load (the median batch). This is the measure of received
+   device time that does not come from the scheduler's own estimates (an in-process
+   calibration on this shared 2-core host moved the 256:8 cost ratio from 34 to 22
+   with what else ran).
+3. Per window and tenant, from the request log: inputs computed, their device time at
+   the solo cost (independent), and the ledger's device time (``batches.shares``, the
+   scheduler's split of measured batch times). The share of the short tenant and the
+   short/long ratio per window; medians over the windows.
 
 Writes JSON and a PNG under ``--out``.
 """
@@ -39,7 +45,6 @@ import httpx
 from sqlalchemy import text
 
 from bench.embedding import MODEL
-from core.config import Settings
 from gristmill.devservices.stack import System, build_system, local_services
 from results.db import make_engine
 from results.tenants import create_tenant, issue_key, set_plan
@@ -57,24 +62,18 @@ def texts(length: int, n: int, seed: int) -> list[str]:
     return synthetic_texts(tok, n, length, length, seed=seed)
 
 
-def calibrate(sizes: dict[str, int], repeats: int = 15) -> dict[str, float]:
-    """Device ms an item of each length costs in a batch of ``sizes[name]`` of them: the
-    lengths timed in turn (so a busy moment of this shared host hits both alike), the
-    fastest of ``repeats`` (the least disturbed)."""
-    from core.models.catalog import build_specs
-    from workers.models.loader import load_model
-
-    settings = Settings()
-    model = load_model(build_specs(settings)[MODEL]["1"], settings)
-    batches = {name: texts(n, sizes[name], seed=5) for name, n in LENGTHS.items()}
-    runs: dict[str, list[float]] = {name: [] for name in LENGTHS}
-    for k in range(repeats + 1):
-        for name, batch in batches.items():
-            t0 = time.perf_counter()
-            model.predict(batch, {"normalize": True})
-            if k:  # the first round warms up
-                runs[name].append((time.perf_counter() - t0) * 1000 / len(batch))
-    return {name: min(r) for name, r in runs.items()}
+def solo_cost_ms(system: System, t0: float, t1: float) -> float:
+    """Median measured compute an item of the batches formed in [t0, t1) (one length)."""
+    with make_engine(system.settings.database_url).connect() as conn:
+        per_item = conn.execute(
+            text(
+                "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY compute_ms / size)"
+                " FROM batches WHERE formed_at >= to_timestamp(:a)"
+                " AND formed_at < to_timestamp(:b) AND compute_ms IS NOT NULL"
+            ),
+            {"a": t0, "b": t1},
+        ).scalar_one()
+    return float(per_item)
 
 
 def tenant(system: System, label: str) -> tuple[str, str]:
@@ -134,7 +133,7 @@ def window_counts(system: System, ids: dict[str, str], t0: float, t1: float) -> 
     return out
 
 
-def run_mode(mode: str, args: argparse.Namespace, cost_ms: dict[str, float]) -> dict[str, Any]:
+def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gm-fairdev-")))
         services = stack.enter_context(local_services(work))
@@ -155,7 +154,7 @@ def run_mode(mode: str, args: argparse.Namespace, cost_ms: dict[str, float]) -> 
             "long": (args.long_inputs, args.long_loops),
         }
 
-        async def both() -> list[int]:
+        async def load(names: list[str], until: float) -> list[int]:
             return await asyncio.gather(
                 *(
                     closed_loop(
@@ -165,11 +164,17 @@ def run_mode(mode: str, args: argparse.Namespace, cost_ms: dict[str, float]) -> 
                         *shape[name],
                         until,
                     )
-                    for i, name in enumerate(LENGTHS)
+                    for i, name in enumerate(names)
                 )
             )
 
-        asyncio.run(both())
+        asyncio.run(load(list(LENGTHS), until))
+        cost_ms: dict[str, float] = {}
+        for name in LENGTHS:
+            a = time.time()
+            asyncio.run(load([name], a + args.solo))
+            # the other tenant's queue drains in the first seconds
+            cost_ms[name] = solo_cost_ms(system, a + args.solo / 3, a + args.solo)
         time.sleep(3)  # the last batches' rows are written
         windows = []
         for k in range(args.runs):
@@ -191,7 +196,7 @@ def run_mode(mode: str, args: argparse.Namespace, cost_ms: dict[str, float]) -> 
         key: statistics.median(x for w in windows if (x := w[key]) is not None)
         for key in ("ratio_device_s", "ratio_ledger_s", "short_share_device_s", "inputs_ratio")
     }
-    return {"mode": mode, "windows": windows, "median": med}
+    return {"mode": mode, "solo_ms_an_item": cost_ms, "windows": windows, "median": med}
 
 
 def draw(report: dict[str, Any], path: Path) -> None:
@@ -210,11 +215,7 @@ def draw(report: dict[str, Any], path: Path) -> None:
                 ys,
                 s=25,
                 c="tab:blue" if i == 0 else "tab:orange",
-                label=(
-                    ["calibrated cost x inputs", "ledger (split of measured)"][i]
-                    if j == 0
-                    else None
-                ),
+                label=(["solo cost x inputs", "ledger (split of measured)"][i] if j == 0 else None),
             )
     ax.axhline(0.5, color="k", lw=1, ls="--", label="entitled (equal weights)")
     ax.axhspan(
@@ -241,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="measured windows per mode")
     ap.add_argument("--window", type=float, default=30.0, help="seconds per window")
     ap.add_argument("--warm", type=float, default=15.0, help="seconds before the first window")
+    ap.add_argument("--solo", type=float, default=15.0, help="seconds of each tenant alone")
     ap.add_argument("--short-inputs", type=int, default=32)
     ap.add_argument("--short-loops", type=int, default=4)
     # enough long inputs queued that counting requests, a batch's half each, is backlogged
@@ -249,13 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    cost_ms = calibrate({"short": 32, "long": 1})
-    print(f"calibrated device ms an item: {cost_ms}")
-    report: dict[str, Any] = {"calibrated_ms": cost_ms, "args": vars(args) | {"out": str(args.out)}}
+    report: dict[str, Any] = {"args": vars(args) | {"out": str(args.out)}}
     report["modes"] = []
     for mode in args.modes.split(","):
         print(f"mode {mode} ...")
-        r = run_mode(mode, args, cost_ms)
+        r = run_mode(mode, args)
         print(json.dumps(r, indent=1))
         report["modes"].append(r)
     stamp = time.strftime("%Y%m%d-%H%M%S")

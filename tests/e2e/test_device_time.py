@@ -1,5 +1,5 @@
 """Device time per tenant (decision 65), as operators and analysts read it: the scheduler's
-Prometheus text over real HTTP, and the analysts' views in real PostgreSQL, after real
+Prometheus text over real HTTP, and the analysts' functions in real PostgreSQL, after real
 requests of two tenants of one tier went through Kafka, the scheduler and a worker."""
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ def test_the_analysts_views_add_up_to_the_batches_measured_time(
         rows = conn.execute(
             text(
                 "SELECT tenant_id, tenant, received_s, entitled_s, received_share, entitled_share"
-                " FROM tenant_device_time WHERE tier = 'paid' AND tenant_id = ANY(:ids)"
+                " FROM device_time_by_minute(now() - interval '1 hour', now())"
+                " WHERE tier = 'paid' AND tenant_id = ANY(:ids)"
             ),
             {"ids": ids},
         ).all()
@@ -121,8 +122,8 @@ def test_the_analysts_views_add_up_to_the_batches_measured_time(
         assert shared == pytest.approx(measured, rel=1e-3)
         index = conn.execute(
             text(
-                "SELECT min(fairness_index), max(fairness_index) FROM tier_fairness"
-                " WHERE tier = 'paid'"
+                "SELECT min(fairness_index), max(fairness_index)"
+                " FROM fairness_by_minute(now() - interval '1 hour', now()) WHERE tier = 'paid'"
             )
         ).one()
         assert 0 < index[0] <= index[1] <= 1 + 1e-9

@@ -157,7 +157,7 @@ def gauge_families(st: SchedulerState) -> Iterator[Metric]:
 # Tenants with series of their own per class; the rest are summed as tenant "other".
 # Labels stay bounded (a tenant is not a label elsewhere, docs/observability.md): the
 # tenants taking or owed the most device time are the ones an operator looks at, and
-# every tenant is in the analysts' view (tenant_device_time).
+# every tenant is in the analysts' device_time_by_minute (docs/analysts.md).
 TENANT_SERIES = 10
 OTHER = "other"
 
