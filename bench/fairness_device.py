@@ -36,7 +36,6 @@ import json
 import statistics
 import tempfile
 import time
-import uuid
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -45,9 +44,9 @@ import httpx
 from sqlalchemy import text
 
 from bench.embedding import MODEL
+from bench.fairness import paid_tenant
 from gristmill.devservices.stack import System, build_system, local_services
 from results.db import make_engine
-from results.tenants import create_tenant, issue_key, set_plan
 
 LENGTHS = {"short": 8, "long": 256}
 MODES = ("requests", "device_time")
@@ -74,14 +73,6 @@ def solo_cost_ms(system: System, t0: float, t1: float) -> float:
             {"a": t0, "b": t1},
         ).scalar_one()
     return float(per_item)
-
-
-def tenant(system: System, label: str) -> tuple[str, str]:
-    with make_engine(system.settings.database_url).begin() as conn:
-        name = f"dev-{label}-{uuid.uuid4().hex[:6]}"
-        t = create_tenant(conn, name, "paid")
-        set_plan(conn, name, rate_rps=1e6, burst=1e6, weight=1.0)
-        return t.id, issue_key(conn, t)[1]
 
 
 async def closed_loop(
@@ -145,7 +136,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         ids: dict[str, str] = {}
         keys: dict[str, str] = {}
         for name in LENGTHS:
-            ids[name], keys[name] = tenant(system, name)
+            ids[name], keys[name] = paid_tenant(system, name)  # weight 1
         time.sleep(2)  # the load reports reach the API
         start = time.time()
         until = start + args.warm + args.runs * args.window
