@@ -8,7 +8,8 @@ what every item costs whatever its length (its row's pooling, normalizing, copyi
 ``WINDOW`` batches, so the estimate follows what batches really took.
 
 When the batches seen do not tell the two apart (every batch had about the same mix
-of lengths, so items and tokens rose together) the fit is not trusted and the whole
+of lengths, so items and tokens rose together; or the mixes varied too little for the
+timing noise, by the fit's own standard errors) the fit is not trusted and the whole
 cost is put on tokens: the forward is linear in padded tokens from small batches on
 (docs/bench/gpu.md), so that is the closer of the two guesses. Before any batch is
 measured the same proportion holds (one millisecond a token, a scale that cancels in
@@ -36,6 +37,10 @@ WINDOW = 128
 # the batches must be before the per-item term is fitted: below this the mixes were
 # too alike and timing noise would decide ``a``.
 MIN_SPREAD = 0.002
+# The largest standard error, relative to the value, at which the two fitted terms are
+# trusted (the fit's residuals say how well the batches pinned them down): past it the
+# mixes varied too little for the timing noise there was.
+MAX_REL_ERROR = 0.5
 
 
 def bucket(tokens: int) -> int:
@@ -80,9 +85,13 @@ class ItemCosts:
         fit.mean_bucket = tokens / items
         det = snn * stt - snt * snt
         a = b = -1.0
-        if det > MIN_SPREAD * snn * stt:
+        if det > MIN_SPREAD * snn * stt and len(fit.batches) > 2:
             a = (snm * stt - stm * snt) / det
             b = (stm * snn - snm * snt) / det
+            sq = sum((ms - a * n - b * t) ** 2 for n, t, ms in fit.batches)
+            var = sq / (len(fit.batches) - 2) / det  # times stt for a, snn for b
+            if (var * stt) ** 0.5 > MAX_REL_ERROR * a or (var * snn) ** 0.5 > MAX_REL_ERROR * b:
+                a = -1.0
         if a < 0 or b <= 0:  # too alike to tell apart, or a fit no cost can have
             a, b = 0.0, stm / stt
         fit.per_item, fit.per_token = a, b

@@ -49,6 +49,17 @@ def test_batches_all_of_one_mix_put_the_cost_on_tokens() -> None:
     assert costs.relative(REF, 128) == pytest.approx(2.0)
 
 
+def test_a_fit_the_noise_decides_is_not_trusted() -> None:
+    rnd = random.Random(11)
+    costs = ItemCosts()
+    for _ in range(128):  # one mix, sizes varying, 10% timing noise: the counted rule
+        k = rnd.randint(3, 17)
+        padded = [16] * k + [200] * k + ([16] if rnd.random() < 0.5 else [])
+        costs.observe(REF, padded, true_ms(padded, 0.5, 0.1, rnd) * rnd.uniform(0.9, 1.1))
+    a, b = costs.terms(REF) or (1, 0)
+    assert a == 0.0 and b == pytest.approx(0.5 * 2 / 216 + 0.1, rel=0.05)
+
+
 def test_before_any_batch_items_are_priced_by_padded_length() -> None:
     costs = ItemCosts()
     assert costs.relative(REF, bucket(3)) == 1.0
