@@ -36,6 +36,7 @@ import json
 import statistics
 import tempfile
 import time
+from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -77,26 +78,28 @@ def solo_cost_ms(system: System, t0: float, t1: float) -> float:
 
 async def closed_loop(
     url: str, key: str, inputs: list[str], per_request: int, loops: int, until: float
-) -> int:
-    """``loops`` clients, each sending its next request when the last is answered."""
-    sent = 0
+) -> Counter[int]:
+    """``loops`` clients, each sending its next request when the last is answered;
+    the answers' statuses counted (a refused request does not keep a tenant backlogged)."""
+    codes: Counter[int] = Counter()
 
     async def one(k: int) -> None:
-        nonlocal sent
         async with httpx.AsyncClient(timeout=180) as client:
             i = k
             while time.time() < until:
                 chunk = [inputs[(i + j) % len(inputs)] for j in range(per_request)]
                 i += per_request * loops
-                await client.post(
+                r = await client.post(
                     f"{url}/v1/embeddings",
                     headers={"Authorization": f"Bearer {key}"},
                     json={"model": MODEL, "input": chunk, "timeout_ms": 120_000},
                 )
-                sent += 1
+                codes[r.status_code] += 1
+                if r.status_code != 200:
+                    await asyncio.sleep(float(r.headers.get("retry-after", 0.1)))
 
     await asyncio.gather(*(one(k) for k in range(loops)))
-    return sent
+    return codes
 
 
 def window_counts(system: System, ids: dict[str, str], t0: float, t1: float) -> dict[str, Any]:
@@ -145,7 +148,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             "long": (args.long_inputs, args.long_loops),
         }
 
-        async def load(names: list[str], until: float) -> list[int]:
+        async def load(names: list[str], until: float) -> list[Counter[int]]:
             return await asyncio.gather(
                 *(
                     closed_loop(
@@ -159,7 +162,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
                 )
             )
 
-        asyncio.run(load(list(LENGTHS), until))
+        answered = dict(zip(LENGTHS, asyncio.run(load(list(LENGTHS), until)), strict=True))
         cost_ms: dict[str, float] = {}
         for name in LENGTHS:
             a = time.time()
@@ -187,7 +190,13 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         key: statistics.median(x for w in windows if (x := w[key]) is not None)
         for key in ("ratio_device_s", "ratio_ledger_s", "short_share_device_s", "inputs_ratio")
     }
-    return {"mode": mode, "solo_ms_an_item": cost_ms, "windows": windows, "median": med}
+    return {
+        "mode": mode,
+        "statuses": {name: dict(c) for name, c in answered.items()},
+        "solo_ms_an_item": cost_ms,
+        "windows": windows,
+        "median": med,
+    }
 
 
 def draw(report: dict[str, Any], path: Path) -> None:

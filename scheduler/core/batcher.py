@@ -72,7 +72,6 @@ class Pending:
     # fetches the rest (the message's keep_until, decision 63). 0: none yet.
     kept: float = 0.0
     padded: int = 0  # the padded length it computes (scheduler/core/itemcost.py)
-    price: float = 1.0  # what it costs its tenant's deficit: relative device time
     device_ms: float = 0.0  # its share of its batch's measured compute, once charged
 
     @property
@@ -169,6 +168,9 @@ class Batcher:
         one each, the fair queue counts requests)."""
         self.policy = policy
         self.prices = prices
+        # Read when the fair queue serves an item, not fixed when it is queued: an item
+        # that waited is priced by what the batches measured since.
+        self._price = None if prices is None else self._relative
         # Used where a call names no sizing (a pool of one worker class).
         self.sizing = Sizing(cost, max_batch)
         self.n_ranks = n_ranks
@@ -185,16 +187,18 @@ class Batcher:
     def add(self, p: Pending) -> None:
         p.seq = next(self._seq)
         p.padded = bucket(input_tokens(p.msg.input))
-        if self.prices is not None:
-            p.price = self.prices.relative(p.key.ref, p.padded)
         q = self._queues.get(p.key)
         if q is None:
-            q = self._queues[p.key] = KeyQueue(self.n_ranks)
+            q = self._queues[p.key] = KeyQueue(self.n_ranks, self._price)
         q.push(p)
         self._count += 1
         self._by_rank[p.rank] += 1
         self._by_ref_rank[(p.key.ref, p.rank)] += 1
         self.arrivals.add((p.key.ref, p.rank), p.consumed_at)
+
+    def _relative(self, p: Pending) -> float:
+        assert self.prices is not None
+        return self.prices.relative(p.key.ref, p.padded)
 
     def limit(self, ref: ModelRef, sizing: Sizing | None = None) -> int:
         """Items a full batch of this model holds now (its measured batch target)."""

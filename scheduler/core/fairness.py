@@ -12,7 +12,7 @@ variable-size packets). An idle tenant banks no credit.
   at the same weight, a tenant with a burst of 50,000 requests gets no more than its
   share of each batch while another tenant of the same tier also has work waiting, and
   a weight-2 tenant gets twice the device time of a weight-1 tenant (decisions 9, 65).
-  ``take(n)`` fills a batch; a tenant's turn ends with the batch, its deficit carries.
+  ``take(n)`` fills a batch; a turn the batch cut short goes on in the next one.
 * Generation counts tokens: a request's claim on the KV cache (prompt plus max_tokens)
   varies a hundredfold, so one request per turn would let a tenant of long requests
   hold most of the cache. ``peek`` shows the next request without taking it (admission
@@ -132,9 +132,19 @@ class FairQueue(Generic[T]):
             self._deficit[tenant] = q.take(self._deficit[tenant], n, out)
             if not q.flows():  # (a flow of only gone items is dropped on its next turn)
                 self._drop(tenant, front=True)
+            elif len(out) >= n and self._affords(tenant):
+                # The batch is full mid-turn: the turn goes on in the next batch. Ending it
+                # here would cost a tenant of cheap items the rest of its credit whenever
+                # a batch holds fewer of them than a turn buys, and hand the device to
+                # the tenant of dear ones (decision 65).
+                self._turn_credited = True
             else:
                 self._queues.move_to_end(tenant)  # its turn is over; its deficit carries
         return out
+
+    def _affords(self, tenant: str) -> bool:
+        head = self._head(tenant)
+        return head is not None and self._price(head) <= self._deficit[tenant]
 
     # ---- generation: an item at a time ---------------------------------------------------
     def peek(self) -> T | None:

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from scheduler.core.fairness import FairQueue
 
 if TYPE_CHECKING:
     from scheduler.core.batcher import Pending
-
-
-def _price(p: Pending) -> float:
-    return p.price
 
 
 def _deadline(p: Pending) -> float:
@@ -25,9 +22,10 @@ class KeyQueue:
     """One batch key's requests: a fair queue per priority rank (tenants share it by
     device time, each flow earliest deadline first), plus a deadline heap."""
 
-    def __init__(self, n_ranks: int):
+    def __init__(self, n_ranks: int, price: Callable[[Pending], float] | None):
+        """``price``: what an item costs its tenant's turn (None: one a request)."""
         self.by_rank: list[FairQueue[Pending]] = [
-            FairQueue(cost=_price, order=_deadline) for _ in range(n_ranks)
+            FairQueue(cost=price, order=_deadline) for _ in range(n_ranks)
         ]
         self.deadlines: list[tuple[float, int, Pending]] = []  # min-heap, lazily cleaned
         self.count = 0

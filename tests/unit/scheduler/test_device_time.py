@@ -92,6 +92,7 @@ def served(
     weights: dict[str, float],
     by_device_time: bool,
     batches: int = 400,
+    size: int = 24,
 ) -> dict[str, float]:
     """Device seconds each backlogged tenant received over ``batches`` batches of a made-up
     device (per item 1.5 ms + 0.04 ms a token), every batch's time charged as measured."""
@@ -100,7 +101,7 @@ def served(
     b = Batcher(
         policy=FlushPolicy(),
         cost=CostModel(),
-        max_batch=lambda _ref: 24,
+        max_batch=lambda _ref: size,
         prices=costs if by_device_time else None,
     )
     got: Counter[str] = Counter()
@@ -120,6 +121,12 @@ def served(
 
 def test_equal_weights_get_equal_device_time_whatever_the_lengths() -> None:
     got = served({"terse": 10, "verbose": 180}, {"terse": 1, "verbose": 1}, True)
+    assert got["terse"] / got["verbose"] == pytest.approx(1.0, abs=0.1)
+
+
+def test_batches_smaller_than_a_turn_do_not_cut_the_cheap_tenants_share() -> None:
+    # a 10-word input costs a small part of a turn, so a batch of 3 ends mid-turn
+    got = served({"terse": 10, "verbose": 180}, {"terse": 1, "verbose": 1}, True, size=3)
     assert got["terse"] / got["verbose"] == pytest.approx(1.0, abs=0.1)
 
 
