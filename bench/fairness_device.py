@@ -243,11 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=float, default=30.0, help="seconds per window")
     ap.add_argument("--warm", type=float, default=15.0, help="seconds before the first window")
     ap.add_argument("--solo", type=float, default=15.0, help="seconds of each tenant alone")
+    # Backlogged: many times more inputs outstanding than the two batches a worker holds
+    # (running and queued on it) can take, whichever rule fills them; 128 short and 32
+    # long ones were not (the batches in flight held them all at times).
     ap.add_argument("--short-inputs", type=int, default=32)
-    ap.add_argument("--short-loops", type=int, default=4)
-    # enough long inputs queued that counting requests, a batch's half each, is backlogged
-    ap.add_argument("--long-inputs", type=int, default=4)
-    ap.add_argument("--long-loops", type=int, default=8)
+    ap.add_argument("--short-loops", type=int, default=32)
+    ap.add_argument("--long-inputs", type=int, default=8)
+    ap.add_argument("--long-loops", type=int, default=32)
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
