@@ -34,7 +34,9 @@ MAX_INPUTS = 2048
 # ``user`` is an opaque end-user id; OpenAI sets no length, we cap what we read.
 MAX_USER_CHARS = 256
 
-FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user", "timeout_ms"})
+FIELDS = frozenset(
+    {"model", "input", "encoding_format", "dimensions", "user", "timeout_ms", "service_tier"}
+)
 
 TOKEN_IDS_REFUSED = (
     "input holds token ids; Gristmill cannot know which tokenizer made them (the model "
@@ -51,6 +53,7 @@ class EmbeddingsRequest:
     dimensions: int | None
     user: str | None
     timeout_ms: int | None  # Gristmill's extension; None: the tier's SLO
+    service_tier: Any = None  # as sent: the door reads it with the header (decision 66)
 
 
 def _is_int(x: Any) -> bool:
@@ -128,7 +131,9 @@ def parse_embeddings(raw: bytes, settings: Settings) -> EmbeddingsRequest:
         if not _is_int(timeout_ms):
             raise InvalidInput("timeout_ms must be an integer (milliseconds)", field="timeout_ms")
         check_int(timeout_ms, "timeout_ms", lo=settings.min_timeout_ms, hi=settings.max_timeout_ms)
-    return EmbeddingsRequest(model, inputs, encoding, dims, user, timeout_ms)
+    return EmbeddingsRequest(
+        model, inputs, encoding, dims, user, timeout_ms, data.get("service_tier")
+    )
 
 
 def check_dimensions(dimensions: int | None, model_dim: int, model: str) -> None:

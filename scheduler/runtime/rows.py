@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from core.messages import service_tier
 from core.models.token_ids import input_text
 from core.request_row import RequestRow
 from core.vocab import RequestStatus
@@ -146,6 +147,7 @@ def _rows(
                 "kafka_topic": p.tp[0],
                 "kafka_partition": p.tp[1],
                 "kafka_offset": p.offset,
+                "service_tier": service_tier(m.extra),
             }
         )
     return rows

@@ -63,6 +63,7 @@ def row(tenant: str, at: datetime, **kw: Any) -> RequestRow:
         "kafka_topic": "t",
         "kafka_partition": 0,
         "kafka_offset": 0,
+        "service_tier": "default",
     }
     r.update(kw)  # type: ignore[typeddict-item]
     return r
