@@ -68,6 +68,7 @@ from ingest.acceptance.inputs import (
 )
 from ingest.acceptance.message import kept_until, request_message
 from ingest.acceptance.ports import Claim, KeyUse
+from ingest.acceptance.prefer import NO_PREFERENCE, parse_prefer
 from ingest.acceptance.retries import aim_at_first, replay
 from ingest.acceptance.service_tier import (
     ECHO_HEADER,
@@ -327,7 +328,8 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
     flow = fairness_id(call.header(FAIRNESS_HEADER))  # a 400 before anything is charged
     limit_headers = _admit(st, tenant, order, timeout_ms, deadline, service.flex)
     limit_headers[ECHO_HEADER] = service.served
-    order.wait_s = patience_s(service, order.wait_s, s.flex_wait_ms / 1000, order.may_wait)
+    prefer = parse_prefer(call.header_values(b"prefer")) if service.flex else NO_PREFERENCE
+    order.wait_s = patience_s(service, order.wait_s, prefer, s.flex_wait_ms / 1000, order.may_wait)
     first, claim, use = str(uuid.uuid4()), None, None
     if key is not None:
         what = order.inputs if order.many else order.inputs[0]

@@ -26,6 +26,7 @@ from core.errors import InvalidInput
 from core.limits import shown
 from core.vocab import TIER_TO_CLASS, TIERS, PriorityClass, ServiceTier, Tier
 from ingest.acceptance.gateway import scheduled_tier
+from ingest.acceptance.prefer import Prefer
 
 # The request header that names it where the body cannot, and the answer's echo.
 SERVICE_TIER_HEADER = b"x-service-tier"
@@ -99,14 +100,23 @@ def flex_timeout_ms(asked_ms: int | None, flex_ms: int) -> int:
 
 
 def patience_s(
-    service: Service, door_wait_s: float | None, flex_wait_s: float, may_hold: bool
+    service: Service,
+    door_wait_s: float | None,
+    prefer: Prefer,
+    flex_wait_s: float,
+    may_hold: bool,
 ) -> float | None:
     """How long the call is held open for its answers (s; None: until the deadline, a
-    sync request's). A flex call waits what the caller prefers, else ``flex_wait_s``;
-    not at all when the instance holds as many flex calls as it may (``may_hold``
-    False): accepted, it is answered 202 at once rather than refused."""
+    sync request's). A flex call waits what its door set, else what the caller prefers
+    (``Prefer: respond-async``: no wait unless ``wait=N``), else ``flex_wait_s``; not
+    at all when the instance holds as many flex calls as it may (``may_hold`` False):
+    accepted, it is answered 202 at once rather than refused."""
     if not service.flex:
         return door_wait_s
     if not may_hold:
         return 0.0
-    return flex_wait_s if door_wait_s is None else door_wait_s
+    if door_wait_s is not None:
+        return door_wait_s
+    if prefer.respond_async:
+        return prefer.wait_s or 0
+    return flex_wait_s if prefer.wait_s is None else prefer.wait_s

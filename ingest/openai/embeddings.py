@@ -26,6 +26,7 @@ from core.limits import canonical_uuid, shown
 from core.vocab import ServiceTier
 from ingest.acceptance import inputs, pipeline
 from ingest.acceptance.pipeline import Call, Order, Outcome
+from ingest.acceptance.prefer import PARTIAL_RESULTS, Prefer, parse_prefer
 from ingest.acceptance.service_tier import SERVICE_TIER_HEADER, asked_tier
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
@@ -39,13 +40,10 @@ from ingest.openai.partial import (
     rest_location,
 )
 from ingest.openai.wire import (
-    PARTIAL_RESULTS,
     EmbeddingsRequest,
-    Prefer,
     check_dimensions,
     embeddings_answer,
     parse_embeddings,
-    parse_prefer,
     prompt_tokens,
 )
 from results.requests import AnswerRow, fetch_tenant_answers
@@ -74,7 +72,7 @@ class EmbeddingsDoor:
         many = len(body.inputs) > 1
         inputs.validate_each(spec, body.inputs, lambda i: f"input[{i}]" if many else "input")
         tier = asked_tier(body.service_tier, call.header(SERVICE_TIER_HEADER))
-        flex = tier is ServiceTier.FLEX  # waits ``Prefer: wait`` or its default, then 202
+        flex = tier is ServiceTier.FLEX
         return Order(
             spec,
             body.inputs,
@@ -82,9 +80,8 @@ class EmbeddingsDoor:
             many=True,
             timeout_ms=body.timeout_ms,
             # respond-async: the client takes a 202 once Kafka has it, or after ``wait`` s.
-            wait_s=(prefer.wait_s or 0)
-            if prefer.respond_async
-            else (prefer.wait_s if flex else None),
+            # (Flex's patience without it is the pipeline's, from the same Prefer.)
+            wait_s=(prefer.wait_s or 0) if prefer.respond_async else None,
             # partial-results: at the deadline, what is done; respond-async's 202 wins,
             # and flex's (its deadline is far: it is answered whole, later).
             partial=prefer.partial and not prefer.respond_async and not flex,

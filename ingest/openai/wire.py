@@ -9,7 +9,6 @@ protocols.md.
 from __future__ import annotations
 
 import math
-import re
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -238,36 +237,3 @@ def list_page(data: list[dict[str, Any]], *, more: bool) -> dict[str, Any]:
         "last_id": data[-1]["id"] if data else None,
         "has_more": more,
     }
-
-
-# --- Prefer (RFC 7240) ------------------------------------------------------------------
-
-_WAIT = re.compile(r"^\s*wait\s*=\s*\"?([0-9]{1,9})\"?\s*$", re.IGNORECASE)
-
-
-# Gristmill's own preference: at the deadline, the inputs done so far (decision 63).
-PARTIAL_RESULTS = "partial-results"
-
-
-@dataclass(frozen=True)
-class Prefer:
-    respond_async: bool = False
-    wait_s: int | None = None  # how long the client will wait for the answer (seconds)
-    partial: bool = False  # partial-results: a 200 with what is done at the deadline
-
-
-def parse_prefer(values: list[str]) -> Prefer:
-    """``Prefer: respond-async, wait=N`` and ``partial-results`` from every Prefer
-    header. Preferences we do not know are ignored, as RFC 7240 asks; a malformed
-    ``wait`` too."""
-    respond_async, wait, partial = False, None, False
-    for header in values:
-        for pref in header.split(","):
-            token = pref.split(";")[0].strip()
-            if token.lower() == "respond-async":
-                respond_async = True
-            elif token.lower() == PARTIAL_RESULTS:
-                partial = True
-            elif (m := _WAIT.match(token)) is not None:
-                wait = int(m.group(1))
-    return Prefer(respond_async, wait, partial)

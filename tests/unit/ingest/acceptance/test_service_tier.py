@@ -5,6 +5,7 @@ done within its caller's patience and 202 with Location after, and echoed."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,7 @@ from core.config import Settings
 from core.errors import InvalidInput
 from core.messages import SERVICE_TIER, service_tier
 from core.vocab import PriorityClass, ServiceTier, Tier
+from ingest.acceptance.prefer import Prefer
 from ingest.acceptance.service_tier import (
     Service,
     asked_tier,
@@ -87,11 +89,14 @@ def test_flex_deadline_and_patience() -> None:
     assert flex_timeout_ms(None, 3_600_000) == 3_600_000
     assert flex_timeout_ms(120_000, 3_600_000) == 120_000
     flex, sync = plan_service(FLEX, "paid", None, None), plan_service(None, "paid", None, None)
-    assert patience_s(sync, None, 55, may_hold=False) is None  # until its deadline
-    assert patience_s(sync, 3, 55, may_hold=True) == 3
-    assert patience_s(flex, None, 55, may_hold=True) == 55
-    assert patience_s(flex, 7, 55, may_hold=True) == 7  # Prefer: wait=7
-    assert patience_s(flex, None, 55, may_hold=False) == 0  # no slot: 202 at once
+    none, wait7 = Prefer(), Prefer(wait_s=7)
+    assert patience_s(sync, None, wait7, 55, may_hold=False) is None  # until its deadline
+    assert patience_s(sync, 3, none, 55, may_hold=True) == 3
+    assert patience_s(flex, None, none, 55, may_hold=True) == 55
+    assert patience_s(flex, None, wait7, 55, may_hold=True) == 7
+    assert patience_s(flex, None, Prefer(respond_async=True), 55, may_hold=True) == 0
+    assert patience_s(flex, 2, wait7, 55, may_hold=True) == 2  # what its door set
+    assert patience_s(flex, None, wait7, 55, may_hold=False) == 0  # no slot: 202 at once
 
 
 def test_a_refused_sync_slot_parses_only_what_may_ask_for_flex() -> None:
@@ -258,6 +263,19 @@ def test_an_instance_holding_all_the_flex_calls_it_may_answers_202_at_once(
     r = client.post("/v1/infer", json={"model": "sim", "input": "x", "service_tier": "flex"})
     assert r.status_code == 202, r.text
     assert r.json()["request_id"] == stubs.producer.sent[0][1].request_id
+
+
+@pytest.mark.parametrize(("path", "body", "n"), DOORS, ids=IDS)
+def test_flex_on_every_door_takes_prefer_wait_as_its_patience(
+    make_api: Any, path: str, body: dict[str, Any], n: int
+) -> None:
+    client, stubs = make_api()
+    stubs.worker.hold = True
+    t0 = time.monotonic()
+    kw = asking(path, body, "flex")
+    r = client.post(path, json=kw["json"], headers={**kw.get("headers", {}), "Prefer": "wait=0"})
+    assert r.status_code == 202, r.text
+    assert time.monotonic() - t0 < stubs.settings.flex_wait_ms / 1000
 
 
 @pytest.mark.parametrize(("path", "body", "n"), DOORS, ids=IDS)
