@@ -15,16 +15,12 @@ import numpy as np
 import openai
 import pytest
 import tritonclient.http as triton
-from confluent_kafka import Producer
 from sqlalchemy import Text, cast, func, literal, select
 
-from core.kafka import producer_config
-from core.messages import RequestMessage
-from core.topics import request_topic
 from gristmill.devservices.stack import System
 from results.db import make_engine
-from results.schema import requests, scheduler_load
-from results.tenants import create_tenant
+from results.schema import requests
+from tests.e2e.backlog import burst_into_kafka, done_count, new_tenant_id, queued_paid
 
 MODEL = "all-minilm-l6-v2"
 DIM = 384
@@ -39,44 +35,6 @@ def row_of_input(system: System, text: str) -> Any:
         ).one()
 
 
-def paid_backlog(system: System) -> int:
-    with make_engine(system.settings.database_url).connect() as conn:
-        rows = conn.execute(select(scheduler_load.c.backlog)).all()
-    return sum(int(r.backlog.get("sim@1", {}).get("paid", 0)) for r in rows)
-
-
-def done(system: System, tenant_id: str) -> int:
-    with make_engine(system.settings.database_url).connect() as conn:
-        q = select(func.count()).select_from(requests).where(requests.c.tenant_id == tenant_id)
-        return int(conn.execute(q).scalar_one())
-
-
-def burst(system: System, n: int) -> str:
-    """``n`` paid requests of a new tenant put straight into Kafka, as API instances
-    would after accepting them; the tenant's id."""
-    settings = system.settings
-    with make_engine(settings.database_url).begin() as conn:
-        tenant = create_tenant(conn, f"flexload-{uuid.uuid4().hex[:8]}", "paid").id
-    producer = Producer(producer_config(settings, **{"linger.ms": 20}))
-    topic, now = request_topic(settings, "paid"), time.time()
-    for i in range(n):
-        m = RequestMessage(
-            request_id=str(uuid.uuid4()),
-            tenant_id=tenant,
-            priority="paid",
-            model="sim",
-            version="1",
-            input=f"load {i}",
-            params={"salt": ""},
-            deadline=now + 120,
-            received_at=now,
-        )
-        producer.produce(topic, m.encode())
-        producer.poll(0)
-    producer.flush(30)
-    return tenant
-
-
 def test_flex_is_accepted_while_a_sync_tier_is_refused_and_answered_later(
     system: System,
 ) -> None:
@@ -84,11 +42,12 @@ def test_flex_is_accepted_while_a_sync_tier_is_refused_and_answered_later(
     503; the same key's flex request is accepted (202 once its caller's patience, 1 s,
     is spent), runs behind the backlog and is fetched at its Location."""
     n = 20_000  # 10 s of the test system's capacity
-    noisy = burst(system, n)
+    noisy = new_tenant_id(system, "paid")
+    burst_into_kafka(system, noisy, n)
     url = system.url
     try:
         deadline = time.time() + 10
-        while time.time() < deadline and paid_backlog(system) < 12_000:
+        while time.time() < deadline and queued_paid(system) < 12_000:
             time.sleep(0.1)
         time.sleep(1.0)  # the API instance reads the load reports four times a second
         free = system.headers("free")
@@ -119,7 +78,7 @@ def test_flex_is_accepted_while_a_sync_tier_is_refused_and_answered_later(
         assert (row.priority, row.service_tier, row.job_id) == ("jobs", "flex", None)
     finally:
         until = time.time() + 120  # leave no backlog for the tests that follow
-        while time.time() < until and done(system, noisy) < n:
+        while time.time() < until and done_count(system, noisy) < n:
             time.sleep(0.5)
 
 
