@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from results.db import make_engine
 from results.modelregistry import readiness_stmt
 from results.schema import requests
 from results.tenants import get_tenant, issue_key
+from tests.e2e.model_cli import models_cli, switch_time
 
 pytestmark = pytest.mark.slow
 NAME = f"lc-{uuid.uuid4().hex[:6]}"
@@ -43,16 +43,7 @@ class LC:
         self.admin_key = admin_key
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run(
-            [sys.executable, "-m", "gristmill", "models", *args],
-            env=self.system.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if check:
-            assert r.returncode == 0, r.stdout + r.stderr
-        return r
+        return models_cli(self.system.env, *args, check=check, timeout_s=300)
 
     def infer(
         self, model: str, text: str, *, tier: str = "paid", url: str | None = None, **headers: str
@@ -182,19 +173,15 @@ def test_a_canary_share_is_sticky_per_tenant(lc: LC) -> None:
     )
 
 
-def _switch_time(lc: LC, version: str, since: float, limit_s: float = 5.0) -> float:
+def _switch_time(lc: LC, version: str, since: float) -> float:
     """Seconds from ``since`` until both API instances answer unpinned with ``version``."""
-    seen: dict[str, float] = {}
-    while time.time() - since < limit_s and len(seen) < len(lc.urls):
-        for url in lc.urls:
-            if url not in seen:
-                r = lc.infer(NAME, "switch", tier="free", url=url)
-                assert r.status_code == 200, r.text  # nothing errs meanwhile
-                if r.json()["model_version"] == version:
-                    seen[url] = time.time() - since
-        time.sleep(0.05)
-    assert len(seen) == len(lc.urls), f"not every instance answered {version} within {limit_s}s"
-    return max(seen.values())
+
+    def answered_by(url: str) -> str:
+        r = lc.infer(NAME, "switch", tier="free", url=url)
+        assert r.status_code == 200, r.text  # nothing errs meanwhile
+        return str(r.json()["model_version"])
+
+    return switch_time(answered_by, lc.urls, version, since)
 
 
 def test_promote_and_rollback_reach_every_api_instance_within_2s(lc: LC) -> None:
