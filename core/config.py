@@ -138,6 +138,10 @@ class ApiSettings(_Concern):
     # Streamed answers one API instance (all its processes) holds open at once; a key's
     # own share is tier_max_streams.
     max_streams: int = Field(1000, ge=1)
+    # Flex calls one API instance process holds open waiting for their answers, apart
+    # from max_inflight (decision 66): past it a flex call is answered 202 as soon as
+    # Kafka has it, never refused.
+    max_flex_waits: int = Field(1000, ge=0)
     # API instances and schedulers report every second; older reports are ignored.
     load_report_stale_s: float = Field(5.0, gt=0)
     # Proxies (comma-separated addresses or CIDRs, "*" for any) whose X-Forwarded-For and
@@ -272,6 +276,12 @@ class TierSettings(_Concern):
     # name always asks for that tier; a name not here asks for nothing. A hint only: a
     # request is never scheduled above its key's tier (decision 56).
     gateway_objective_tiers: dict[Annotated[str, Field(min_length=1, max_length=253)], Tier] = {}
+    # service_tier "flex" (decision 66): a flex request's deadline when the caller gives
+    # no timeout_ms (it waits in Kafka behind every sync tier, as job items do), and how
+    # long its call is held open for the answer before a 202 with Location when the
+    # caller sends no ``Prefer: wait`` (proxies commonly drop an idle call at 60 s).
+    flex_timeout_ms: PositiveMs = 3_600_000
+    flex_wait_ms: PositiveMs = 55_000
 
     @model_validator(mode="after")
     def _tier_orderings(self) -> Self:
@@ -282,6 +292,11 @@ class TierSettings(_Concern):
         _check_tier_order("tier_job_items_per_s", self.tier_job_items_per_s, rises=True)
         _check_tier_order("inflight_share", self.inflight_share, rises=True)
         _check_tier_order("tier_max_streams", self.tier_max_streams, rises=True)
+        if any(self.flex_timeout_ms < slo for slo in self.tier_slo_ms.values()):
+            raise ValueError(
+                f"flex_timeout_ms ({self.flex_timeout_ms}) must not be below any tier_slo_ms: "
+                "flex is the slow tier"
+            )
         for name in ("loop_lag_shed_ms", "answer_delay_shed_ms"):
             pairs: dict[str, tuple[float, float]] = getattr(self, name)
             for tier, (start, refuse_all) in pairs.items():

@@ -125,6 +125,9 @@ requests = Table(
     Column("kafka_topic", Text),
     Column("kafka_partition", Integer),
     Column("kafka_offset", BigInteger),
+    # What the caller was served as, as its answer echoed it: flex | default | priority
+    # (decision 66, revision 0027); NULL for job items and rows written before.
+    Column("service_tier", Text),
     CheckConstraint(
         f"status in ({', '.join(repr(str(s)) for s in RequestStatus)})",
         name="requests_status_check",

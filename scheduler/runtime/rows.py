@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from core.messages import service_tier
 from core.models.token_ids import input_text
 from core.request_row import RequestRow
 from core.vocab import RequestStatus
@@ -149,6 +150,7 @@ def _rows(
                 "kafka_topic": p.tp[0],
                 "kafka_partition": p.tp[1],
                 "kafka_offset": p.offset,
+                "service_tier": service_tier(m.extra),
             }
         )
     return rows
