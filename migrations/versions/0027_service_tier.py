@@ -5,7 +5,7 @@ written before this revision.
 Online: one nullable column, added without rewriting any partition.
 
 Revision ID: 0027
-Revises: 0022
+Revises: 0026
 """
 
 import sqlalchemy as sa
