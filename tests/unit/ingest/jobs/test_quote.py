@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.errors import Conflict
+from ingest.jobs.estimates import refuse_unmeetable
 from ingest.jobs.quote import (
     Flow,
     JobPlace,
@@ -144,3 +146,15 @@ def test_the_place_in_queue_separates_own_earlier_jobs_from_other_tenants() -> N
     # A tenant with nothing pending: nothing ahead, every other tenant a flow.
     ahead, others = place_in_queue("D", None, None, pending)
     assert ahead == 0 and len(others) == 3
+
+
+def test_an_unmeetable_window_is_a_409_naming_the_field_and_the_earliest() -> None:
+    now = T0
+    start = int(now.timestamp())
+    refuse_unmeetable(None, 60, now)  # no quote: accepted
+    refuse_unmeetable(start + 60, 60, now)  # just in time: accepted
+    with pytest.raises(Conflict) as caught:
+        refuse_unmeetable(start + 3_601, 3_600, now)
+    assert caught.value.field == "completion_window_s"
+    assert "completion_window_s >= 3601" in caught.value.message
+    assert "earliest" in caught.value.message and str(start + 3_601) in caught.value.message
