@@ -11,6 +11,7 @@ renumber its items and still reuse them.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +39,17 @@ def canonical_input(value: Any, staged: str) -> str:
 def item_hash(scope: bytes, canonical: str) -> bytes:
     """One item's content hash (32 bytes) from its job's ``scope_digest``."""
     return hashlib.sha256(scope + canonical.encode()).digest()  # one call: ~0.5 us an item
+
+
+def hasher_for(model: str, version: str) -> Callable[[str, dict[str, Any]], Callable[[Any], bytes]]:
+    """(tenant id, params) -> an item's hash from its input, as staging would compute it
+    for a job of ``model@version`` (a re-embed's items, decision 68: results/reembed.py)."""
+
+    def for_job(tenant_id: str, params: dict[str, Any]) -> Callable[[Any], bytes]:
+        scope = scope_digest(tenant_id, model, version, params)
+        return lambda value: item_hash(scope, canonical_input(value, orjson.dumps(value).decode()))
+
+    return for_job
 
 
 def check_base(base: Any, model: str, version: str, field: str = "base_job_id") -> None:
