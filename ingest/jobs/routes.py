@@ -27,6 +27,7 @@ from ingest.jobs.submit import record_job, stage_json, stage_jsonl
 from ingest.jobs.views import item_view, job_summary
 from results import job_items as items_db
 from results import jobs as jobs_db
+from results.reembed import job_migration
 from results.tenants import Tenant
 
 router = APIRouter()
@@ -175,9 +176,11 @@ async def get_job(request: Request, job_id: str, tenant: Caller) -> ORJSONRespon
     st = reader(request, tenant)
     j = await own_job(st, tenant, job_id)
     items = await page(st, j, 0, FIRST_PAGE)
+    migration = await job_migration(st.engine, str(j.job_id))  # a re-embed: its coverage
     return ORJSONResponse(
         {
             **job_summary(j, datetime.now(UTC)),
+            "migration": None if migration is None else migration.view(),
             "items": items,
             "next_cursor": FIRST_PAGE if j.total_items > FIRST_PAGE else None,
         }
