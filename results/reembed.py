@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -49,6 +50,18 @@ Hasher = Callable[[str, dict[str, Any]], Callable[[Any], bytes]]
 # The spec a version's record makes (core/models/registry.py ``spec_from_record`` with
 # the caller's settings): its params normalise the migration job's.
 SpecOf = Callable[[VersionRecord], ModelSpec]
+
+
+@dataclass(frozen=True)
+class Maker:
+    """What making a migration job takes from its caller's layer: the version's spec,
+    the content hash, and the job's completion window (s)."""
+
+    spec_of: SpecOf
+    hasher: Hasher
+    window_s: int
+
+
 _HASH_PAGE = 5_000  # items hashed per round trip
 
 # A job's items copied in its order, custom ids kept: the migration's item i is the
@@ -131,10 +144,7 @@ def promote(
     version: str,
     actor: str,
     corpus: Corpus,
-    *,
-    spec_of: SpecOf,
-    hasher: Hasher,
-    window_s: int,
+    maker: Maker,
 ) -> tuple[Change, Migration]:
     """Make ``name@version`` live and start re-embedding ``corpus`` with it, in the
     caller's transaction: only after a passing replay; any refusal leaves the registry
@@ -145,9 +155,7 @@ def promote(
     live = versions.live()
     change = modelregistry.apply(conn, name, lambda m: lifecycle.promote(m, version), actor)
     old = live if live != version else None
-    return change, start(
-        conn, name, version, old, corpus, actor, spec_of=spec_of, hasher=hasher, window_s=window_s
-    )
+    return change, start(conn, name, version, old, corpus, actor, maker)
 
 
 def migrate(
@@ -156,10 +164,7 @@ def migrate(
     version: str,
     actor: str,
     corpus: Corpus,
-    *,
-    spec_of: SpecOf,
-    hasher: Hasher,
-    window_s: int,
+    maker: Maker,
 ) -> Migration:
     """Re-embed another corpus with ``name@version``, the live version already (one
     promote, many tenants' corpora); the same gate as ``promote``."""
@@ -170,17 +175,7 @@ def migrate(
             field="version",
         )
     check_gate(name, version, modelregistry.passing_replay(conn, name, version) is not None)
-    return start(
-        conn,
-        name,
-        version,
-        versions.previous_live,
-        corpus,
-        actor,
-        spec_of=spec_of,
-        hasher=hasher,
-        window_s=window_s,
-    )
+    return start(conn, name, version, versions.previous_live, corpus, actor, maker)
 
 
 def start(
@@ -190,10 +185,7 @@ def start(
     old_version: str | None,
     corpus: Corpus,
     actor: str,
-    *,
-    spec_of: SpecOf,
-    hasher: Hasher,
-    window_s: int,
+    maker: Maker,
 ) -> Migration:
     """Write the migration job of ``corpus`` for ``name@version`` (``submitting``: the
     caller produces it). The corpus is the named tenant's only: another tenant's job is
@@ -202,7 +194,7 @@ def start(
         tenant = get_tenant(conn, corpus.tenant)
     except NotFound as exc:
         raise NotFound(exc.message, field="corpus.tenant") from exc
-    spec = spec_of(modelregistry.load(conn, name).get(version))
+    spec = maker.spec_of(modelregistry.load(conn, name).get(version))
     job_id = str(uuid.uuid4())
     if corpus.kind == CORPUS_JOB:
         source_id = canonical_uuid(str(corpus.job_id))
@@ -247,7 +239,7 @@ def start(
         ).rowcount
     if n == 0:
         raise InvalidInput(f"the corpus {corpus.described()} holds no items", field="corpus")
-    _hash_items(conn, job_id, hasher(tenant.id, params))
+    _hash_items(conn, job_id, maker.hasher(tenant.id, params))
     conn.execute(
         jobs.insert().values(
             job_id=job_id,
@@ -256,7 +248,7 @@ def start(
             model_version=version,
             params=params,
             total_items=n,
-            expires_at=datetime.now(UTC) + timedelta(seconds=window_s),
+            expires_at=datetime.now(UTC) + timedelta(seconds=maker.window_s),
         )
     )
     conn.execute(

@@ -213,9 +213,9 @@ def promote(
         _show_change(change)
         return
     corpus = _corpus(corpus_tenant, corpus_job, corpus_since, corpus_until)
-    args = _migration_args(name, version)
+    maker = _maker(name, version)
     change, started = _run(
-        lambda conn: reembed.promote(conn, name, version, _actor(), corpus, **args)
+        lambda conn: reembed.promote(conn, name, version, _actor(), corpus, maker)
     )
     _show_change(change)
     _publish(started)
@@ -234,8 +234,8 @@ def migrate(
 
     name, version = _versioned(ref)
     corpus = _corpus(corpus_tenant, corpus_job, corpus_since, corpus_until)
-    args = _migration_args(name, version)
-    started = _run(lambda conn: reembed.migrate(conn, name, version, _actor(), corpus, **args))
+    maker = _maker(name, version)
+    started = _run(lambda conn: reembed.migrate(conn, name, version, _actor(), corpus, maker))
     _publish(started)
 
 
@@ -283,16 +283,10 @@ def _corpus(tenant: str, job: str | None, since: str | None, until: str | None) 
         _fail(exc.message)
 
 
-def _migration_args(name: str, version: str) -> dict[str, Any]:
-    from core.models.registry import spec_from_record
-    from ingest.jobs.incremental import hasher_for
+def _maker(name: str, version: str) -> Any:
+    from ingest.jobs.incremental import reembed_maker
 
-    settings = load_settings()
-    return {
-        "spec_of": lambda r: spec_from_record(r, settings),
-        "hasher": hasher_for(name, version),
-        "window_s": settings.max_completion_window_s,  # a whole corpus: the longest
-    }
+    return reembed_maker(load_settings(), name, version)
 
 
 def _publish(started: Any) -> None:

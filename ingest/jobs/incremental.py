@@ -17,7 +17,10 @@ from typing import Any
 
 import orjson
 
+from core.config import Settings
 from core.errors import InvalidInput
+from core.models.registry import spec_from_record
+from results.reembed import Maker
 
 _SCHEME = b"gristmill-item-v1\0"  # a different scheme later hashes differently
 
@@ -50,6 +53,17 @@ def hasher_for(model: str, version: str) -> Callable[[str, dict[str, Any]], Call
         return lambda value: item_hash(scope, canonical_input(value, orjson.dumps(value).decode()))
 
     return for_job
+
+
+def reembed_maker(settings: Settings, model: str, version: str) -> Maker:
+    """How the admin API and the CLI make a re-embed's job for ``model@version``
+    (decision 68): the version's spec, staging's hash, the longest completion window (a
+    whole corpus)."""
+    return Maker(
+        lambda r: spec_from_record(r, settings),
+        hasher_for(model, version),
+        settings.max_completion_window_s,
+    )
 
 
 def check_base(base: Any, model: str, version: str, field: str = "base_job_id") -> None:

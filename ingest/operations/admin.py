@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.models import lifecycle
 from core.models.reembed import Corpus, Migration, corpus_of
-from core.models.registry import VersionRecord, new_record, spec_from_record
+from core.models.registry import VersionRecord, new_record
 from ingest.acceptance.state import get_state
-from ingest.jobs.incremental import hasher_for
+from ingest.jobs.incremental import reembed_maker
 from ingest.operations.admin_auth import require_admin
 from results import modelregistry, reembed
 from results.db import in_transaction
@@ -191,9 +191,9 @@ async def promote(
             lambda c: modelregistry.promote(c, name, version, actor, require_replay=require),
         )
         return ORJSONResponse(_change(change))
-    corpus, args = body.corpus.corpus(), _migration_args(request, name, version)
+    corpus, maker = body.corpus.corpus(), reembed_maker(get_state(request).settings, name, version)
     change, started = await _write(
-        request, lambda c: reembed.promote(c, name, version, actor, corpus, **args)
+        request, lambda c: reembed.promote(c, name, version, actor, corpus, maker)
     )
     await _publish(request, started)
     return ORJSONResponse({**_change(change), "migration": started.view()})
@@ -204,9 +204,9 @@ async def migrate(
     request: Request, actor: Admin, name: str, version: str, body: Migrate
 ) -> ORJSONResponse:
     """Re-embed another corpus with the live version (decision 68)."""
-    corpus, args = body.corpus.corpus(), _migration_args(request, name, version)
+    corpus, maker = body.corpus.corpus(), reembed_maker(get_state(request).settings, name, version)
     started = await _write(
-        request, lambda c: reembed.migrate(c, name, version, actor, corpus, **args)
+        request, lambda c: reembed.migrate(c, name, version, actor, corpus, maker)
     )
     await _publish(request, started)
     return ORJSONResponse({"migration": started.view()}, status_code=202)
@@ -217,15 +217,6 @@ async def migrations(request: Request, actor: Admin, name: str) -> ORJSONRespons
     """The model's re-embeds, newest first, each with its coverage."""
     listed = await _write(request, lambda c: reembed.list_migrations(c, name))
     return ORJSONResponse({"migrations": [m.view() for m in listed]})
-
-
-def _migration_args(request: Request, name: str, version: str) -> dict[str, Any]:
-    settings = get_state(request).settings
-    return {
-        "spec_of": lambda r: spec_from_record(r, settings),
-        "hasher": hasher_for(name, version),
-        "window_s": settings.max_completion_window_s,  # a whole corpus: the longest
-    }
 
 
 async def _publish(request: Request, started: Migration) -> None:

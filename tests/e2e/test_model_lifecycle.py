@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from results.db import make_engine
 from results.modelregistry import readiness_stmt
 from results.schema import requests
 from results.tenants import get_tenant, issue_key
+from tests.e2e.models_cli import models_cli
 
 pytestmark = pytest.mark.slow
 NAME = f"lc-{uuid.uuid4().hex[:6]}"
@@ -43,16 +43,7 @@ class LC:
         self.admin_key = admin_key
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run(
-            [sys.executable, "-m", "gristmill", "models", *args],
-            env=self.system.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if check:
-            assert r.returncode == 0, r.stdout + r.stderr
-        return r
+        return models_cli(self.system.env, *args, check=check)
 
     def infer(
         self, model: str, text: str, *, tier: str = "paid", url: str | None = None, **headers: str

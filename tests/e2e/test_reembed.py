@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from gristmill.devservices.stack import Services, System, build_system
 from results.db import make_engine
 from results.schema import requests
 from results.tenants import get_tenant, issue_key
+from tests.e2e.models_cli import models_cli
 
 pytestmark = pytest.mark.slow
 NAME = f"re-{uuid.uuid4().hex[:6]}"
@@ -63,16 +63,7 @@ class RE:
         return f"{tier}-{self.run}"
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        r = subprocess.run(
-            [sys.executable, "-m", "gristmill", "models", *args],
-            env=self.s.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if check:
-            assert r.returncode == 0, r.stdout + r.stderr
-        return r
+        return models_cli(self.s.env, *args, check=check)
 
     def admin(self, method: str, path: str, key: str | None = None, **kw: Any) -> httpx.Response:
         key = self.admin_key if key is None else key
@@ -254,6 +245,14 @@ def test_promote_with_a_corpus_re_embeds_it_while_pinned_reads_keep_the_old_vect
         ).all()
     assert len(rows) == len(CORPUS)
     assert {tuple(r) for r in rows} == {("2", "jobs", re.s.tenant_ids["paid"])}  # backfill
+
+    # After the cut-over the next incremental refresh names the migration as its base.
+    refreshed = [f"{x} edited" if i in (3, 50, 99) else x for i, x in enumerate(CORPUS)]
+    body = {"model": NAME, "base_job_id": job_id, "items": [{"input": x} for x in refreshed]}
+    r = httpx.post(f"{re.s.url}/v1/jobs", json=body, headers=re.s.headers(), timeout=120)
+    assert r.status_code == 202, r.text
+    assert r.json()["usage"]["reused_items"] == len(CORPUS) - 3
+    assert re.job(r.json()["job_id"])["migration"] is None  # an ordinary job
 
     listed = re.migrations()
     assert [x["job_id"] for x in listed] == [job_id] and listed[0]["coverage"] == 1.0
