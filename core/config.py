@@ -455,6 +455,11 @@ class SchedulerSettings(_Concern):
     # 5-15 s on a CPU), so two versions taking turns must not spend the worker on
     # loading (scheduler/core/residency.py, decision 30).
     model_min_residency_s: float = Field(30.0, ge=0)
+    # Threads writing results to PostgreSQL; one of them is kept for sync results, the
+    # others write job results too. The store's rate grows with concurrent writers
+    # (docs/bench/gpu-host.md, r5: 6, 9, 12 writers), so a host with cores to spare
+    # for PostgreSQL may give each scheduler more.
+    persist_threads: int = Field(3, ge=2)
 
 
 class WorkerSettings(_Concern):

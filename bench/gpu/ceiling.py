@@ -381,7 +381,7 @@ class Bench:
         run("units_128_then_512", 1024, 8, first_unit_items=128, unit_items=512)
         run("no_pipeline", 1024, 8, pipeline=False)
         run("pageable", 1024, 8, pin=False)
-        run("slow_tokenizer_call", 1024, 8, _encode=m.tokenizer.encode_batch)
+        run("slow_tokenizer_call", 1024, 8, encode_texts=m.tokenizer.encode_batch)
         for n in (64, 256, 1024):
             run("pretokenized", n, 10, ids=True)
         run("pretokenized_no_graphs", 1024, 8, ids=True, use_graphs=False)

@@ -24,7 +24,7 @@ from gristmill.ledger.reconciler import Reconciler, ledger_group
 from results import ledger as sql
 from results.db import make_engine
 
-log = logging.getLogger("gristmill.chaos")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -92,6 +92,15 @@ def _model(name: str) -> str:
     return name
 
 
+def _target(request: Any, context: grpc.aio.ServicerContext) -> tuple[str | None, str, str | None]:
+    """The caller's Authorization and the model version a metadata or readiness call names."""
+    return (
+        _value(_headers(context), b"authorization"),
+        _model(request.name),
+        request.version or None,
+    )
+
+
 class GrpcInferDoor:
     """ModelInfer's door on the pipeline: one per call, holding its message."""
 
@@ -142,8 +151,7 @@ class KServeGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _metadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
-        authorization = _value(_headers(context), b"authorization")
-        model, version = _model(request.name), request.version or None
+        authorization, model, version = _target(request, context)
         return metadata_response(await answers.metadata_of(self.st, authorization, model, version))
 
     async def ModelReady(
@@ -156,8 +164,7 @@ class KServeGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelReadyResponse:
         # Unknown, or no worker serves it now (HTTP's 404 and 503): not ready, as
         # Triton answers, so a client's readiness loop reads a bool, not an error.
-        authorization = _value(_headers(context), b"authorization")
-        model, version = _model(request.name), request.version or None
+        authorization, model, version = _target(request, context)
         try:
             await answers.ready_of(self.st, authorization, model, version)
         except (NotFound, Unavailable):

@@ -57,8 +57,8 @@ RETRY_MAX_S = 1.0
 # Once stopping, a write gives up after this many tries: its offsets stay uncommitted
 # and the partition's next owner reads the work again.
 STOPPING_TRIES = 3
-# Threads writing results, and of those the ones kept for sync results.
-THREADS, SYNC_ONLY = 3, 1
+# Threads kept for sync results, of the ``persist_threads`` writing results.
+SYNC_ONLY = 1
 # Most request rows one transaction holds when a write takes on the writes queued behind
 # it (group commit). A commit costs a flush of the WAL to disk, and the writes of one
 # job (its counters' row lock) or of sync results (NOTIFY's lock) commit one at a time,
@@ -81,6 +81,7 @@ class Persister:
         stopping: threading.Event,
         *,
         supervisor: Supervisor | None = None,
+        threads: int = 3,
     ):
         self.store = store
         self.dead_letters = dead_letters
@@ -89,7 +90,7 @@ class Persister:
         # Job writes step aside while commits are slow (scheduler/core/write_yield.py).
         self.pace = WriteYield()
         self.pool = PriorityPool(
-            THREADS,
+            threads,
             name="persist",
             reserved=SYNC_ONLY,
             background_from=BACKGROUND_RANK,

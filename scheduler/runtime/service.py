@@ -118,6 +118,7 @@ class SchedulerService:
             self.host.done,
             self.stopping,
             supervisor=self.supervisor,
+            threads=settings.persist_threads,
         )
         self.batching = BatchingEngine(
             settings,

@@ -136,7 +136,7 @@ def test_launched_back_to_back_batches_match_one_at_a_time(
     from core.models.token_ids import encode_ids
 
     gpu, _ = models
-    ids = [encode_ids(e.ids) for e in gpu._encode(texts)]
+    ids = [encode_ids(e.ids) for e in gpu.encode_texts(texts)]
     a, b = ids[:150], ids[150:]
     alone_a = gpu.predict([{"ids": x} for x in a], {"normalize": True}).copy()
     alone_b = gpu.predict([{"ids": x} for x in b], {"normalize": True}).copy()

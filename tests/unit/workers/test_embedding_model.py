@@ -109,13 +109,13 @@ def test_gpu_sub_batch_plan_covers_the_batch(model: Any) -> None:
     try:
         for lens in ([3], [5] * 7, [8, 9, 30, 31, 64, 100, 128, 250] * 8, list(range(8, 129)) * 2):
             lens = sorted(lens)
-            ends = model._cut(lens)
+            ends = model.cut(lens)
             assert ends[-1] == len(lens) and ends == sorted(set(ends))
             for a, b in zip([0, *ends], ends, strict=False):
-                s = model._seq_pad(lens[b - 1])
+                s = model.seq_pad(lens[b - 1])
                 assert (
                     s % GRAPH_SEQ_STEP == 0
-                    and b - a <= model._row_cap(s) <= model.spec.max_batch_size
+                    and b - a <= model.row_cap(s) <= model.spec.max_batch_size
                 )
                 assert (b - a) * s <= model.bucket_tokens or b - a == 1
     finally:
@@ -196,7 +196,7 @@ def test_tokenized_inputs_give_the_text_answer(model: Any) -> None:
 
 def test_pack_rows_pads_and_truncates_like_the_tokenizer() -> None:
     from core.models.token_ids import decode_batch, encode_ids
-    from workers.models.embedding.runtime import pack_rows
+    from workers.models.embedding.packed import pack_rows
 
     seqs = [[101, 5, 6, 102], [101, 102], [101, 7, 8, 9, 10, 102]]
     flat, lens, starts = decode_batch([encode_ids(s) for s in seqs])

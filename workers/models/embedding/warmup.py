@@ -92,7 +92,8 @@ def cost_curve(model: EmbeddingModel) -> dict[int, float]:
     inputs: list[Any] = list(texts)
     if model.spec.tokenize_in_api:
         inputs = [
-            tokenized_input(t, e.ids) for t, e in zip(texts, model._encode(texts), strict=False)
+            tokenized_input(t, e.ids)
+            for t, e in zip(texts, model.encode_texts(texts), strict=False)
         ]
     params = {"normalize": True}
     profile: dict[int, float] = {}
@@ -158,7 +159,7 @@ def measure_memory(model: EmbeddingModel, sizes: list[int]) -> None:
         model.tokenizer, max(sizes), model.spec.max_tokens, model.spec.max_tokens, seed=2
     )
     flat, lens, starts = decode_batch(
-        [encode_ids(e.ids) for e in model._encode(longest)]  # the packed path's inputs
+        [encode_ids(e.ids) for e in model.encode_texts(longest)]  # the packed path's inputs
     )
     graphs, model.use_graphs = model.use_graphs, False
     try:
