@@ -155,14 +155,22 @@ def check_source(
 
 
 def check_retire(name: str, version: str, migrations: Iterable[Migration]) -> None:
-    """Refuse to retire a version while a corpus is still moving away from it: callers
-    pin it to read a corpus whose new vectors are not all there yet."""
+    """Refuse to retire a version while a corpus is still moving away from it (callers
+    pin it to read a corpus whose new vectors are not all there yet), or onto it (its
+    migration job's items would find it gone)."""
     for m in migrations:
-        if m.name == name and m.from_version == version and m.pending:
+        if m.name != name or not m.pending:
+            continue
+        if m.from_version == version:
             raise Conflict(
                 f"{name}@{version} is still read while job {m.job_id} re-embeds tenant "
                 f"{m.tenant}'s corpus to @{m.to_version} ({m.coverage:.1%} covered); retire "
                 "it once coverage is 100%, or cancel that job to abandon the migration"
+            )
+        if m.to_version == version:
+            raise Conflict(
+                f"job {m.job_id} is re-embedding tenant {m.tenant}'s corpus with "
+                f"{name}@{version} ({m.coverage:.1%} covered); cancel that job first"
             )
 
 

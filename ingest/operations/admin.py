@@ -3,7 +3,8 @@
 Only keys with the admin scope reach it (``gristmill tenants add-key NAME --admin``;
 ingest/operations/admin_auth.py checks it on every call: 401 unknown, 403 a tenant's ordinary key).
 Every change is written with an audit row naming the key (results/modelregistry.py),
-through the same functions ``gristmill models`` calls.
+through the same functions ``gristmill models`` calls. A promote may name a tenant's
+corpus to re-embed with the new version (decision 68, results/reembed.py).
 """
 
 from __future__ import annotations

@@ -119,11 +119,13 @@ def test_a_corpus_job_is_of_the_model_and_not_of_the_new_version() -> None:
         check_source("emb", "2", "emb", "2", "job x")
 
 
-def test_a_version_a_corpus_is_moving_off_is_not_retired_until_covered() -> None:
+def test_a_version_a_corpus_is_moving_off_or_onto_is_not_retired_until_covered() -> None:
     check_retire("emb", "1", [])
     with pytest.raises(Conflict) as err:
         check_retire("emb", "1", [mig(10), mig(3)])
     assert JOB in err.value.message and "30.0% covered" in err.value.message
     check_retire("emb", "1", [mig(10), mig(3, cancelled=True)])  # complete or abandoned
-    check_retire("emb", "2", [mig(3)])  # the new version is not the one being left
+    with pytest.raises(Conflict, match="cancel that job first"):
+        check_retire("emb", "2", [mig(3)])  # nor the one it moves to
+    check_retire("emb", "2", [mig(10), mig(3, cancelled=True)])
     check_retire("emb", "1", [mig(3, name="other")])
