@@ -85,13 +85,17 @@ _FROM_LOG = text("""
             AND params = CAST(:params AS jsonb)
             AND received_at >= :since AND received_at < :until
           GROUP BY input) corpus""")
+# A window of indexes (they are 0..n-1 in both kinds of corpus), never "after ... LIMIT":
+# the planner knows nothing of rows inserted in this transaction and sorted all of them
+# for every page (1,000,000 items: 135 s; results/job_items.py ``unsent_page`` says the same).
 _PAGE = text("""
     SELECT item_index, input FROM job_items
-    WHERE job_id = :job AND item_index > :after ORDER BY item_index LIMIT :n""")
+    WHERE job_id = :job AND item_index >= :first AND item_index < :end""")
 _SET_HASHES = text("""
     UPDATE job_items i SET content_hash = u.h
     FROM unnest(CAST(:idx AS int4[]), CAST(:h AS bytea[])) AS u(item_index, h)
-    WHERE i.job_id = :job AND i.item_index = u.item_index""")
+    WHERE i.job_id = :job AND i.item_index >= :first AND i.item_index < :end
+      AND i.item_index = u.item_index""")
 # Migrations with their job's progress as it stands (job_progress: decision 64).
 _MIGRATIONS = """
     SELECT m.job_id, m.name, m.from_version, m.to_version, t.name AS tenant, m.corpus,
@@ -239,7 +243,7 @@ def start(
         ).rowcount
     if n == 0:
         raise InvalidInput(f"the corpus {corpus.described()} holds no items", field="corpus")
-    _hash_items(conn, job_id, maker.hasher(tenant.id, params))
+    _hash_items(conn, job_id, n, maker.hasher(tenant.id, params))
     conn.execute(
         jobs.insert().values(
             job_id=job_id,
@@ -274,19 +278,18 @@ def retire(conn: Connection, name: str, version: str, actor: str) -> Change:
     return modelregistry.apply(conn, name, lambda m: lifecycle.retire(m, version), actor)
 
 
-def _hash_items(conn: Connection, job_id: str, item_hash: Callable[[Any], bytes]) -> None:
-    """Each new item's content hash for the new version, a page at a time."""
-    after = -1
-    while True:
-        page = conn.execute(_PAGE, {"job": job_id, "after": after, "n": _HASH_PAGE}).all()
-        if not page:
-            return
+def _hash_items(
+    conn: Connection, job_id: str, total: int, item_hash: Callable[[Any], bytes]
+) -> None:
+    """Each new item's content hash for the new version, a window at a time."""
+    for first in range(0, total, _HASH_PAGE):
+        window = {"job": job_id, "first": first, "end": first + _HASH_PAGE}
+        page = conn.execute(_PAGE, window).all()
         conn.execute(
             _SET_HASHES,
             {
-                "job": job_id,
+                **window,
                 "idx": [r.item_index for r in page],
                 "h": [item_hash(r.input) for r in page],
             },
         )
-        after = page[-1].item_index
