@@ -132,6 +132,7 @@ def _state(settings: Settings, tenant: Tenant, key: str) -> Any:
         catalog=catalog,
         limiter=limiter,
         inflight=InflightLimiter(1_000_000, settings.inflight_share),
+        flex_waits=InflightLimiter(settings.max_flex_waits, {}),
         load=LoadWatch(engine, settings, limiter),
         overload=Overload(),
         uploads=SlotLimiter(1, 1),

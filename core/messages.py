@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from core.vocab import ServiceTier
+
 # Stable namespace for the request ids of job items.
 _IDEMPOTENCY_NS = uuid.UUID("0b5c0f7e-4f3a-4a39-9c53-6f0c3f6e2a11")
 
@@ -59,6 +61,19 @@ def keep_until(extra: dict[str, Any]) -> float | None:
     if (type(v) is float or type(v) is int) and 0 < v < math.inf:
         return float(v)
     return None
+
+
+# ``extra`` key: the service tier the request is served as (core/vocab.py ServiceTier,
+# decision 66), written to its request-log row. Absent: a job item, or a message from
+# before the tier existed.
+SERVICE_TIER = "service_tier"
+_SERVICE_TIERS = frozenset(ServiceTier)
+
+
+def service_tier(extra: dict[str, Any]) -> str | None:
+    """A message's ``SERVICE_TIER`` when it names a tier, else None."""
+    v = extra.get(SERVICE_TIER)
+    return v if type(v) is str and v in _SERVICE_TIERS else None
 
 
 def body_hash(model: str, input_: Any, params: dict[str, Any]) -> str:

@@ -44,3 +44,4 @@ class RequestRow(TypedDict):
     kafka_topic: str | None
     kafka_partition: int | None
     kafka_offset: int | None
+    service_tier: str | None  # flex | default | priority; None: a job item (decision 66)

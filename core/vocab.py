@@ -37,6 +37,17 @@ class PriorityClass(StrEnum):
         return PRIORITY_CLASSES.index(self)
 
 
+class ServiceTier(StrEnum):
+    """What a request asks to be served as (``service_tier``, decision 66): ``flex``
+    waits in Kafka behind every sync tier at job items' priority and is never refused
+    for capacity; ``default`` is the key's tier; ``priority`` the highest tier the key
+    may use."""
+
+    FLEX = "flex"
+    DEFAULT = "default"
+    PRIORITY = "priority"
+
+
 # Most urgent first; the index is the class's rank.
 PRIORITY_CLASSES: tuple[PriorityClass, ...] = tuple(PriorityClass)
 TIER_TO_CLASS: dict[str, PriorityClass] = {

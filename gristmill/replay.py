@@ -8,7 +8,10 @@ requests belong to a tenant of their own (``gristmill-replay``), so no customer'
 request log shows them; their ids derive from the replay and the original request, so
 a replay run twice does not compute twice. The candidate's rows are then compared with
 the recorded ones (gristmill/replay_report.py) per tenant tier: agreement, error rates,
-model latency. The verdict is stored with the registry (``model_replays``), where
+model latency. A generation model's prompts run at temperature 0 (decision 67): on the
+candidate, and again on the recorded version where the recorded answer was sampled, so
+both sides are the models' greedy text and exact match means something; the report
+adds a token-level similarity. The verdict is stored with the registry (``model_replays``), where
 ``gristmill models promote --require-replay`` looks for it.
 """
 
@@ -31,6 +34,7 @@ from core.config import Settings
 from core.errors import Conflict, GristmillError, InvalidInput, NotFound
 from core.kafka import producer_config
 from core.messages import RequestMessage
+from core.models.causal_lm import DEFAULT_TEMPERATURE, CausalLMSpec, codec
 from core.models.registry import VersionState, parse_ref, spec_from_record
 from core.topics import request_topic
 from core.vocab import PriorityClass, RequestStatus
@@ -58,6 +62,7 @@ class Recorded:
     ok: bool
     output: Any
     compute_ms: float | None
+    version: str = ""
 
 
 def parse_since(text: str) -> timedelta:
@@ -89,6 +94,7 @@ def recorded(
             requests.c.output_vector,
             requests.c.compute_start_at,
             requests.c.compute_end_at,
+            requests.c.model_version,
         )
         .join(tenants, tenants.c.id == requests.c.tenant_id)
         .where(
@@ -117,6 +123,7 @@ def recorded(
             # A vector is stored apart (decision 29), not in ``output``.
             answer_output(r.output, r.output_vector, FLOAT),
             _ms(r.compute_start_at, r.compute_end_at),
+            r.model_version,
         )
         for r in rows
     ]
@@ -132,6 +139,17 @@ def _replay_tenant(engine: Engine) -> str:
 
 def replay_id_for(replay_id: str, original: str) -> str:
     return str(uuid.uuid5(_NS, f"{replay_id}\x00{original}"))
+
+
+def greedy(params: dict[str, Any]) -> dict[str, Any]:
+    """A generation request's parameters at temperature 0 (no seed: nothing is drawn)."""
+    return {k: v for k, v in params.items() if k != "seed"} | {"temperature": 0.0}
+
+
+def sampled(params: dict[str, Any]) -> bool:
+    """Whether a recorded generation answer was drawn (not greedy)."""
+    t = params.get("temperature", DEFAULT_TEMPERATURE)
+    return not isinstance(t, int | float) or t != 0
 
 
 @dataclass
@@ -170,7 +188,9 @@ def run_replay(
         replay_id = modelregistry.start_replay(conn, name, version, actor, started - since)
     tenant_id = _replay_tenant(engine)
     deadline = time.time() + timeout_s
+    generating = isinstance(spec, CausalLMSpec)
     ids: dict[str, Recorded] = {}
+    reruns: dict[str, str] = {}  # original id -> its greedy rerun on the recorded version
     refused: dict[str, str] = {}  # original id -> why the candidate cannot take it
     producer = Producer(producer_config(settings))
     topic = request_topic(settings, PriorityClass.JOBS)
@@ -179,36 +199,46 @@ def run_replay(
         rid = replay_id_for(replay_id, r.request_id)
         try:
             spec.validate_input(r.input)
-            params = spec.normalize_params(r.params)
+            params = spec.normalize_params(greedy(r.params) if generating else r.params)
         except GristmillError as exc:  # the candidate does not accept what was asked
             refused[r.request_id] = exc.message
             continue
-        msg = RequestMessage(
-            request_id=rid,
-            tenant_id=tenant_id,
-            priority=PriorityClass.JOBS,
-            model=name,
-            version=version,
-            input=spec.message_input(r.input),
-            params=params,
-            deadline=deadline,
-            received_at=now,
-            extra={"replay": replay_id, "of": r.request_id},
-        )
-        producer.produce(topic, msg.encode())
-        producer.poll(0)
+        runs = [(rid, version)]
+        if generating and sampled(r.params) and r.version:
+            reruns[r.request_id] = replay_id_for(replay_id, f"greedy\x00{r.request_id}")
+            runs.append((reruns[r.request_id], r.version))
+        for run_id, pinned in runs:
+            msg = RequestMessage(
+                request_id=run_id,
+                tenant_id=tenant_id,
+                priority=PriorityClass.JOBS,
+                model=name,
+                version=pinned,
+                input=spec.message_input(r.input),
+                params=params,
+                deadline=deadline,
+                received_at=now,
+                extra={"replay": replay_id, "of": r.request_id},
+            )
+            producer.produce(topic, msg.encode())
+            producer.poll(0)
         ids[rid] = r
     if producer.flush(30) != 0:
         raise GristmillError("Kafka did not take every replayed request within 30 s")
-    answers = _wait(engine, list(ids), deadline, progress)
+    answers = _wait(engine, [*ids, *reruns.values()], deadline, progress)
     pairs = []
     for rid, r in ids.items():
         a = answers.get(rid)
+        ok, output = r.ok, r.output
+        if r.request_id in reruns:  # compared with the recorded version's greedy text
+            b = answers.get(reruns[r.request_id])
+            ok = b is not None and b["status"] == RequestStatus.SUCCEEDED
+            output = None if b is None else b["output"]
         pairs.append(
             Pair(
                 r.tier,
-                r.ok,
-                r.output,
+                ok,
+                output,
                 r.compute_ms,
                 None if a is None else a["status"] == RequestStatus.SUCCEEDED,
                 None if a is None else answer_output(a["output"], a["output_vector"], FLOAT),
@@ -218,9 +248,11 @@ def run_replay(
     for orig, _why in refused.items():
         r = next(x for x in originals if x.request_id == orig)
         pairs.append(Pair(r.tier, r.ok, r.output, r.compute_ms, False))
-    report = compare(pairs, thresholds, mode)
+    tokenize = codec().encode if generating else str.split
+    report = compare(pairs, thresholds, mode, tokenize)
     summary = report.as_dict()
     summary["refused"] = len(refused)
+    summary["greedy_reruns"] = len(reruns)
     summary["since"] = str(since)
     with engine.begin() as conn:
         modelregistry.finish_replay(conn, replay_id, len(pairs), report.passed, summary)

@@ -3,22 +3,32 @@
 Each recorded request and the candidate's answer to the same input make a ``Pair``.
 Agreement is exact equality for deterministic outputs, and cosine similarity for
 embeddings (outputs that are equal-length lists of numbers): a pair agrees when its
-cosine reaches ``min_cosine``. Per tenant tier and overall the report gives agreement,
-the error rates and their delta, and the model latency (the compute time of the batch
-each request ran in) at p50 and p95 with its change. A replay passes when enough pairs
-agree, the candidate fails no more often than allowed, and every request was answered.
+cosine reaches ``min_cosine``. Generated text (outputs with a ``text``, decision 67)
+agrees when the texts are equal (both run at temperature 0); beside that exact-match
+rate the report gives a token-level similarity, one minus the edit distance between the
+two token sequences over the longer one's length, so a candidate that differs in a
+word scores near 1 and one that says something else near 0.
+
+Per tenant tier and overall the report gives agreement, the error rates and their
+delta, and the model latency (the compute time of the batch each request ran in) at
+p50 and p95 with its change. A replay passes when enough pairs agree, the candidate
+fails no more often than allowed, and every request was answered.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 EXACT = "exact"
 COSINE = "cosine"
+TEXT = "text"
 AUTO = "auto"
+MODES = (AUTO, EXACT, COSINE, TEXT)
+
+Tokenize = Callable[[str], Sequence[Any]]
 
 
 @dataclass(frozen=True)
@@ -63,6 +73,30 @@ def cosine(a: Sequence[float], b: Sequence[float]) -> float:
     return dot / (na * nb)
 
 
+def is_text(x: Any) -> bool:
+    return isinstance(x, dict) and isinstance(x.get("text"), str)
+
+
+def edit_distance(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """Levenshtein distance: insertions, deletions and substitutions of one item."""
+    if len(a) < len(b):
+        a, b = b, a
+    prev = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        cur = [i]
+        for j, y in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x != y)))
+        prev = cur
+    return prev[-1]
+
+
+def token_similarity(a: Sequence[Any], b: Sequence[Any]) -> float:
+    """1 - edit distance / the longer length: 1 for equal sequences (two empty ones
+    too), 0 for sequences with nothing in common position by position."""
+    longest = max(len(a), len(b))
+    return 1.0 if longest == 0 else 1.0 - edit_distance(a, b) / longest
+
+
 def percentile(xs: Sequence[float], q: float) -> float:
     if not xs:
         return float("nan")
@@ -81,6 +115,7 @@ class Group:
     compared: int = 0  # both succeeded
     agreed: int = 0
     cosines: list[float] = field(default_factory=list)
+    similarities: list[float] = field(default_factory=list)  # token-level, text mode
     original_errors: int = 0
     candidate_errors: int = 0
     original_ms: list[float] = field(default_factory=list)
@@ -116,6 +151,8 @@ class Group:
             "agreement": self.agreement,
             "mean_cosine": sum(self.cosines) / len(self.cosines) if self.cosines else None,
             "min_cosine": min(self.cosines) if self.cosines else None,
+            "mean_token_similarity": _mean(self.similarities),
+            "min_token_similarity": min(self.similarities) if self.similarities else None,
             "original_error_rate": self.original_error_rate,
             "candidate_error_rate": self.candidate_error_rate,
             "error_delta": self.error_delta,
@@ -147,25 +184,37 @@ class Report:
         }
 
 
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
 def mode_for(pairs: Iterable[Pair], requested: str = AUTO) -> str:
     if requested != AUTO:
         return requested
     for p in pairs:
         if p.original_ok and p.candidate_ok:
+            if is_text(p.original_output) and is_text(p.candidate_output):
+                return TEXT
             both = is_vector(p.original_output) and is_vector(p.candidate_output)
             return COSINE if both else EXACT
     return EXACT
 
 
 def compare(
-    pairs: Sequence[Pair], thresholds: Thresholds = Thresholds(), mode: str = AUTO
+    pairs: Sequence[Pair],
+    thresholds: Thresholds = Thresholds(),
+    mode: str = AUTO,
+    tokenize: Tokenize = str.split,
 ) -> Report:
+    """``tokenize``: the tokens text mode compares (the model's own tokenizer in a
+    replay; words by default)."""
     mode = mode_for(pairs, mode)
     overall = Group("all")
     tiers: dict[str, Group] = {}
     for p in pairs:
+        sim = _similarity(p, tokenize) if mode == TEXT else None
         for g in (overall, tiers.setdefault(p.tier, Group(p.tier))):
-            _add(g, p, mode, thresholds)
+            _add(g, p, mode, thresholds, sim)
     reasons: list[str] = []
     if not pairs:
         reasons.append("no recorded requests to replay")
@@ -189,7 +238,18 @@ def _tier_order(t: str) -> tuple[int, str]:
     return (known.index(t), t) if t in known else (len(known), t)
 
 
-def _add(g: Group, p: Pair, mode: str, t: Thresholds) -> None:
+def _text(x: Any) -> str | None:
+    return x["text"] if is_text(x) else None
+
+
+def _similarity(p: Pair, tokenize: Tokenize) -> float | None:
+    a, b = _text(p.original_output), _text(p.candidate_output)
+    if not (p.original_ok and p.candidate_ok) or a is None or b is None:
+        return None
+    return token_similarity(tokenize(a), tokenize(b))
+
+
+def _add(g: Group, p: Pair, mode: str, t: Thresholds, sim: float | None = None) -> None:
     g.items += 1
     if not p.original_ok:
         g.original_errors += 1
@@ -215,6 +275,11 @@ def _add(g: Group, p: Pair, mode: str, t: Thresholds) -> None:
         if not math.isnan(c):
             g.cosines.append(c)
         g.agreed += int(c >= t.min_cosine)
+    elif mode == TEXT:
+        a, b = _text(p.original_output), _text(p.candidate_output)
+        g.agreed += int(a is not None and a == b)
+        if sim is not None:
+            g.similarities.append(sim)
     else:
         g.agreed += int(p.original_output == p.candidate_output)
 
@@ -228,8 +293,9 @@ def render(report: Report, name: str, candidate: str) -> str:
     def ms(x: float) -> str:
         return "-" if math.isnan(x) else f"{x:.1f}"
 
+    second = "tok sim" if report.mode == TEXT else "cos min"
     head = (
-        f"{'tier':<11}{'items':>7}{'answered':>10}{'agree':>9}{'cos min':>9}"
+        f"{'tier':<11}{'items':>7}{'answered':>10}{'agree':>9}{second:>9}"
         f"{'err was':>9}{'err now':>9}{'p50 ms':>15}{'p95 ms':>15}{'p95 Δ':>8}"
     )
     lines = [
@@ -242,7 +308,8 @@ def render(report: Report, name: str, candidate: str) -> str:
         r = g.row()
         lo50, c50 = g.latency(50)
         lo95, c95 = g.latency(95)
-        cos_min = "-" if r["min_cosine"] is None else f"{r['min_cosine']:.4f}"
+        value = r["mean_token_similarity"] if report.mode == TEXT else r["min_cosine"]
+        cos_min = "-" if value is None else f"{value:.4f}"
         lines.append(
             f"{g.name:<11}{g.items:>7}{g.answered:>10}{pct(r['agreement']):>9}"
             f"{cos_min:>9}"

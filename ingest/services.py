@@ -114,6 +114,7 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         ),
         limiter=limiter,
         inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
+        flex_waits=InflightLimiter(settings.max_flex_waits, {}),
         load=LoadWatch(engine, settings, limiter),
         overload=overload,
         uploads=slots.uploads,

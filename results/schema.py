@@ -125,6 +125,9 @@ requests = Table(
     Column("kafka_topic", Text),
     Column("kafka_partition", Integer),
     Column("kafka_offset", BigInteger),
+    # What the caller was served as, as its answer echoed it: flex | default | priority
+    # (decision 66, revision 0027); NULL for job items and rows written before.
+    Column("service_tier", Text),
     CheckConstraint(
         f"status in ({', '.join(repr(str(s)) for s in RequestStatus)})",
         name="requests_status_check",
@@ -173,6 +176,8 @@ batches = Table(
     Column("compute_start_at", DateTime(timezone=True)),
     Column("compute_end_at", DateTime(timezone=True)),
     Column("compute_ms", Float),
+    # {tier: {tenant id: [device ms received, device ms entitled]}} (decision 65)
+    Column("shares", JSONB),
     written_at("persisted_at"),
     Index("batches_formed", "formed_at"),
 )

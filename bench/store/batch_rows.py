@@ -44,6 +44,7 @@ def batch_rows(vecs: list[bytes], tenant: str, at: datetime) -> list[RequestRow]
                 "kafka_topic": "gristmill.requests.jobs",
                 "kafka_partition": 0,
                 "kafka_offset": i,
+                "service_tier": None,
             }
         )
     return rows

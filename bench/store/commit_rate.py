@@ -266,5 +266,6 @@ def main() -> None:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "commit_rate.json").write_text(json.dumps(result, indent=1))
 
+
 if __name__ == "__main__":
     main()

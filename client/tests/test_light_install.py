@@ -10,8 +10,7 @@ HEAVY = ("torch", "confluent_kafka", "psycopg", "sqlalchemy", "orjson", "fastapi
 
 def test_import_pulls_in_no_server_dependency() -> None:
     code = (
-        "import sys, gristmill_client; "
-        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+        f"import sys, gristmill_client; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""

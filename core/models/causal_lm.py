@@ -43,6 +43,10 @@ PARAM_NAMES = ("max_tokens", "temperature", "seed", "stop")
 class CausalLMSpec(ModelSpec):
     # Positions the model has (prompt + output); the worker refuses weights of another size.
     context_length: int = 512
+    # Its weights when not the packaged ones nor an artifact: the packaged ones with
+    # seeded noise of ``weights_noise`` times each tensor's spread (decision 67).
+    weights_seed: int | None = None
+    weights_noise: float = 0.05
     params: tuple[ParamSpec, ...] = (
         # Documentation for the model listing; ``normalize_params`` does the checking (a
         # seed may be absent, a stop is a string or a list).

@@ -33,6 +33,10 @@ from core.models.spec import ModelSpec
 LM_NAME = "gristmill-lm"
 LM_MAX_RUNNING = 64  # sequences one generation worker runs together (decision 23)
 LM_CONTEXT_LENGTH = 512  # the packaged weights' positions (CausalLMSpec's default)
+# A seeded version's weights: the packaged ones plus Gaussian noise of this share of each
+# tensor's own spread (decision 67). 0.05 changes the greedy text of most prompts within
+# a few tokens while the text stays the corpus's kind.
+DEFAULT_WEIGHTS_NOISE = 0.05
 
 
 class VersionState(StrEnum):
@@ -54,7 +58,9 @@ class Backend(StrEnum):
 CONFIG_KEYS: dict[Backend, frozenset[str]] = {
     Backend.SIM: frozenset({"batch_ms", "variant", "memory_mb", "load_ms", "vector_dim"}),
     Backend.EMBEDDING: frozenset({"max_tokens"}),
-    Backend.CAUSAL_LM: frozenset({"context_length"}),
+    # Another set of weights: an artifact (train.py's folder), or the packaged weights
+    # perturbed by a seed (decision 67).
+    Backend.CAUSAL_LM: frozenset({"context_length", "weights_seed", "weights_noise"}),
     Backend.HTTP: frozenset(
         {
             "url",
@@ -139,9 +145,7 @@ def spec_from_record(record: VersionRecord, settings: ModelSettings) -> ModelSpe
                 vector_dim=int(c.get("vector_dim", settings.sim_vector_dim)),
             )
         if backend is Backend.CAUSAL_LM:
-            return CausalLMSpec(
-                **common, context_length=int(c.get("context_length", LM_CONTEXT_LENGTH))
-            )
+            return _causal_lm_spec(common, c)
         if backend is Backend.EMBEDDING:
             max_tokens = int(c.get("max_tokens", settings.embed_max_tokens))
             if not 2 <= max_tokens <= 512:
@@ -204,11 +208,11 @@ def new_record(
         raise InvalidInput("an artifact must be pinned by its sha256", field="sha256")
     if memory_bytes < 0:
         raise InvalidInput("memory_bytes must not be negative", field="memory_bytes")
-    if backend == Backend.CAUSAL_LM:
-        # A scheduler runs one generation worker with the packaged weights (decision
-        # 32): a registered version would be answered by those, under its own name.
+    if backend == Backend.CAUSAL_LM and name != LM_NAME:
+        # The scheduler's generation worker serves the versions of one model, with the
+        # packaged tokenizer (decision 67): another name would be served by nothing.
         raise InvalidInput(
-            f"backend {backend} serves only the built-in {LM_NAME}@1; register "
+            f"backend {backend} serves versions of {LM_NAME} only; register other "
             "generation models behind the http backend",
             field="backend",
         )
@@ -229,6 +233,23 @@ def new_record(
     except RecordError as exc:
         raise InvalidInput(str(exc), field="config") from exc
     return record
+
+
+def _causal_lm_spec(common: dict[str, Any], c: Mapping[str, Any]) -> CausalLMSpec:
+    seed = c.get("weights_seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise RecordError("weights_seed must be a non-negative integer")
+    noise = c.get("weights_noise", DEFAULT_WEIGHTS_NOISE)
+    if isinstance(noise, bool) or not isinstance(noise, int | float) or not 0 < noise <= 1:
+        raise RecordError("weights_noise must be a number above 0 and at most 1")
+    if seed is not None and common["artifact"]:
+        raise RecordError("a version's weights come from its artifact or a seed, not both")
+    return CausalLMSpec(
+        **common,
+        context_length=int(c.get("context_length", LM_CONTEXT_LENGTH)),
+        weights_seed=seed,
+        weights_noise=float(noise),
+    )
 
 
 def builtin_records(settings: ModelSettings) -> list[VersionRecord]:

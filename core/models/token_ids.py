@@ -43,6 +43,17 @@ def is_tokenized(value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get("ids"), str)
 
 
+def input_tokens(value: Any) -> int:
+    """Tokens an input computes: its ids where the API tokenized it, else a text's
+    words and the two special tokens a BERT-family model adds (a job item's text is not
+    tokenized before the worker); any other input counts one."""
+    if is_tokenized(value):
+        return len(value["ids"])
+    if isinstance(value, str):
+        return value.count(" ") + 3
+    return 1
+
+
 def input_text(value: Any) -> Any:
     """What the client sent: the text of a tokenized input, anything else unchanged."""
     return value["text"] if is_tokenized(value) else value

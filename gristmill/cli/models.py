@@ -104,7 +104,7 @@ def list_cmd(name: str | None = typer.Argument(None, help="one model; default: a
 @app.command()
 def register(
     ref: str = typer.Argument(..., help="name@version"),
-    backend: str = typer.Option(..., help="sim, embedding or http"),
+    backend: str = typer.Option(..., help="sim, embedding, http or causal-lm (gristmill-lm)"),
     artifact: str = typer.Option("", help="file or directory of the version's weights"),
     sha256: str = typer.Option(
         "", help="the artifact's sha256 (computed here when the artifact is readable)"
@@ -370,7 +370,7 @@ def replay(
     limit: int = typer.Option(2000, min=1, help="most recent requests to replay"),
     baseline: str = typer.Option("", help="only requests answered by this version"),
     timeout: float = typer.Option(600.0, help="seconds to wait for the candidate's answers"),
-    compare_by: str = typer.Option("auto", help="auto, exact or cosine"),
+    compare_by: str = typer.Option("auto", help="auto, exact, cosine or text"),
     min_agreement: float = typer.Option(0.99, help="share of requests that must agree"),
     min_cosine: float = typer.Option(0.99, help="cosine at which two embeddings agree"),
     max_error_delta: float = typer.Option(0.01, help="extra error rate allowed"),
@@ -382,10 +382,10 @@ def replay(
 
     from core.errors import GristmillError
     from gristmill.replay import parse_since, run_replay, write_chart
-    from gristmill.replay_report import Thresholds, render
+    from gristmill.replay_report import MODES, Thresholds, render
 
-    if compare_by not in ("auto", "exact", "cosine"):
-        _fail("--compare-by is auto, exact or cosine")
+    if compare_by not in MODES:
+        _fail("--compare-by is auto, exact, cosine or text")
     settings = load_settings()
     bar: Any = None
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from core.messages import KEEP_UNTIL, RequestMessage
+from core.messages import KEEP_UNTIL, SERVICE_TIER, RequestMessage
 from core.models.spec import ModelSpec
 from core.vocab import TIER_TO_CLASS, PriorityClass
 from results.tenants import Tenant
@@ -33,17 +33,24 @@ def request_message(
     tier: str | None = None,
     fairness_id: str | None = None,
     keep: float | None = None,
+    priority: PriorityClass | None = None,
+    service_tier: str | None = None,
 ) -> RequestMessage:
     """The message of one accepted input. ``fingerprint``: what its Idempotency-Key
     claim recorded of the body (acceptance/idempotency.py), if it has one of its own.
     ``tier``: the tier it is scheduled in (a client may lower its priority, never raise
     it: kserve/wire.py); else the key's. ``fairness_id``: the flow inside the tenant
     (acceptance/gateway.py). ``keep``: until when the scheduler keeps it past its
-    deadline (``kept_until``), if its caller takes a partial answer."""
+    deadline (``kept_until``), if its caller takes a partial answer. ``priority``: the
+    class it is queued in when not its tier's (flex: job items', decision 66);
+    ``service_tier``: what it is served as, for its request-log row."""
+    extra: dict[str, object] = {} if keep is None else {KEEP_UNTIL: keep}
+    if service_tier is not None:
+        extra[SERVICE_TIER] = service_tier
     return RequestMessage(
         request_id=request_id,
         tenant_id=tenant.id,
-        priority=TIER_TO_CLASS[tier or tenant.tier],
+        priority=priority or TIER_TO_CLASS[tier or tenant.tier],
         model=spec.name,
         version=spec.version,
         input=spec.message_input(input_),  # token ids too, where the model takes them
@@ -53,7 +60,7 @@ def request_message(
         body_hash=fingerprint,
         weight=tenant.weight,
         fairness_id=fairness_id,
-        extra={} if keep is None else {KEEP_UNTIL: keep},
+        extra=extra,
     )
 
 

@@ -26,6 +26,10 @@ an ``Outcome``. Everything between is here, the same for every door:
 9. Waited for, until the deadline (or less: ``Prefer: wait``), or handed to the door
    as a stream.
 
+A ``flex`` request (acceptance/service_tier.py, decision 66) skips the capacity checks
+(the instance's sync slots, admission, the KV cache's wait), is queued behind every sync
+tier, and is waited for its caller's patience, on a slot of its own.
+
 Each input is its own request message: the scheduler batches a many-input request's
 inputs with everyone else's, exactly as it would as many single requests.
 """
@@ -38,7 +42,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from starlette.requests import Request
@@ -49,6 +52,7 @@ from core.errors import DeadlineExceeded, Unavailable
 from core.messages import RequestMessage, body_hash
 from core.models.spec import ModelSpec
 from core.topics import request_topic
+from core.vocab import ServiceTier
 from ingest import metrics
 from ingest.acceptance import genai
 from ingest.acceptance.gateway import (
@@ -56,15 +60,25 @@ from ingest.acceptance.gateway import (
     OBJECTIVE_HEADER,
     fairness_id,
     objective_tier,
-    scheduled_tier,
 )
-from ingest.acceptance.idempotency import aim, check_key, first_version
+from ingest.acceptance.idempotency import check_key
 from ingest.acceptance.inputs import (
     default_timeout_ms,
     item_request_id,
 )
 from ingest.acceptance.message import kept_until, request_message
 from ingest.acceptance.ports import Claim, KeyUse
+from ingest.acceptance.prefer import NO_PREFERENCE, parse_prefer
+from ingest.acceptance.retries import aim_at_first, replay
+from ingest.acceptance.service_tier import (
+    ECHO_HEADER,
+    SERVICE_TIER_HEADER,
+    Service,
+    flex_timeout_ms,
+    may_be_flex,
+    patience_s,
+    plan_service,
+)
 from ingest.acceptance.state import AppState
 from ingest.acceptance.waiters import ARRIVED_AT
 from ingest.admission.policy import (
@@ -169,6 +183,8 @@ class Order:
     # What the door holds for this order while it answers (a stream's slot), given back
     # here if the order fails before the door's answer takes it over.
     release: Callable[[], None] | None = None
+    service_tier: ServiceTier | None = None  # what the caller asked to be served as
+    may_wait: bool = True  # False: a flex call this instance cannot hold (202 at once)
 
 
 def model_defaults(spec: ModelSpec, _wire: Any) -> dict[str, Any]:
@@ -193,6 +209,13 @@ class Outcome:
     # Its gen_ai.server.* metrics: a sync answer's recorded by ``serve``, a stream's by
     # its door when the stream ends.
     meter: genai.Meter | None = None
+    service: Service | None = None  # how it was served (its tier echoed)
+    deferred: bool = False  # flex, not done within its caller's patience: a 202
+
+    @property
+    def served(self) -> str:
+        """The service tier the answer echoes."""
+        return ServiceTier.DEFAULT if self.service is None else self.service.served
 
     def gave_up(self, message: str) -> DeadlineExceeded:
         """The 504 of a sync request whose deadline passed (``timed_out``)."""
@@ -227,11 +250,26 @@ R = TypeVar("R")
 
 async def serve(st: AppState, door: Door[R], call: Call) -> R:
     """A front door's request, from its body to its answer."""
-    if door.holds_slot:
-        take_instance_slot(st.overload, st.inflight, st.settings, call.tenant.tier)
+    held, refused = door.holds_slot, None
+    if held:
+        try:
+            take_instance_slot(st.overload, st.inflight, st.settings, call.tenant.tier)
+        except Unavailable as exc:  # for sync work: a flex request is still taken
+            if not may_be_flex(call.body, call.header(SERVICE_TIER_HEADER)):
+                raise
+            held, refused = False, exc
     order: Order | None = None
+    flex_held = False
     try:
         order = await door.order(st, call)
+        if order.service_tier is ServiceTier.FLEX:
+            if held:  # a flex call waits on a slot of its own, not a sync one
+                st.inflight.release()
+                held = False
+            if not order.stream:
+                flex_held = order.may_wait = st.flex_waits.try_acquire(ServiceTier.FLEX)
+        elif refused is not None:
+            raise refused
         try:
             outcome = await run(st, call, order)
             response = door.answer(st, call, order, outcome)
@@ -247,23 +285,27 @@ async def serve(st: AppState, door: Door[R], call: Call) -> R:
             genai.Meter.of(order, (), call.received).finished(time.time(), error=exc)
         raise
     finally:
-        if door.holds_slot:
+        if held:
             st.inflight.release()
+        if flex_held:
+            st.flex_waits.release()
 
 
 def _admit(
-    st: AppState, tenant: Tenant, order: Order, timeout_ms: int, deadline: float
+    st: AppState, tenant: Tenant, order: Order, timeout_ms: int, deadline: float, flex: bool
 ) -> dict[str, str]:
-    """The tenant's rate and admission (decision 24); the answer's RateLimit-* headers."""
-    s, n = st.settings, len(order.inputs)
+    """The tenant's rate and admission (decision 24); the answer's RateLimit-* headers.
+    ``flex``: never refused for capacity, only for what the caller can change."""
+    s, n, ref = st.settings, len(order.inputs), order.spec.ref
     if order.generation is not None:
         g = order.generation
-        check_kv(st.load, tenant, order.spec.ref, g.prompt_tokens, g.max_tokens, deadline)
+        check_kv(st.load, tenant, ref, g.prompt_tokens, g.max_tokens, deadline, waits=not flex)
         return check_rate(st.limiter, s, tenant, items=n)
     if order.timeout_ms is not None:  # before the rate: an impossible ask costs nothing
-        check_timeout_floor(st.load.view, s, order.spec.ref, order.timeout_ms, order.timeout_field)
+        check_timeout_floor(st.load.view, s, ref, order.timeout_ms, order.timeout_field)
     headers = check_rate(st.limiter, s, tenant, items=n)
-    check_admission(st.load, s, tenant, order.spec.ref, timeout_ms)
+    if not flex:
+        check_admission(st.load, s, tenant, ref, timeout_ms)
     return headers
 
 
@@ -272,16 +314,22 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
     Raises 429/503 before anything is produced."""
     s, tenant, key, spec = st.settings, call.tenant, call.idempotency_key, order.spec
     n = len(order.inputs)
-    slo_ms = s.tier_slo_ms.get(tenant.tier, s.default_timeout_ms)
-    timeout_ms = order.timeout_ms or default_timeout_ms(
-        slo_ms, n, spec.max_batch_size, s.max_timeout_ms
-    )
+    hint = objective_tier(s.gateway_objective_tiers, call.header(OBJECTIVE_HEADER))
+    service = plan_service(order.service_tier, tenant.tier, order.tier, hint)
+    if service.flex:
+        timeout_ms = flex_timeout_ms(order.timeout_ms, s.flex_timeout_ms)
+    else:
+        slo_ms = s.tier_slo_ms.get(tenant.tier, s.default_timeout_ms)
+        timeout_ms = order.timeout_ms or default_timeout_ms(
+            slo_ms, n, spec.max_batch_size, s.max_timeout_ms
+        )
     deadline = call.received + timeout_ms / 1000
     keep = kept_until(call.received, deadline, s.max_timeout_ms) if order.partial else None
     flow = fairness_id(call.header(FAIRNESS_HEADER))  # a 400 before anything is charged
-    limit_headers = _admit(st, tenant, order, timeout_ms, deadline)
-    hint = objective_tier(s.gateway_objective_tiers, call.header(OBJECTIVE_HEADER))
-    tier = scheduled_tier(order.tier or tenant.tier, hint)
+    limit_headers = _admit(st, tenant, order, timeout_ms, deadline, service.flex)
+    limit_headers[ECHO_HEADER] = service.served
+    prefer = parse_prefer(call.header_values(b"prefer")) if service.flex else NO_PREFERENCE
+    order.wait_s = patience_s(service, order.wait_s, prefer, s.flex_wait_ms / 1000, order.may_wait)
     first, claim, use = str(uuid.uuid4()), None, None
     if key is not None:
         what = order.inputs if order.many else order.inputs[0]
@@ -317,9 +365,11 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
                 # A lone input's message carries the claim's fingerprint; a request
                 # of many is fingerprinted once, as the list.
                 fingerprint=use.body_hash if use is not None and not order.many else "",
-                tier=tier,
+                tier=service.tier,
                 fairness_id=flow,
                 keep=keep,
+                priority=service.priority,
+                service_tier=service.served,
             )
         )
     retry = claim is not None and not claim.first
@@ -337,20 +387,21 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
         send = True
         pending: Sequence[int] = range(n)
         if retry and claim is not None:
-            send = await _replay(st, tenant, order, claim, ids, futs)
+            send = await replay(st, tenant, order, claim, ids, futs)
             pending = [i for i, f in enumerate(futs) if not f.done()]
             if send and pending:
-                await _aim_at_first(st, order, claim, msgs, pending)
+                await aim_at_first(st, order, claim, msgs, pending)
         if send and pending:
             picked = msgs if len(pending) == n else [msgs[i] for i in pending]
             await _send(st, tenant, picked, claim, use)
         out = Outcome(ids, msgs, None, limit_headers, timeout_ms, retry, retry and not pending)
-        out.meter = genai.Meter.of(order, msgs, call.received)
+        out.meter, out.service = genai.Meter.of(order, msgs, call.received), service
         if order.stream:
             return out
         if pending:
             await _wait(order, futs, pending, deadline)
         if not all(f.done() for f in futs):
+            out.deferred = service.flex and time.time() < deadline
             out.unanswered = [m for m, f in zip(msgs, futs, strict=True) if not f.done()]
             if order.partial:
                 out.finished = [f.result() if f.done() else None for f in futs]
@@ -361,43 +412,6 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
     finally:
         for rid in ids:
             st.waiter.discard(rid)
-
-
-async def _aim_at_first(
-    st: AppState, order: Order, claim: Claim, msgs: list[RequestMessage], pending: Sequence[int]
-) -> None:
-    """A retry sent again goes to the version its first attempt was routed to, pinned,
-    whatever a canary, promote, rollback or pin decided meanwhile (decision 44)."""
-    spec = await first_version(st.catalog, order.spec, claim)
-    if spec is order.spec:
-        return
-    params = order.params if order.reparams is None else order.reparams(spec, order.wire)
-    for i in pending:
-        aim(msgs[i], spec, order.inputs[i])
-        msgs[i].params = params
-
-
-async def _replay(
-    st: AppState,
-    tenant: Tenant,
-    order: Order,
-    claim: Claim,
-    ids: list[str],
-    futs: list[asyncio.Future[AnswerRow]],
-) -> bool:
-    """A retry: its stored rows answer it; whether to send the rest again."""
-    done = {str(r["request_id"]): r for r in await st.waiter.fetch(ids)}
-    for rid, f in zip(ids, futs, strict=True):
-        if rid in done and not f.done():
-            f.set_result(done[rid])
-    if all(f.done() for f in futs):
-        return False
-    generation = order.generation is not None
-    if generation and (await st.waiter.progress(ids[0], tenant.id)).generating:
-        return False  # running: its stream goes on, whatever the first caller did
-    # Still running: wait for the first attempt, unless its caller gave up, in which
-    # case some may never have reached Kafka.
-    return claim.first_deadline is not None and claim.first_deadline < datetime.now(UTC)
 
 
 async def _send(

@@ -31,6 +31,7 @@ class AppState:
     catalog: ModelCatalog
     limiter: TenantLimiter
     inflight: InflightLimiter
+    flex_waits: InflightLimiter  # flex calls held open for their answers (decision 66)
     load: LoadWatch
     overload: Overload
     # Counted per instance, across its processes (ingest/admission/shared_slots.py):

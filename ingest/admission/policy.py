@@ -166,10 +166,13 @@ def check_kv(
     prompt_tokens: int,
     max_tokens: int,
     deadline: float,
+    *,
+    waits: bool = True,
 ) -> None:
     """A completion against the generation model's published KV cache
     (ingest/admission/kv.py): 400 when it can never fit, 503 when its wait for blocks
-    passes its first-token ``deadline`` (epoch s)."""
+    passes its first-token ``deadline`` (epoch s) - unless it may wait (``waits``
+    False: flex, never refused for capacity, decision 66)."""
     view = load.view
     states = [] if view is None else view.kv.get(model_ref, [])
     d = decide_kv(
@@ -182,7 +185,7 @@ def check_kv(
     )
     if d.never_fits:
         raise InvalidInput(d.message, field="max_tokens")
-    if not d.admit:
+    if not d.admit and waits:
         error = Unavailable(d.message, retry_after_s=d.retry_after_s, reason="kv_capacity")
         metrics.refused(tenant.tier, error)
         raise error

@@ -86,6 +86,28 @@ class Options:
     webhook_url: str | None
     base_job_id: str | None
 
+    def submission(
+        self,
+        tenant: Tenant,
+        metadata: dict[str, str] | None,
+        key: str | None,
+        staged: Staged,
+        job_id: str,
+    ) -> Submission:
+        """The job these options and its staged items make."""
+        return Submission(
+            tenant,
+            self.spec,
+            self.params,
+            self.window_s,
+            self.webhook_url,
+            metadata,
+            key,
+            staged,
+            job_id,
+            self.base_job_id,
+        )
+
 
 async def check_options(st: AppState, tenant: Tenant, opts: JobOptions) -> Options:
     """The model, params, window, webhook destination and base job, or the 4xx naming
@@ -201,18 +223,7 @@ async def stage_json(
     except BaseException:
         stager.close()
         raise
-    return Submission(
-        tenant,
-        opts.spec,
-        opts.params,
-        opts.window_s,
-        opts.webhook_url,
-        body.metadata,
-        key,
-        staged,
-        job_id,
-        opts.base_job_id,
-    )
+    return opts.submission(tenant, body.metadata, key, staged, job_id)
 
 
 async def stage_jsonl(
@@ -244,18 +255,7 @@ async def stage_jsonl(
     except BaseException:
         stager.close()
         raise
-    return Submission(
-        tenant,
-        opts.spec,
-        opts.params,
-        opts.window_s,
-        opts.webhook_url,
-        None,
-        key,
-        staged,
-        job_id,
-        opts.base_job_id,
-    )
+    return opts.submission(tenant, None, key, staged, job_id)
 
 
 class _KeyTaken(Exception):

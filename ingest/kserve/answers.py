@@ -14,6 +14,7 @@ from core.limits import shown
 from core.models.spec import ModelSpec
 from ingest.acceptance import inputs, pipeline
 from ingest.acceptance.pipeline import Call, Order, Outcome
+from ingest.acceptance.service_tier import SERVICE_TIER_HEADER, asked_tier
 from ingest.acceptance.state import AppState
 from ingest.edge.readiness import Readiness
 from ingest.jobs.limits import catalog_reader
@@ -104,6 +105,8 @@ async def infer_order(st: AppState, call: Call, req: V2Request) -> Order:
         asked=asked,  # what an Idempotency-Key's fingerprint covers: what was sent,
         sent={},  # not where routing sent it
         reparams=pipeline.model_defaults,
+        # KServe's body has no room for it: the X-Service-Tier header (decision 66).
+        service_tier=asked_tier(None, call.header(SERVICE_TIER_HEADER)),
     )
 
 

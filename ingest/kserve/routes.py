@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Header, Request, Response
 
 from ingest.acceptance import pipeline
+from ingest.acceptance.deferred import deferred_answer
 from ingest.acceptance.pipeline import Call, Order, Outcome
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
@@ -95,6 +96,11 @@ class KServeDoor:
         return await answers.infer_order(st, call, req)
 
     def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:
+        if outcome.deferred:  # flex, not done in time: it runs on (decision 66)
+            rid = outcome.request_ids[0]
+            where = f"/v1/requests/{rid}"
+            later = {"id": order.wire.id, "request_ids": outcome.request_ids, "url": where}
+            return deferred_answer(outcome, where, later)
         spec, vectors, outputs = answers.infer_rows(order, outcome)
         content, header_length = infer_answer(
             order.wire, model=spec.name, version=spec.version, vectors=vectors, outputs=outputs

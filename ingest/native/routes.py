@@ -17,7 +17,9 @@ from starlette.responses import Response
 from core.errors import NotFound
 from core.limits import canonical_uuid, shown
 from core.vocab import RequestStatus
+from ingest.acceptance.deferred import deferred_answer
 from ingest.acceptance.pipeline import Call, Order, Outcome, call_of, serve
+from ingest.acceptance.service_tier import SERVICE_TIER_HEADER, asked_tier
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.error_shapes import ERROR_RESPONSES
@@ -48,18 +50,24 @@ class InferDoor:
             asked=body.model,  # an Idempotency-Key's fingerprint: what was sent
             sent=body.params or {},
             reparams=accept,
+            service_tier=asked_tier(body.service_tier, call.header(SERVICE_TIER_HEADER)),
         )
 
     def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:
         if outcome.rows is None:
             rid = outcome.request_ids[0]
+            if outcome.deferred:  # flex: it runs on; its result will be there
+                where = f"/v1/requests/{rid}"
+                return deferred_answer(outcome, where, {"request_id": rid, "url": where})
             raise outcome.gave_up(
                 f"no result within timeout_ms={outcome.timeout_ms}; the request stays "
                 f"accepted and its result can be fetched at /v1/requests/{rid}"
             )
         # A retry of a finished request reports the request's own time, not this call's.
         total_ms = None if outcome.replayed else (time.time() - call.received) * 1000
-        return ORJSONResponse(result_body(outcome.rows[0], total_ms), headers=outcome.limit_headers)
+        content = result_body(outcome.rows[0], total_ms)
+        content["service_tier"] = outcome.served
+        return ORJSONResponse(content, headers=outcome.limit_headers)
 
 
 INFER = InferDoor()
@@ -68,8 +76,11 @@ INFER = InferDoor()
 @router.post(
     "/v1/infer",
     response_model=InferAnswer,
-    responses=ERROR_RESPONSES,
     summary="Run one input through a model and wait for its answer",
+    responses={
+        **ERROR_RESPONSES,
+        202: {"description": "service_tier flex, not done in time: see Location"},
+    },
 )
 async def infer(
     request: Request, tenant: Caller, idempotency_key: str | None = Header(default=None)

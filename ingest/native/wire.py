@@ -28,6 +28,11 @@ class InferBody(BaseModel):
     timeout_ms: int | None = Field(
         default=None, gt=0, description="deadline (ms); default: the tier's SLO"
     )
+    service_tier: Any = Field(
+        default=None,
+        description="'flex' (queued behind sync work, never refused for capacity; 202 with "
+        "Location when not done in time), 'default' or 'priority' (decision 66)",
+    )
 
 
 class Timings(BaseModel):
@@ -45,6 +50,7 @@ class InferAnswer(BaseModel):
     model_version: str
     batch_size: int | None
     timings: Timings
+    service_tier: str = "default"  # what it was served as (decision 66)
 
 
 class RequestRecord(BaseModel):
@@ -88,6 +94,11 @@ def infer_request_schema(settings: Settings, models: list[str]) -> dict[str, Any
                 "type": "integer",
                 "minimum": settings.min_timeout_ms,
                 "maximum": settings.max_timeout_ms,
+            },
+            "service_tier": {
+                "type": "string",
+                "enum": ["flex", "default", "priority"],
+                "description": InferBody.model_fields["service_tier"].description,
             },
         },
     }

@@ -39,6 +39,7 @@ class CompletionBody(BaseModel):
     stream_options: dict[str, Any] | None = None
     user: str | None = None
     n: int | None = None
+    service_tier: Any = None  # read with the header by the door (decision 66)
 
     def sampling(self) -> dict[str, Any]:
         """The sampling fields the caller set (core/models/causal_lm.py checks them)."""

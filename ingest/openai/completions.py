@@ -23,10 +23,12 @@ from starlette.responses import Response
 from core.errors import InvalidInput, NotFound
 from core.limits import canonical_uuid, check_text, shown
 from core.models.causal_lm import CausalLMSpec, generation_params
-from core.vocab import RequestStatus
+from core.vocab import RequestStatus, ServiceTier
+from ingest.acceptance.deferred import deferred_answer
 from ingest.acceptance.genai import Meter
 from ingest.acceptance.pipeline import Call, Generation, Order, Outcome, call_of, serve
 from ingest.acceptance.ports import Token, TokenStream
+from ingest.acceptance.service_tier import SERVICE_TIER_HEADER, asked_tier
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.bodies import parse_body
@@ -80,6 +82,7 @@ class CompletionsDoor:
         ids = spec.encode_prompt(prompt, field="prompt")
         params = generation_params(body.sampling())
         spec.check_fits(len(ids), params["max_tokens"])
+        tier = asked_tier(body.service_tier, call.header(SERVICE_TIER_HEADER))
         key = call.idempotency_key
         if key is not None and body.seed is None and "seed" in params:
             # A retry must draw what the first attempt drew (and hash alike).
@@ -94,14 +97,16 @@ class CompletionsDoor:
             [prompt],
             params,
             # The deadline is for the first token (decision 23): a started answer is
-            # not cut off, and is waited for COMPLETION_WAIT_S.
-            timeout_ms=st.settings.default_timeout_ms,
-            wait_s=COMPLETION_WAIT_S,
+            # not cut off, and is waited for COMPLETION_WAIT_S. Flex: its own deadline
+            # and its caller's patience (decision 66).
+            timeout_ms=None if tier is ServiceTier.FLEX else st.settings.default_timeout_ms,
+            wait_s=None if tier is ServiceTier.FLEX else COMPLETION_WAIT_S,
             generation=Generation(len(ids), params["max_tokens"]),
             stream=body.stream,
             wire=(body, resume),
             asked=body.model,  # what was asked, not where routing sent it
             release=release,
+            service_tier=tier,
         )
 
     def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:
@@ -128,16 +133,18 @@ class CompletionsDoor:
                 },
             )
         if outcome.rows is None:
+            if outcome.deferred:  # flex: it runs on; GET it when done
+                where = f"/v1/completions/{ID_PREFIX}{rid}"
+                return deferred_answer(outcome, where, {"id": ID_PREFIX + rid, "url": where})
             raise outcome.gave_up(
                 f"no answer within {COMPLETION_WAIT_S:g} s; it stays accepted: "
                 f"GET /v1/completions/{ID_PREFIX}{rid}"
             )
         row = outcome.rows[0]
         raise_for(row)
-        return ORJSONResponse(
-            completion_body(rid, created, order.spec.name, row["output"]),
-            headers=outcome.limit_headers,
-        )
+        content = completion_body(rid, created, order.spec.name, row["output"])
+        content["service_tier"] = outcome.served
+        return ORJSONResponse(content, headers=outcome.limit_headers)
 
 
 COMPLETIONS = CompletionsDoor()

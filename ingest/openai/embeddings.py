@@ -23,8 +23,11 @@ from starlette.responses import Response
 
 from core.errors import InvalidInput, NotFound
 from core.limits import canonical_uuid, shown
+from core.vocab import ServiceTier
 from ingest.acceptance import inputs, pipeline
 from ingest.acceptance.pipeline import Call, Order, Outcome
+from ingest.acceptance.prefer import PARTIAL_RESULTS, Prefer, parse_prefer
+from ingest.acceptance.service_tier import SERVICE_TIER_HEADER, asked_tier
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.error_shapes import Shape, declared
@@ -37,13 +40,10 @@ from ingest.openai.partial import (
     rest_location,
 )
 from ingest.openai.wire import (
-    PARTIAL_RESULTS,
     EmbeddingsRequest,
-    Prefer,
     check_dimensions,
     embeddings_answer,
     parse_embeddings,
-    parse_prefer,
     prompt_tokens,
 )
 from results.requests import AnswerRow, fetch_tenant_answers
@@ -71,6 +71,8 @@ class EmbeddingsDoor:
         check_dimensions(body.dimensions, dim, spec.ref)
         many = len(body.inputs) > 1
         inputs.validate_each(spec, body.inputs, lambda i: f"input[{i}]" if many else "input")
+        tier = asked_tier(body.service_tier, call.header(SERVICE_TIER_HEADER))
+        flex = tier is ServiceTier.FLEX
         return Order(
             spec,
             body.inputs,
@@ -78,13 +80,16 @@ class EmbeddingsDoor:
             many=True,
             timeout_ms=body.timeout_ms,
             # respond-async: the client takes a 202 once Kafka has it, or after ``wait`` s.
+            # (Flex's patience without it is the pipeline's, from the same Prefer.)
             wait_s=(prefer.wait_s or 0) if prefer.respond_async else None,
-            # partial-results: at the deadline, what is done; respond-async's 202 wins.
-            partial=prefer.partial and not prefer.respond_async,
+            # partial-results: at the deadline, what is done; respond-async's 202 wins,
+            # and flex's (its deadline is far: it is answered whole, later).
+            partial=prefer.partial and not prefer.respond_async and not flex,
             wire=(body, prefer),
             asked=body.model,  # an Idempotency-Key's fingerprint: what was sent
             sent={},
             reparams=pipeline.model_defaults,
+            service_tier=tier,
         )
 
     def answer(self, st: AppState, call: Call, order: Order, outcome: Outcome) -> Response:
@@ -97,16 +102,15 @@ class EmbeddingsDoor:
         for i, row in enumerate(outcome.rows):
             inputs.raise_if_unsuccessful(row, f"input[{i}]" if many else "input")
         tokens = sum(prompt_tokens(m.input) for m in outcome.messages)
-        return ORJSONResponse(
-            embeddings_answer(
-                outcome.rows,
-                model=order.spec.ref,
-                encoding=body.encoding,
-                dimensions=body.dimensions,
-                tokens=tokens,
-            ),
-            headers=outcome.limit_headers,
+        content = embeddings_answer(
+            outcome.rows,
+            model=order.spec.ref,
+            encoding=body.encoding,
+            dimensions=body.dimensions,
+            tokens=tokens,
         )
+        content["service_tier"] = outcome.served
+        return ORJSONResponse(content, headers=outcome.limit_headers)
 
 
 EMBEDDINGS = EmbeddingsDoor()
@@ -129,10 +133,11 @@ async def embeddings(
 
 
 def _pending(outcome: Outcome, body: EmbeddingsRequest, prefer: Prefer) -> ORJSONResponse:
-    """Not all answered in time: 202 when the client prefers it, else the deadline's 504.
-    Either way every input is accepted and its result is kept under its request id."""
+    """Not all answered in time: 202 when the client prefers it or it is flex (decision
+    66), else the deadline's 504. Either way every input is accepted and its result is
+    kept under its request id."""
     where = f"/v1/requests/{outcome.request_ids[0]}"
-    if not prefer.respond_async:
+    if not prefer.respond_async and not outcome.deferred:
         raise outcome.gave_up(
             "no answer before the deadline; the inputs stay accepted and their results "
             f"can be fetched at /v1/requests/{{id}} (first: {where}); with 'Prefer: "
@@ -141,14 +146,17 @@ def _pending(outcome: Outcome, body: EmbeddingsRequest, prefer: Prefer) -> ORJSO
     content: dict[str, Any] = {
         "object": "list",
         "status": "in_progress",
+        "service_tier": outcome.served,
         "model": body.model,
         "data": [
             {"object": "request", "index": i, "request_id": rid, "url": f"/v1/requests/{rid}"}
             for i, rid in enumerate(outcome.request_ids)
         ],
     }
-    applied = "respond-async" + (f", wait={prefer.wait_s}" if prefer.wait_s is not None else "")
-    headers = {**outcome.limit_headers, "Location": where, "Preference-Applied": applied}
+    headers = {**outcome.limit_headers, "Location": where}
+    if prefer.respond_async:
+        wait = f", wait={prefer.wait_s}" if prefer.wait_s is not None else ""
+        headers["Preference-Applied"] = "respond-async" + wait
     return ORJSONResponse(content, status_code=202, headers=headers)
 
 

@@ -21,7 +21,8 @@ from urllib.parse import urlencode
 
 from core.errors import InvalidInput
 from core.limits import shown
-from ingest.openai.wire import MAX_INPUTS, PARTIAL_RESULTS, embeddings_answer
+from ingest.acceptance.prefer import PARTIAL_RESULTS
+from ingest.openai.wire import MAX_INPUTS, embeddings_answer
 from results.vectors import EncodingFormat
 
 MISSING_HEADER = "Gristmill-Missing"  # how many inputs a partial answer lacks

@@ -9,7 +9,6 @@ protocols.md.
 from __future__ import annotations
 
 import math
-import re
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +33,9 @@ MAX_INPUTS = 2048
 # ``user`` is an opaque end-user id; OpenAI sets no length, we cap what we read.
 MAX_USER_CHARS = 256
 
-FIELDS = frozenset({"model", "input", "encoding_format", "dimensions", "user", "timeout_ms"})
+FIELDS = frozenset(
+    {"model", "input", "encoding_format", "dimensions", "user", "timeout_ms", "service_tier"}
+)
 
 TOKEN_IDS_REFUSED = (
     "input holds token ids; Gristmill cannot know which tokenizer made them (the model "
@@ -51,6 +52,7 @@ class EmbeddingsRequest:
     dimensions: int | None
     user: str | None
     timeout_ms: int | None  # Gristmill's extension; None: the tier's SLO
+    service_tier: Any = None  # as sent: the door reads it with the header (decision 66)
 
 
 def _is_int(x: Any) -> bool:
@@ -128,7 +130,9 @@ def parse_embeddings(raw: bytes, settings: Settings) -> EmbeddingsRequest:
         if not _is_int(timeout_ms):
             raise InvalidInput("timeout_ms must be an integer (milliseconds)", field="timeout_ms")
         check_int(timeout_ms, "timeout_ms", lo=settings.min_timeout_ms, hi=settings.max_timeout_ms)
-    return EmbeddingsRequest(model, inputs, encoding, dims, user, timeout_ms)
+    return EmbeddingsRequest(
+        model, inputs, encoding, dims, user, timeout_ms, data.get("service_tier")
+    )
 
 
 def check_dimensions(dimensions: int | None, model_dim: int, model: str) -> None:
@@ -233,36 +237,3 @@ def list_page(data: list[dict[str, Any]], *, more: bool) -> dict[str, Any]:
         "last_id": data[-1]["id"] if data else None,
         "has_more": more,
     }
-
-
-# --- Prefer (RFC 7240) ------------------------------------------------------------------
-
-_WAIT = re.compile(r"^\s*wait\s*=\s*\"?([0-9]{1,9})\"?\s*$", re.IGNORECASE)
-
-
-# Gristmill's own preference: at the deadline, the inputs done so far (decision 63).
-PARTIAL_RESULTS = "partial-results"
-
-
-@dataclass(frozen=True)
-class Prefer:
-    respond_async: bool = False
-    wait_s: int | None = None  # how long the client will wait for the answer (seconds)
-    partial: bool = False  # partial-results: a 200 with what is done at the deadline
-
-
-def parse_prefer(values: list[str]) -> Prefer:
-    """``Prefer: respond-async, wait=N`` and ``partial-results`` from every Prefer
-    header. Preferences we do not know are ignored, as RFC 7240 asks; a malformed
-    ``wait`` too."""
-    respond_async, wait, partial = False, None, False
-    for header in values:
-        for pref in header.split(","):
-            token = pref.split(";")[0].strip()
-            if token.lower() == "respond-async":
-                respond_async = True
-            elif token.lower() == PARTIAL_RESULTS:
-                partial = True
-            elif (m := _WAIT.match(token)) is not None:
-                wait = int(m.group(1))
-    return Prefer(respond_async, wait, partial)

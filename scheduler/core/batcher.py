@@ -33,9 +33,11 @@ from enum import StrEnum
 from typing import Any
 
 from core.messages import KEEP_UNTIL, RequestMessage, keep_until
+from core.models.token_ids import input_tokens
 from core.vocab import ModelRef
 from scheduler.core.costmodel import CostModel
-from scheduler.core.fairness import FairQueue
+from scheduler.core.itemcost import ItemCosts, bucket
+from scheduler.core.keyqueue import KeyQueue
 from scheduler.core.offsets import TopicPartition
 from scheduler.core.shedding import Arrivals, left_rate, retry_after_s, start_in_s
 
@@ -69,6 +71,8 @@ class Pending:
     # Past its deadline, the later one it waits on: its caller took a partial answer and
     # fetches the rest (the message's keep_until, decision 63). 0: none yet.
     kept: float = 0.0
+    padded: int = 0  # the padded length it computes (scheduler/core/itemcost.py)
+    device_ms: float = 0.0  # its share of its batch's measured compute, once charged
 
     @property
     def deadline(self) -> float:
@@ -105,6 +109,9 @@ class Batch:
     reason: FlushReason
     batch_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     trace: Any = None  # its spans while it runs (scheduler/runtime/tracing.py)
+    # rank -> tenant -> weight: who was backlogged in the batch's queue when it was
+    # formed (its own items' tenants included): whom its device time was owed to.
+    backlog: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,52 +154,6 @@ def flush_time(
     return min(oldest_at + policy.max_linger_s, earliest_deadline - predicted_s - policy.margin_s)
 
 
-class _KeyQueue:
-    """One batch key's requests: a fair queue per priority rank, plus a deadline heap."""
-
-    def __init__(self, n_ranks: int):
-        self.by_rank: list[FairQueue[Pending]] = [FairQueue() for _ in range(n_ranks)]
-        self.deadlines: list[tuple[float, int, Pending]] = []  # min-heap, lazily cleaned
-        self.count = 0
-
-    def push(self, p: Pending) -> None:
-        self.by_rank[p.rank].append(p)
-        heapq.heappush(self.deadlines, (p.deadline, p.seq, p))
-        self.count += 1
-
-    def oldest_at(self) -> float:
-        return min(fq.oldest_at() for fq in self.by_rank)
-
-    def earliest_deadline(self) -> float:
-        if len(self.deadlines) > 2 * self.count + 64:
-            # Mostly entries of taken requests: one rebuild costs less than popping each.
-            self.deadlines = [e for e in self.deadlines if not e[2].gone]
-            heapq.heapify(self.deadlines)
-        while self.deadlines and self.deadlines[0][2].gone:
-            heapq.heappop(self.deadlines)
-        return self.deadlines[0][0] if self.deadlines else math.inf
-
-    def best_rank(self) -> int:
-        return next((r for r, fq in enumerate(self.by_rank) if fq), len(self.by_rank))
-
-    def pop(self, n: int) -> list[Pending]:
-        """Most urgent rank first; inside a rank, tenants share by deficit round robin."""
-        out: list[Pending] = []
-        for fq in self.by_rank:
-            if len(out) >= n:
-                break
-            out.extend(fq.take(n - len(out)))
-        for p in out:
-            p.gone = True  # leaves the deadline heap lazily
-        self.count -= len(out)
-        return out
-
-    def discard(self, p: Pending) -> None:
-        if not p.gone:
-            p.gone = True
-            self.count -= 1
-
-
 class Batcher:
     def __init__(
         self,
@@ -201,12 +162,19 @@ class Batcher:
         cost: CostModel,
         max_batch: Callable[[ModelRef], int],
         n_ranks: int = 4,
+        prices: ItemCosts | None = None,
     ):
+        """``prices``: items are charged their relative device time by length (None:
+        one each, the fair queue counts requests)."""
         self.policy = policy
+        self.prices = prices
+        # Read when the fair queue serves an item, not fixed when it is queued: an item
+        # that waited is priced by what the batches measured since.
+        self._price = None if prices is None else self._relative
         # Used where a call names no sizing (a pool of one worker class).
         self.sizing = Sizing(cost, max_batch)
         self.n_ranks = n_ranks
-        self._queues: dict[BatchKey, _KeyQueue] = {}
+        self._queues: dict[BatchKey, KeyQueue] = {}
         self._seq = itertools.count()
         self._count = 0
         self._by_rank = [0] * n_ranks
@@ -218,20 +186,25 @@ class Batcher:
 
     def add(self, p: Pending) -> None:
         p.seq = next(self._seq)
+        p.padded = bucket(input_tokens(p.msg.input))
         q = self._queues.get(p.key)
         if q is None:
-            q = self._queues[p.key] = _KeyQueue(self.n_ranks)
+            q = self._queues[p.key] = KeyQueue(self.n_ranks, self._price)
         q.push(p)
         self._count += 1
         self._by_rank[p.rank] += 1
         self._by_ref_rank[(p.key.ref, p.rank)] += 1
         self.arrivals.add((p.key.ref, p.rank), p.consumed_at)
 
+    def _relative(self, p: Pending) -> float:
+        assert self.prices is not None
+        return self.prices.relative(p.key.ref, p.padded)
+
     def limit(self, ref: ModelRef, sizing: Sizing | None = None) -> int:
         """Items a full batch of this model holds now (its measured batch target)."""
         return (sizing or self.sizing).limit(ref)
 
-    def _flush_time(self, key: BatchKey, q: _KeyQueue, s: Sizing) -> float:
+    def _flush_time(self, key: BatchKey, q: KeyQueue, s: Sizing) -> float:
         return flush_time(
             oldest_at=q.oldest_at(),
             earliest_deadline=q.earliest_deadline(),
@@ -347,7 +320,7 @@ class Batcher:
         self._forget_taken(key.ref, items)
         left = sum(self._by_ref_rank[(key.ref, r)] for r in range(self.n_ranks))
         s.cost.took(key.ref, len(items), now, left)
-        return Batch(key=key, items=items, formed_at=now, reason=reason)
+        return Batch(key=key, items=items, formed_at=now, reason=reason, backlog=q.backlog(items))
 
     def wake_at(self, serves: Callable[[ModelRef], bool], sizing: Sizing | None = None) -> float:
         """The earliest time some queue this worker serves becomes ready (inf if none)."""

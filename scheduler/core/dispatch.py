@@ -32,8 +32,10 @@ from core.vocab import PRIORITY_CLASSES, ModelRef, RequestStatus
 from scheduler.core.backpressure import BufferBudget, paused_classes
 from scheduler.core.batcher import Batch, Batcher, FlushPolicy, FlushReason, Pending, Sizing
 from scheduler.core.capacity import capacity_by_model, merge_capacity
+from scheduler.core.charging import charge
 from scheduler.core.costmodel import CostModel
 from scheduler.core.curves import ClassCurves
+from scheduler.core.itemcost import ItemCosts
 from scheduler.core.load_report import tenant_backlog
 from scheduler.core.offsets import OffsetTracker, TopicPartition
 from scheduler.core.plans import (
@@ -53,6 +55,7 @@ from scheduler.core.plans import (
     result_writes,
 )
 from scheduler.core.retry import RetryPolicy, plan_failure
+from scheduler.core.shares import Shares
 from scheduler.core.shedding import (
     SHED_PERIOD_S,
     SHED_SCAN_ITEMS_S,
@@ -79,6 +82,7 @@ class DispatchCore:
         retry: RetryPolicy | None = None,
         rng: random.Random | None = None,
         max_in_flight: int = MAX_IN_FLIGHT,
+        fair_by_device_time: bool = True,
     ):
         self.max_in_flight = max_in_flight
         self.budget = budget
@@ -92,11 +96,16 @@ class DispatchCore:
         self.max_batch = self.classes.max_batch
         self.class_max_batch = self.classes.class_max_batch
         default = self.sizing(DEFAULT_CLASS)
+        # An item's device time by length, and each tenant's received and entitled
+        # device seconds per tier (decision 65).
+        self.item_costs = ItemCosts()
+        self.shares = Shares()
         self.batcher = Batcher(
             policy=flush,
             cost=default.cost,
             max_batch=default.max_batch,
             n_ranks=len(PRIORITY_CLASSES),
+            prices=self.item_costs if fair_by_device_time else None,
         )
         self.tracker = OffsetTracker()
         self.retries: deque[_Retry] = deque()
@@ -125,6 +134,7 @@ class DispatchCore:
             flush=FlushPolicy(settings.max_linger_ms / 1000, settings.deadline_margin_ms / 1000),
             batch_budget_ms=settings.batch_budgets(),
             budget=BufferBudget.default(settings.max_buffered, len(PRIORITY_CLASSES)),
+            fair_by_device_time=settings.fair_share_by == "device_time",
             **kw,
         )
 
@@ -310,6 +320,7 @@ class DispatchCore:
         assert result.outputs is not None
         ms = (result.compute_end - result.compute_start) * 1000
         self.curve(w.worker_class).observe(batch.key.ref, len(batch.items), ms)
+        charge(self.item_costs, self.shares, batch, ms, now)
         return result_writes(batch, result, w.worker_id)
 
     def hand_back(self, w: Worker, batch: Batch) -> None:
@@ -451,7 +462,15 @@ class DispatchCore:
         """A snapshot for metrics and logs (walks what is in flight and retrying: for a
         scrape or a report, not the hot path)."""
         retrying = [r.batch for r in self.retries]
-        return snapshot(now, self.stats, self.batcher, self.workers, retrying, self.max_batch)
+        return snapshot(
+            now,
+            self.stats,
+            self.batcher,
+            self.workers,
+            retrying,
+            self.max_batch,
+            self.shares.snapshot(),
+        )
 
     def worker_stats(self, w: Worker) -> WorkerStats:
         return worker_stats(w)

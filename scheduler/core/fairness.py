@@ -6,11 +6,13 @@ tenant's plan) to the tenant's deficit; the tenant is served while its head's co
 its deficit, and what is left carries to its next turn (Shreedhar and Varghese's DRR for
 variable-size packets). An idle tenant banks no credit.
 
-* Batching counts requests (``cost`` none: each costs 1, the quantum is 1): so a tenant
-  with a burst of 50,000 requests gets no more than its share of each batch while
-  another tenant of the same tier also has work waiting, and a weight-2 tenant gets
-  twice the share of a weight-1 tenant (decision 9). ``take(n)`` fills a batch; a
-  tenant's turn ends with the batch.
+* Batching counts device time: an item costs its estimated device time relative to an
+  item of the recent mean length (scheduler/core/itemcost.py; the quantum is 1), so a
+  tenant of 256-token inputs gets no more of the device than a tenant of 8-token inputs
+  at the same weight, a tenant with a burst of 50,000 requests gets no more than its
+  share of each batch while another tenant of the same tier also has work waiting, and
+  a weight-2 tenant gets twice the device time of a weight-1 tenant (decisions 9, 65).
+  ``take(n)`` fills a batch; a turn the batch cut short goes on in the next one.
 * Generation counts tokens: a request's claim on the KV cache (prompt plus max_tokens)
   varies a hundredfold, so one request per turn would let a tenant of long requests
   hold most of the cache. ``peek`` shows the next request without taking it (admission
@@ -20,6 +22,9 @@ Inside a tenant, its flows (``flow``: a gateway's fairness id, flows.py) take tu
 same way, so one end user's burst cannot starve the key's others; the tenant's deficit,
 and so its share against other tenants, does not depend on how many flows it has
 (decision 58).
+
+Inside a flow, items go in arrival order, or earliest ``order`` first (the batcher's
+deadline: earliest deadline first, decision 65).
 
 Items leave eagerly (``remove``, ``pop``) or, when they carry a ``gone`` flag, lazily:
 one whose flag is set (the batcher drops expired and revoked requests that way) is
@@ -58,9 +63,16 @@ def _consumed_at(item: Any) -> float:
 
 
 class FairQueue(Generic[T]):
-    def __init__(self, quantum: float = 1.0, cost: Callable[[T], float] | None = None):
-        """``cost``: what serving an item spends of its tenant's deficit (none: 1)."""
+    def __init__(
+        self,
+        quantum: float = 1.0,
+        cost: Callable[[T], float] | None = None,
+        order: Callable[[T], float] | None = None,
+    ):
+        """``cost``: what serving an item spends of its tenant's deficit (none: 1);
+        ``order``: inside a flow, items go earliest by this first (none: FIFO)."""
         self._quantum = quantum
+        self._order = order
         self._cost = cost
         self._price: Callable[[T], float] = _one if cost is None else cost
         self._queues: OrderedDict[str, Flows[T]] = OrderedDict()  # active tenants, turn order
@@ -74,7 +86,9 @@ class FairQueue(Generic[T]):
             self._lazy = hasattr(item, "gone")
         q = self._queues.get(item.tenant)
         if q is None:
-            q = self._queues[item.tenant] = Flows(self._quantum, self._price, self._lazy)
+            q = self._queues[item.tenant] = Flows(
+                self._quantum, self._price, self._lazy, self._order
+            )
             self._deficit[item.tenant] = 0.0
         q.append(item, getattr(item, "flow", None))  # flow_of, inline: once per request
 
@@ -118,9 +132,19 @@ class FairQueue(Generic[T]):
             self._deficit[tenant] = q.take(self._deficit[tenant], n, out)
             if not q.flows():  # (a flow of only gone items is dropped on its next turn)
                 self._drop(tenant, front=True)
+            elif len(out) >= n and self._affords(tenant):
+                # The batch is full mid-turn: the turn goes on in the next batch. Ending it
+                # here would cost a tenant of cheap items the rest of its credit whenever
+                # a batch holds fewer of them than a turn buys, and hand the device to
+                # the tenant of dear ones (decision 65).
+                self._turn_credited = True
             else:
                 self._queues.move_to_end(tenant)  # its turn is over; its deficit carries
         return out
+
+    def _affords(self, tenant: str) -> bool:
+        head = self._head(tenant)
+        return head is not None and self._price(head) <= self._deficit[tenant]
 
     # ---- generation: an item at a time ---------------------------------------------------
     def peek(self) -> T | None:
@@ -183,6 +207,15 @@ class FairQueue(Generic[T]):
 
     def tenants(self) -> int:
         return len(self._queues)
+
+    def weights(self) -> dict[str, float]:
+        """The weight of each tenant with items queued (O(tenants): read per batch)."""
+        out: dict[str, float] = {}
+        for tenant, q in self._queues.items():
+            head = next(q.fronts(), None)
+            if head is not None:
+                out[tenant] = head.weight
+        return out
 
     def depth_by_tenant(self) -> dict[str, tuple[int, float]]:
         """Live items and weight per tenant (O(items): for once-a-second reports)."""

@@ -10,12 +10,18 @@ items is next, so a tenant gains nothing over other tenants by using many flows.
 
 ``head`` is stable until ``pop``: it credits the front flow at most once a turn and
 may be called again (the tenant level peeks, is refused for want of deficit, and comes
-back). A lone flow is served in FIFO order with no accounts kept: there is nobody to be
-fair to, and it starts fresh when a second flow arrives. An idle flow banks no credit.
+back). A lone flow is served in its own order with no accounts kept: there is nobody to
+be fair to, and it starts fresh when a second flow arrives. An idle flow banks no credit.
+
+A flow's own order is arrival (FIFO), or with ``order`` earliest first by that key (the
+batcher passes the deadline: earliest deadline first inside a flow, decision 65), ties
+in arrival order.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterator, Mapping
@@ -25,24 +31,68 @@ T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
 
 
+class Earliest(Generic[T]):
+    """A flow's queue served earliest ``order`` first: the few calls a FIFO deque gets
+    here (``[0]``, ``popleft``, ``append``, ``remove``), on a heap."""
+
+    __slots__ = ("_heap", "_order", "_seq")
+
+    def __init__(self, order: Callable[[T], float], seq: Iterator[int]):
+        self._heap: list[tuple[float, int, T]] = []
+        self._order = order
+        self._seq = seq  # shared by the flows of a queue: ties go in arrival order
+
+    def __getitem__(self, i: int) -> T:
+        if i != 0:
+            raise IndexError("only the head of an Earliest is read")
+        return self._heap[0][2]
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self) -> Iterator[T]:
+        return (e[2] for e in self._heap)
+
+    def append(self, item: T) -> None:
+        heapq.heappush(self._heap, (self._order(item), next(self._seq), item))
+
+    def popleft(self) -> T:
+        return heapq.heappop(self._heap)[2]
+
+    def remove(self, item: T) -> None:
+        self._heap = [e for e in self._heap if e[2] is not item]
+        heapq.heapify(self._heap)
+
+
 class Flows(Generic[T]):
-    def __init__(self, quantum: float, price: Callable[[T], float], lazy: bool):
+    def __init__(
+        self,
+        quantum: float,
+        price: Callable[[T], float],
+        lazy: bool,
+        order: Callable[[T], float] | None = None,
+    ):
         """``price``: what serving an item spends of its flow's deficit; ``lazy``: the
-        items carry a ``gone`` flag, and gone ones are passed over and forgotten."""
+        items carry a ``gone`` flag, and gone ones are passed over and forgotten;
+        ``order``: a flow serves its items earliest by this first (None: FIFO)."""
         self._quantum = quantum
         self._price = price
         self._lazy = lazy
-        self._fifos: OrderedDict[Hashable, deque[T]] = OrderedDict()  # turn order
+        self._order = order
+        self._seq = itertools.count()
+        self._fifos: OrderedDict[Hashable, Any] = OrderedDict()  # turn order
         self._deficit: dict[Hashable, float] = {}
         self._credited = False  # whether the front flow got its current turn's credit
-        # The FIFO while there is exactly one flow (the common case), else None: the hot
+        # The queue while there is exactly one flow (the common case), else None: the hot
         # paths below read it without walking the ordered dict.
-        self._only: deque[T] | None = None
+        self._only: Any = None
 
     def append(self, item: T, flow: Hashable) -> None:
         q = self._fifos.get(flow)
         if q is None:
-            q = self._fifos[flow] = deque()
+            q = self._fifos[flow] = (
+                deque() if self._order is None else Earliest(self._order, self._seq)
+            )
             self._deficit[flow] = 0.0
             self._only = q if len(self._fifos) == 1 else None
         q.append(item)
@@ -54,9 +104,9 @@ class Flows(Generic[T]):
             if not q:
                 self._drop(flow)
 
-    def _front(self, q: deque[T]) -> T | None:
+    def _front(self, q: Any) -> T | None:
         if self._lazy:
-            while q and q[0].gone:  # type: ignore[attr-defined]
+            while q and q[0].gone:
                 q.popleft()
         return q[0] if q else None
 
@@ -76,7 +126,7 @@ class Flows(Generic[T]):
         q = self._only
         if q is not None:  # a lone flow: its FIFO's head (the hot path)
             if self._lazy:
-                while q and q[0].gone:  # type: ignore[attr-defined]
+                while q and q[0].gone:
                     q.popleft()
             if q:
                 return q[0]
@@ -127,7 +177,7 @@ class Flows(Generic[T]):
             price, lazy = self._price, self._lazy
             while len(out) < n:
                 if lazy:
-                    while q and q[0].gone:  # type: ignore[attr-defined]
+                    while q and q[0].gone:
                         q.popleft()
                 if not q:
                     break
@@ -158,7 +208,7 @@ class Flows(Generic[T]):
 
     def __iter__(self) -> Iterator[T]:
         for q in self._fifos.values():
-            yield from (x for x in q if not (self._lazy and x.gone))  # type: ignore[attr-defined]
+            yield from (x for x in q if not (self._lazy and x.gone))
 
     def least(self, key: Callable[[T], float]) -> float:
         """The least ``key`` of the flows' oldest live items (inf if none): a lone flow
@@ -166,7 +216,7 @@ class Flows(Generic[T]):
         q = self._only
         if q is not None:
             if self._lazy:
-                while q and q[0].gone:  # type: ignore[attr-defined]
+                while q and q[0].gone:
                     q.popleft()
             return key(q[0]) if q else math.inf
         return min((key(x) for x in self.fronts()), default=math.inf)

@@ -327,4 +327,5 @@ def _failed_row(
         "kafka_topic": tp[0],
         "kafka_partition": tp[1],
         "kafka_offset": offset,
+        "service_tier": None,  # unread: the message's own may be what is wrong
     }

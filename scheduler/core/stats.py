@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.vocab import ModelRef
 from scheduler.core.batcher import Batch, Batcher, Pending
 from scheduler.core.plans import Worker
+from scheduler.core.shares import FairnessStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,8 @@ class CoreStats:
     oldest: Mapping[tuple[ModelRef, int], float]
     workers: tuple[WorkerStats, ...]  # the live ones
     sized: frozenset[ModelRef]  # every version a worker announced (the core sizes its batches)
+    # Per tier and tenant, device seconds received and entitled (decision 65).
+    fairness: FairnessStats = field(default_factory=FairnessStats)
 
 
 def oldest_of(items: Iterable[Pending], into: dict[tuple[ModelRef, int], float]) -> None:
@@ -67,6 +70,7 @@ def snapshot(
     workers: Sequence[Worker],
     retrying: Sequence[Batch],
     sized: Iterable[ModelRef],
+    fairness: FairnessStats | None = None,
 ) -> CoreStats:
     """The dispatch core's ``make_stats``: its queues, its live workers, what they hold
     and what waits for a retry."""
@@ -89,4 +93,5 @@ def snapshot(
         oldest=oldest,
         workers=tuple(worker_stats(w) for w in live),
         sized=frozenset(sized),
+        fairness=fairness or FairnessStats(),
     )

@@ -6,6 +6,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
+from core.messages import service_tier
 from core.models.token_ids import input_text
 from core.request_row import RequestRow
 from core.vocab import RequestStatus
@@ -13,6 +16,7 @@ from results.db import ts
 from results.faults import storable
 from results.vectors import is_vector_batch, rows_as_bytes
 from scheduler.core.batcher import Batch, Pending
+from scheduler.core.charging import batch_shares
 from scheduler.core.plans import Write
 
 if TYPE_CHECKING:
@@ -146,6 +150,7 @@ def _rows(
                 "kafka_topic": p.tp[0],
                 "kafka_partition": p.tp[1],
                 "kafka_offset": p.offset,
+                "service_tier": service_tier(m.extra),
             }
         )
     return rows
@@ -175,5 +180,10 @@ def batch_row(
         "compute_end_at": ts(compute_end),
         "compute_ms": (compute_end - compute_start) * 1000
         if compute_start and compute_end
+        else None,
+        # Device ms received and owed per tier and tenant (decision 65), as JSON text
+        # (the column's type takes it); a batch that did not compute charges nothing.
+        "shares": orjson.dumps(batch_shares(batch), option=orjson.OPT_NON_STR_KEYS).decode()
+        if status == "succeeded"
         else None,
     }

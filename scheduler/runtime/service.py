@@ -146,6 +146,8 @@ class SchedulerService:
                 done=self.host.done,
                 stopping=self.stopping,
                 supervisor=self.supervisor,
+                # Which of its versions to hold (decision 67): the registry as read last.
+                records=lambda: self.control.records.values(),
                 on_worker=lambda: self.reports.announce(),
             )
             self.engines.insert(0, generation)

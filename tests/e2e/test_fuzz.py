@@ -60,12 +60,14 @@ def test_the_api_holds_to_its_schema_under_fuzzing(
     def fuzz(case: Any) -> None:
         response = case.call(headers=headers, timeout=60)
         seen[response.status_code] = seen.get(response.status_code, 0) + 1
-        assert response.status_code < 500 or (
-            response.status_code in (503, 504) and tight_deadline(case)
-        ) or (
-            # A known model this test system runs no worker for (gristmill-lm): the
-            # 503 is about availability, as the API promises, not a client mistake.
-            response.status_code == 503 and "no worker is serving" in response.text
+        assert (
+            response.status_code < 500
+            or (response.status_code in (503, 504) and tight_deadline(case))
+            or (
+                # A known model this test system runs no worker for (gristmill-lm): the
+                # 503 is about availability, as the API promises, not a client mistake.
+                response.status_code == 503 and "no worker is serving" in response.text
+            )
         ), f"{method} {case.formatted_path} -> {response.status_code}: {response.text[:500]}"
         case.validate_response(
             response,

@@ -92,6 +92,7 @@ def rows(tenant: str, job: str, rids: list[str], indexes: range, status: str) ->
             "kafka_topic": "t",
             "kafka_partition": 0,
             "kafka_offset": i,
+            "service_tier": None,
         }
         for i in indexes
     ]

@@ -31,7 +31,7 @@ from gristmill.devservices.stack import Services, System, build_system
 from results.db import make_engine
 from results.schema import requests
 from results.tenants import get_tenant, issue_key
-from tests.e2e.models_cli import models_cli
+from tests.e2e.model_cli import models_cli
 
 pytestmark = pytest.mark.slow
 NAME = f"re-{uuid.uuid4().hex[:6]}"
@@ -63,7 +63,7 @@ class RE:
         return f"{tier}-{self.run}"
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return models_cli(self.s.env, *args, check=check)
+        return models_cli(self.s.env, *args, check=check, timeout_s=300)
 
     def admin(self, method: str, path: str, key: str | None = None, **kw: Any) -> httpx.Response:
         key = self.admin_key if key is None else key

@@ -219,8 +219,7 @@ def test_a_504_stored_later_is_a_late_answer_and_a_resent_request_keeps_one_row(
         with engine.connect() as conn:
             return conn.execute(
                 text(
-                    "SELECT stored, late_by_ms, received_at FROM late_answers "
-                    "WHERE request_id = :r"
+                    "SELECT stored, late_by_ms, received_at FROM late_answers WHERE request_id = :r"
                 ),
                 {"r": rid},
             ).first()

@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -46,6 +46,16 @@ class RunnerLost(Exception):
 
 class StepFailed(Exception):
     """The runner ran the step and the model raised: its sequences fail."""
+
+
+class PartFailed(Exception):
+    """The runner ran the step in parts (one per model version, decision 67) and some
+    raised: the sequences of those parts fail, the others go on with ``output``."""
+
+    def __init__(self, error: str, seq_ids: frozenset[str], output: StepOutput):
+        super().__init__(error)
+        self.seq_ids = seq_ids
+        self.output = output
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +121,14 @@ class Engine:
         assert self.runner is not None, "no runner to step on"
         t0 = self.clock()
         plan = self.policy.schedule(t0)
-        out = self.runner.execute(plan) if plan.chunks else StepOutput(plan.step)
-        events = self.policy.update(plan, out, self.clock())
+        failed: list[Event] = []
+        try:
+            out = self.runner.execute(plan) if plan.chunks else StepOutput(plan.step)
+        except PartFailed as exc:  # a version's part: its sequences end, the rest go on
+            log.warning("generation step partly failed: %s", exc)
+            out = exc.output
+            failed = self._fail(exc.seq_ids, str(exc))
+        events = failed + self.policy.update(plan, out, self.clock())
         p = self.policy
         self.last = StepStats(
             step=plan.step,
@@ -131,11 +147,14 @@ class Engine:
         """The model raised on a step: every running sequence ends (a retry would raise
         again); each gets a ``Failed`` event instead of its answer."""
         log.warning("generation step failed: %s", error)
+        return self._fail([s.seq_id for s in self.policy.running], error)
+
+    def _fail(self, seq_ids: Iterable[str], error: str) -> list[Event]:
         now = self.clock()
         failed: list[Event] = []
-        for s in list(self.policy.running):
-            self.policy.cancel(s.seq_id, now)
-            failed.append(Failed(s.seq_id, error, now))
+        for seq_id in seq_ids:
+            if self.policy.cancel(seq_id, now) is not None:
+                failed.append(Failed(seq_id, error, now))
         return failed
 
     def _apply(self, cmd: Command, sink: Sink) -> None:

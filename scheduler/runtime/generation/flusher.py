@@ -84,6 +84,7 @@ class Held:
     pending: Pending
     prepared: Prepared | None = None
     failed: str | None = None  # refused or its step failed: a failed row
+    status: RequestStatus = RequestStatus.FAILED  # or EXPIRED: never ran by its deadline
 
 
 class Flusher:
@@ -184,9 +185,7 @@ class Flusher:
             rows.append(final_row(h.pending, e))
             offsets.append((h.pending.tp, h.pending.offset))
         for h in failures:
-            rows.append(
-                request_row(h.pending, status=RequestStatus.FAILED, error=h.failed or "failed")
-            )
+            rows.append(request_row(h.pending, status=h.status, error=h.failed or "failed"))
             offsets.append((h.pending.tp, h.pending.offset))
         while True:
             try:

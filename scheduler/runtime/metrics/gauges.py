@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from core.metrics import snapshot
 from core.metrics_window import SCHEDULER_SERIES, MetricsWindow, merged
 from core.vocab import PRIORITY_CLASSES, ModelRef
+from scheduler.core.shares import FairnessStats, TenantShare
 from scheduler.core.stats import CoreStats
 from scheduler.runtime.metrics.families import (
     BATCHES,
@@ -58,6 +59,7 @@ class SchedulerState:
     workers: dict[str, set[ModelRef]]  # live worker id -> models
     warming: int  # spawned workers still loading and warming up
     classes: tuple[str, ...] = field(default=tuple(PRIORITY_CLASSES))
+    fairness: FairnessStats = field(default_factory=FairnessStats)  # decision 65
 
 
 def state_of(stats: CoreStats, lanes: Sequence[ConsumerLane], warming: int) -> SchedulerState:
@@ -81,6 +83,7 @@ def state_of(stats: CoreStats, lanes: Sequence[ConsumerLane], warming: int) -> S
         in_flight={w.worker_id: w.in_flight for w in stats.workers},
         workers={w.worker_id: set(w.serving) for w in stats.workers},
         warming=warming,
+        fairness=stats.fairness,
     )
 
 
@@ -151,6 +154,82 @@ def gauge_families(st: SchedulerState) -> Iterator[Metric]:
     )
 
 
+# Tenants with series of their own per class; the rest are summed as tenant "other".
+# Labels stay bounded (a tenant is not a label elsewhere, docs/observability.md): the
+# tenants taking or owed the most device time are the ones an operator looks at, and
+# every tenant is in the analysts' device_time_by_minute (docs/analysts.md).
+TENANT_SERIES = 10
+OTHER = "other"
+
+
+def _named(f: FairnessStats, limit: int) -> list[TenantShare]:
+    """Per tier, the ``limit`` tenants of the largest recent shares, then one row
+    "other" summing the rest."""
+    out: list[TenantShare] = []
+    tiers: dict[str, list[TenantShare]] = {}
+    for row in f.tenants:
+        tiers.setdefault(row.tier, []).append(row)
+    for tier, rows in tiers.items():
+        rows.sort(key=lambda r: (-max(r.received_share, r.entitled_share), r.tenant))
+        out += rows[:limit]
+        rest = rows[limit:]
+        if rest:
+            out.append(
+                TenantShare(
+                    tier,
+                    OTHER,
+                    sum(r.received_s for r in rest),
+                    sum(r.entitled_s for r in rest),
+                    sum(r.received_share for r in rest),
+                    sum(r.entitled_share for r in rest),
+                )
+            )
+    return out
+
+
+def fairness_families(f: FairnessStats, limit: int = TENANT_SERIES) -> Iterator[Metric]:
+    """Per tier and tenant (the ``limit`` largest, then "other"), device seconds
+    received and owed since this scheduler started, the recent shares of both, and
+    each tier's fairness index (decision 65). Gauges: a tenant's series may move into
+    "other", which a counter could not do."""
+    rows = _named(f, limit)
+    for name, doc, attr in (
+        (
+            "gristmill_tenant_device_seconds",
+            "Device (GPU) seconds the tenant's requests received since this scheduler "
+            "started: each batch's measured compute split over its items by estimated cost",
+            "received_s",
+        ),
+        (
+            "gristmill_tenant_entitled_device_seconds",
+            "Device seconds the tenant was owed since this scheduler started: each "
+            "batch's time split over the tenants backlogged in its class by weight",
+            "entitled_s",
+        ),
+    ):
+        yield _gauge(
+            name, doc, ["class", "tenant"], (([r.tier, r.tenant], getattr(r, attr)) for r in rows)
+        )
+    yield _gauge(
+        "gristmill_tenant_device_share",
+        "The tenant's share of its class's recent device time (one-minute half-life): "
+        "received, or entitled (its weight over the backlogged tenants' weights)",
+        ["class", "tenant", "kind"],
+        (
+            ([r.tier, r.tenant, kind], value)
+            for r in rows
+            for kind, value in (("received", r.received_share), ("entitled", r.entitled_share))
+        ),
+    )
+    yield _gauge(
+        "gristmill_fairness_index",
+        "Jain's index over the class's tenants' recent received / entitled device time "
+        "(1: each got what it was owed; 1/n: one of n got it all)",
+        ["class"],
+        (([tier], value) for tier, value in sorted(f.index.items())),
+    )
+
+
 def device_families(
     samples: dict[str, tuple[dict[str, float | str], float]], now: float
 ) -> Iterator[Metric]:
@@ -179,7 +258,9 @@ class _StateCollector(Collector):
         self.read = read
 
     def collect(self) -> Iterator[Metric]:
-        yield from gauge_families(self.read())
+        st = self.read()
+        yield from gauge_families(st)
+        yield from fairness_families(st.fairness)
         with _devices_lock:
             samples = dict(_devices)
         yield from device_families(samples, time.monotonic())

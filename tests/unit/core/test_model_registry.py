@@ -16,6 +16,7 @@ from core.models.causal_lm import CausalLMSpec
 from core.models.embedding import EmbedSpec
 from core.models.http import HttpSpec
 from core.models.registry import (
+    DEFAULT_WEIGHTS_NOISE,
     RecordError,
     VersionRecord,
     VersionState,
@@ -123,10 +124,53 @@ def test_the_builtin_versions_are_live_and_make_the_catalog_specs() -> None:
     assert spec_from_record(sim, SETTINGS).batch_params({"salt": ""}) == (("salt", ""),)
 
 
-def test_a_generation_version_cannot_be_registered() -> None:
+def test_a_generation_version_is_registered_by_seed_or_artifact_for_gristmill_lm_only() -> None:
+    seeded = new_record(
+        "gristmill-lm@2",
+        backend="causal-lm",
+        max_batch_size=64,
+        config={"weights_seed": 7},
+        settings=SETTINGS,
+    )
+    spec = spec_from_record(seeded, SETTINGS)
+    assert isinstance(spec, CausalLMSpec) and spec.weights_seed == 7
+    assert spec.weights_noise == DEFAULT_WEIGHTS_NOISE
+    plain = spec_from_record(
+        new_record("gristmill-lm@3", backend="causal-lm", max_batch_size=64, settings=SETTINGS),
+        SETTINGS,
+    )
+    assert isinstance(plain, CausalLMSpec) and plain.weights_seed is None
     with pytest.raises(InvalidInput) as e:
-        new_record("gristmill-lm@2", backend="causal-lm", max_batch_size=8, settings=SETTINGS)
-    assert e.value.field == "backend" and "gristmill-lm@1" in str(e.value)
+        new_record("my-lm@1", backend="causal-lm", max_batch_size=8, settings=SETTINGS)
+    assert e.value.field == "backend" and "gristmill-lm" in str(e.value)
+    for config in (
+        {"weights_seed": -1},
+        {"weights_seed": "7"},
+        {"weights_seed": True},
+        {"weights_seed": 1, "weights_noise": 0},
+        {"weights_seed": 1, "weights_noise": 2},
+        {"weights_sed": 1},
+    ):
+        with pytest.raises(InvalidInput) as e:
+            new_record(
+                "gristmill-lm@4",
+                backend="causal-lm",
+                max_batch_size=8,
+                config=config,
+                settings=SETTINGS,
+            )
+        assert e.value.field == "config", config
+    with pytest.raises(InvalidInput) as e:  # weights from one place only
+        new_record(
+            "gristmill-lm@4",
+            backend="causal-lm",
+            max_batch_size=8,
+            config={"weights_seed": 1},
+            artifact="/srv/lm",
+            sha256="a" * 64,
+            settings=SETTINGS,
+        )
+    assert e.value.field == "config" and "not both" in str(e.value)
 
 
 def test_a_variant_changes_every_sim_answer_and_no_variant_keeps_version_1s() -> None:

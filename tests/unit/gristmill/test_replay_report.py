@@ -6,8 +6,19 @@ import math
 
 import pytest
 
-from gristmill.replay import parse_since
-from gristmill.replay_report import COSINE, EXACT, Pair, Thresholds, compare, cosine, render
+from gristmill.replay import greedy, parse_since, sampled
+from gristmill.replay_report import (
+    COSINE,
+    EXACT,
+    TEXT,
+    Pair,
+    Thresholds,
+    compare,
+    cosine,
+    edit_distance,
+    render,
+    token_similarity,
+)
 
 
 def test_exact_agreement_per_tier_and_overall() -> None:
@@ -80,3 +91,68 @@ def test_since_takes_a_number_and_a_unit() -> None:
     assert parse_since("1.5m").total_seconds() == 90
     with pytest.raises(Exception, match="unit"):
         parse_since("1 hour")
+
+
+def _gen(text: str) -> dict[str, object]:
+    # A completion's request-log output: the text and what differs run to run.
+    return {"text": text, "finish_reason": "length", "time_to_first_token_ms": 3.0}
+
+
+def test_generated_text_agrees_by_exact_text_and_reports_token_similarity() -> None:
+    pairs = [
+        # Same text, other timings: agrees.
+        Pair("paid", True, _gen("the wheel turns"), 5.0, True, _gen("the wheel turns"), 6.0),
+        # One word of three differs: no exact match, similarity 2/3.
+        Pair("paid", True, _gen("the wheel turns"), 5.0, True, _gen("the mill turns"), 6.0),
+        # Nothing in common: similarity 0.
+        Pair("free", True, _gen("a b"), 5.0, True, _gen("c d e f"), 6.0),
+        # The candidate failed: not compared, counted as its error.
+        Pair("free", True, _gen("x"), 5.0, False, None, 6.0),
+    ]
+    r = compare(pairs, Thresholds(min_agreement=0.3, max_error_delta=0.5))
+    assert r.mode == TEXT
+    assert r.overall.compared == 3 and r.overall.agreed == 1
+    assert r.overall.similarities == pytest.approx([1.0, 2 / 3, 0.0])
+    row = r.overall.row()
+    assert row["mean_token_similarity"] == pytest.approx(5 / 9)
+    assert row["min_token_similarity"] == 0.0
+    assert r.tiers[0].row()["mean_token_similarity"] == pytest.approx(5 / 6)
+    assert r.passed
+    table = render(r, "gristmill-lm", "gristmill-lm@2")
+    assert "text comparison" in table and "tok sim" in table and "0.5556" in table
+    assert not compare(pairs, Thresholds(min_agreement=0.99)).passed
+
+
+def test_text_similarity_counts_the_given_tokens() -> None:
+    pairs = [Pair("paid", True, _gen("abcd"), 1.0, True, _gen("abed"), 1.0)]
+    by_char = compare(pairs, tokenize=list)  # one substitution in four characters
+    assert by_char.overall.similarities == [0.75]
+    assert compare(pairs).overall.similarities == [0.0]  # one word against another
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "distance"),
+    [
+        ("", "", 0),
+        ("abc", "", 3),
+        ("", "ab", 2),
+        ("kitten", "sitting", 3),
+        ("flaw", "lawn", 2),
+        ("same", "same", 0),
+    ],
+)
+def test_edit_distance(a: str, b: str, distance: int) -> None:
+    assert edit_distance(a, b) == distance == edit_distance(b, a)
+    sim = token_similarity(a, b)
+    assert 0.0 <= sim <= 1.0
+    assert sim == (1.0 if not (a or b) else 1 - distance / max(len(a), len(b)))
+
+
+def test_greedy_replays_drop_the_seed_and_only_sampled_answers_run_again() -> None:
+    assert greedy({"max_tokens": 8, "temperature": 0.8, "seed": 5, "stop": []}) == {
+        "max_tokens": 8,
+        "temperature": 0.0,
+        "stop": [],
+    }
+    assert sampled({"temperature": 0.8}) and sampled({})  # OpenAI's default is 1
+    assert not sampled({"temperature": 0}) and not sampled({"temperature": 0.0})

@@ -365,6 +365,7 @@ def stub_services(stubs: Stubs) -> Services:
             catalog=served_catalog(settings, engine),
             limiter=limiter,
             inflight=InflightLimiter(settings.max_inflight, settings.inflight_share),
+            flex_waits=InflightLimiter(settings.max_flex_waits, {}),
             load=LoadWatch(engine, settings, limiter),
             overload=Overload(),
             uploads=slots.uploads,

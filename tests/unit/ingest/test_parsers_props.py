@@ -13,11 +13,12 @@ from hypothesis import strategies as st
 from core.config import Settings
 from core.errors import InvalidInput, SchemaViolation
 from core.limits import ascii_decimal
+from ingest.acceptance.prefer import parse_prefer
 from ingest.jobs.schemas import parse_index
 from ingest.native.wire import parse_infer
 from ingest.openai import batch_wire as bw
 from ingest.openai.completion_wire import resume_from as _resume_from
-from ingest.openai.wire import parse_embeddings, parse_prefer
+from ingest.openai.wire import parse_embeddings
 from tests.unit.json_strategies import json_values
 
 S = Settings()

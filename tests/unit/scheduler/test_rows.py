@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
+from core.messages import SERVICE_TIER
 from core.vocab import RequestStatus
 from results.faults import NUL_ESCAPE
 from results.vectors import to_floats
@@ -112,3 +113,14 @@ def test_json_outputs_have_no_vector_and_recorded_rows_neither() -> None:
     assert row["output"] == [0.5, 0.25] and row["output_vector"] is None
     (failed,), _ = write_rows(Write(0, RequestStatus.FAILED, [p], error="x"))
     assert failed["output_vector"] is None
+
+
+def test_a_row_says_which_service_tier_ran_its_request() -> None:
+    """Decision 66: the request log meters flex apart from the sync tiers."""
+    flex, plain, job = pending(), pending(), pending()
+    flex.msg.extra[SERVICE_TIER] = "flex"
+    job.msg.job_id = "00000000-0000-4000-8000-0000000000aa"
+    rows, _ = write_rows(
+        Write(priority=3, status=RequestStatus.EXPIRED, items=[flex, plain, job], error="late")
+    )
+    assert [r["service_tier"] for r in rows] == ["flex", None, None]

@@ -12,9 +12,7 @@ RUNTIME = Path(__file__).resolve().parents[3] / "scheduler" / "runtime"
 
 def _sources(skip: str) -> dict[str, str]:
     return {
-        str(p.relative_to(RUNTIME)): p.read_text()
-        for p in RUNTIME.rglob("*.py")
-        if p.name != skip
+        str(p.relative_to(RUNTIME)): p.read_text() for p in RUNTIME.rglob("*.py") if p.name != skip
     }
 
 

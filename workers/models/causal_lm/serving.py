@@ -57,7 +57,9 @@ class CausalLMModel(Model):
         if dev.type == "cpu":
             torch.set_num_threads(cpu_threads)
         dtype = default_dtype(dev)
-        self.lm = weights.load(dev, dtype)
+        self.lm = weights.load_version(
+            spec.artifact, spec.weights_seed, spec.weights_noise, dev, dtype
+        )
         cfg = self.lm.cfg
         if cfg.max_len != spec.context_length:
             raise ValueError(

@@ -60,5 +60,38 @@ def load(
     return model.to(device=device, dtype=dtype).eval()
 
 
+def perturb(model: CausalLM, seed: int, noise: float) -> CausalLM:
+    """Another set of weights from a seed (decision 67): each floating tensor plus
+    Gaussian noise of ``noise`` times its own standard deviation, drawn on the CPU from
+    ``seed`` alone, so every machine makes the same version."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(model.state_dict(keep_vars=True).items()):
+            if not p.is_floating_point() or p.numel() < 2:
+                continue
+            draw = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+            spread = float(p.detach().float().std())
+            p.add_((draw * noise * spread).to(device=p.device, dtype=p.dtype))
+    return model
+
+
+def load_version(
+    artifact: str,
+    seed: int | None,
+    noise: float,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> CausalLM:
+    """A registered version's weights: its artifact folder (``weights.pt`` and
+    ``manifest.json``, as train.py writes them), else the packaged weights, perturbed
+    when it names a seed."""
+    if artifact:
+        folder = Path(artifact)
+        return load(device, dtype, folder / WEIGHTS_PATH.name, folder / MANIFEST_PATH.name)
+    if seed is None:
+        return load(device, dtype)
+    return perturb(load("cpu", torch.float32), seed, noise).to(device=device, dtype=dtype)
+
+
 def manifest() -> dict[str, Any]:
     return dict(json.loads(MANIFEST_PATH.read_text()))

@@ -60,8 +60,17 @@ def test_internal_addresses_are_named(addr: str, why: str) -> None:
 
 @pytest.mark.parametrize(
     "addr",
-    ["8.8.8.8", "1.1.1.1", "93.184.216.34", "172.32.0.1", "100.128.0.1", "2606:4700::1111",
-     "::ffff:8.8.8.8", "64:ff9b::808:808", "2002:808:808::1"],
+    [
+        "8.8.8.8",
+        "1.1.1.1",
+        "93.184.216.34",
+        "172.32.0.1",
+        "100.128.0.1",
+        "2606:4700::1111",
+        "::ffff:8.8.8.8",
+        "64:ff9b::808:808",
+        "2002:808:808::1",
+    ],
 )
 def test_public_addresses_pass(addr: str) -> None:
     assert internal_reason(ip_address(addr)) is None

@@ -13,6 +13,7 @@ from openai.types import CreateEmbeddingResponse
 from core.errors import InvalidInput
 from core.messages import KEEP_UNTIL, RequestMessage, keep_until
 from ingest.acceptance.message import kept_until
+from ingest.acceptance.prefer import Prefer, parse_prefer
 from ingest.openai.partial import (
     MISSING_HEADER,
     RestQuery,
@@ -21,7 +22,6 @@ from ingest.openai.partial import (
     partial_headers,
     rest_location,
 )
-from ingest.openai.wire import Prefer, parse_prefer
 from results.requests import AnswerRow
 from results.vectors import EncodingFormat, from_floats, to_base64
 from tests.unit.ingest.stubs import answer_row

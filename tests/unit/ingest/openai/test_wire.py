@@ -12,10 +12,10 @@ import pytest
 
 from core.config import Settings
 from core.errors import InvalidInput, SchemaViolation
+from ingest.acceptance.prefer import Prefer, parse_prefer
 from ingest.openai.wire import (
     MAX_INPUTS,
     EncodingFormat,
-    Prefer,
     check_dimensions,
     embedding,
     embeddings_answer,
@@ -23,7 +23,6 @@ from ingest.openai.wire import (
     models_answer,
     parse_embeddings,
     parse_inputs,
-    parse_prefer,
     prompt_tokens,
     shortened,
     stored_vector,

@@ -16,6 +16,7 @@ from scheduler.core.generation.engine import (
     Call,
     Command,
     Engine,
+    PartFailed,
     RunnerLost,
     StepFailed,
 )
@@ -138,3 +139,36 @@ def test_the_owners_work_runs_between_steps_on_the_loops_thread() -> None:
     loop.wait_for(lambda evs: not b.has_work())
     loop.close()
     assert seen == [(loop.thread.name, True)]
+
+
+class OnePartFails(FakeRunner):
+    """A runner of two versions whose second version's part raises on its ``at``-th
+    step: the other part's tokens come back, as WorkerRunner gives them."""
+
+    def __init__(self, at: int, bad: set[str]):
+        super().__init__(64, 4)
+        self.at, self.bad, self.n = at, bad, 0
+
+    def execute(self, plan: StepPlan) -> StepOutput:
+        self.n += 1
+        out = super().execute(plan)
+        if self.n != self.at:
+            return out
+        good = {k: t for k, t in out.sampled.items() if k not in self.bad}
+        hit = frozenset(c.seq_id for c in plan.chunks if c.seq_id in self.bad)
+        raise PartFailed("gristmill-lm@2: boom", hit, StepOutput(plan.step, good))
+
+
+def test_a_versions_failed_part_fails_only_its_sequences() -> None:
+    b = batcher()
+    live, canary = req(4, 12), req(4, 12)
+    loop = Loop(Engine(b, OnePartFails(3, {canary.seq_id})))
+    loop.inbox.put(live)
+    loop.inbox.put(canary)
+    loop.wait_for(finished(2))
+    loop.close()
+    failed = [e for e in loop.events if isinstance(e, Failed)]
+    assert [(e.seq_id, e.error) for e in failed] == [(canary.seq_id, "gristmill-lm@2: boom")]
+    end = [e for e in loop.events if isinstance(e, Finished)]
+    assert [e.seq_id for e in end] == [live.seq_id]  # its tokens of that step kept
+    assert list(end[0].token_ids) == reference(live.prompt, 12) and b.pool.used == 0
