@@ -4,7 +4,7 @@ each migration job, the versions it moves between, its tenant and what its corpu
 Online: a new table; nothing existing is locked or rewritten.
 
 Revision ID: 0029
-Revises: 0022
+Revises: 0027 (0022 when written; chained after main's 0026 and 0027 at the merge)
 """
 
 import sqlalchemy as sa
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 revision = "0029"
-down_revision = "0022"
+down_revision = "0027"
 branch_labels = None
 depends_on = None
 
