@@ -42,6 +42,9 @@ from gristmill.replay_report import AUTO, Pair, Report, Thresholds, compare
 from results import modelregistry
 from results.schema import requests, tenants
 from results.tenants import create_tenant, get_tenant
+from results.vectors import EncodingFormat, answer_output
+
+FLOAT = EncodingFormat.FLOAT  # a stored vector compares as the floats it answers
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,7 @@ def recorded(
             requests.c.params,
             requests.c.status,
             requests.c.output,
+            requests.c.output_vector,
             requests.c.compute_start_at,
             requests.c.compute_end_at,
             requests.c.model_version,
@@ -116,7 +120,8 @@ def recorded(
             r.input,
             dict(r.params or {}),
             r.status == RequestStatus.SUCCEEDED,
-            r.output,
+            # A vector is stored apart (decision 29), not in ``output``.
+            answer_output(r.output, r.output_vector, FLOAT),
             _ms(r.compute_start_at, r.compute_end_at),
             r.model_version,
         )
@@ -236,7 +241,7 @@ def run_replay(
                 output,
                 r.compute_ms,
                 None if a is None else a["status"] == RequestStatus.SUCCEEDED,
-                None if a is None else a["output"],
+                None if a is None else answer_output(a["output"], a["output_vector"], FLOAT),
                 None if a is None else _ms(a["compute_start_at"], a["compute_end_at"]),
             )
         )
@@ -258,6 +263,7 @@ _FETCH = select(
     requests.c.request_id,
     requests.c.status,
     requests.c.output,
+    requests.c.output_vector,
     requests.c.compute_start_at,
     requests.c.compute_end_at,
 ).where(requests.c.request_id == any_(bindparam("ids", type_=ARRAY(UUID(as_uuid=False)))))

@@ -1,4 +1,6 @@
-"""What the request log tells the metrics: jobs not yet finished and their items.
+"""What the request log tells the metrics: jobs not yet finished and their items, and
+each version's coverage of the corpora re-embedded with it (decision 68; a row per
+migration, which are few: one per corpus and model change).
 
 Read at scrape time by the API's ``/metrics`` (ingest/operations/metrics.py): one aggregate over
 the unfinished jobs, so its cost follows the jobs in flight. The job's status is
@@ -7,12 +9,14 @@ derived as results/jobs.py ``job_status`` derives it for one job.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from core.models.reembed import version_coverage
 from core.vocab import ItemStatus, JobStatus
+from results.reembed import read_migrations
 
 # Unfinished jobs only (finished_at is set once the job's last result committed), their
 # counters as they stand (job_progress: the row's and its result writers').
@@ -45,11 +49,15 @@ _UNFINISHED = text(
 class JobGauges:
     jobs: dict[str, int]  # unfinished jobs by JobStatus
     items: dict[str, int]  # their items by ItemStatus
+    # (model, version) -> the share of its re-embedded corpora it has embedded (decision 68)
+    coverage: dict[tuple[str, str], float] = field(default_factory=dict)
 
 
 async def read_job_gauges(engine: AsyncEngine) -> JobGauges:
     async with engine.connect() as conn:
-        return job_gauges_of((await conn.execute(_UNFINISHED)).one())
+        gauges = job_gauges_of((await conn.execute(_UNFINISHED)).one())
+        coverage = version_coverage(await read_migrations(conn))
+    return JobGauges(gauges.jobs, gauges.items, coverage)
 
 
 def job_gauges_of(row: object) -> JobGauges:

@@ -9,6 +9,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Float,
+    Index,
     Integer,
     Table,
     Text,
@@ -94,4 +95,21 @@ model_replays = Table(
     Column("items", Integer, nullable=False, server_default="0"),
     Column("passed", Boolean),
     Column("report", JSONB, nullable=False, server_default="{}"),
+)
+
+# A corpus re-embedded by a new version (migration 0029, decision 68): the migration job
+# (a job of the corpus's tenant, pinned to ``to_version``) and what it was made from.
+# Coverage is that job's progress (job_progress), read where it is shown.
+model_migrations = Table(
+    "model_migrations",
+    metadata,
+    Column("job_id", UUID(as_uuid=False), primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("from_version", Text, nullable=False),
+    Column("to_version", Text, nullable=False),
+    Column("tenant_id", UUID(as_uuid=False), nullable=False),
+    Column("corpus", JSONB, nullable=False),
+    Column("created_by", Text, nullable=False),
+    written_at("created_at"),
+    Index("model_migrations_name", "name", "from_version"),
 )

@@ -178,23 +178,133 @@ def canary(
     _show_change(change)
 
 
+_TENANT = typer.Option(None, "--corpus-tenant", help="re-embed this tenant's corpus with it")
+_JOB = typer.Option(None, "--corpus-job", help="... the items of this job of the tenant")
+_SINCE = typer.Option(
+    None, "--corpus-since", help="... or its sync requests from this ISO time (with zone)"
+)
+_UNTIL = typer.Option(None, "--corpus-until", help="... until this ISO time (default: now)")
+
+
 @app.command()
 def promote(
     ref: str = typer.Argument(..., help="name@version"),
     require_replay: bool = typer.Option(
         False, help="refuse unless a replay of recorded traffic against it passed"
     ),
+    corpus_tenant: str | None = _TENANT,
+    corpus_job: str | None = _JOB,
+    corpus_since: str | None = _SINCE,
+    corpus_until: str | None = _UNTIL,
 ) -> None:
-    """Make this version live; the live one becomes the rollback target."""
-    from results import modelregistry
+    """Make this version live; the live one becomes the rollback target. With a corpus,
+    also start re-embedding it with this version (a passing replay required)."""
+    from results import modelregistry, reembed
 
     name, version = _versioned(ref)
-    change = _run(
-        lambda conn: modelregistry.promote(
-            conn, name, version, _actor(), require_replay=require_replay
+    if corpus_tenant is None:
+        if corpus_job or corpus_since or corpus_until:
+            _fail("a corpus names its tenant: --corpus-tenant")
+        change = _run(
+            lambda conn: modelregistry.promote(
+                conn, name, version, _actor(), require_replay=require_replay
+            )
         )
+        _show_change(change)
+        return
+    corpus = _corpus(corpus_tenant, corpus_job, corpus_since, corpus_until)
+    maker = _maker(name, version)
+    change, started = _run(
+        lambda conn: reembed.promote(conn, name, version, _actor(), corpus, maker)
     )
     _show_change(change)
+    _publish(started)
+
+
+@app.command()
+def migrate(
+    ref: str = typer.Argument(..., help="name@version, the live version"),
+    corpus_tenant: str = typer.Option(..., "--corpus-tenant", help="whose corpus"),
+    corpus_job: str | None = _JOB,
+    corpus_since: str | None = _SINCE,
+    corpus_until: str | None = _UNTIL,
+) -> None:
+    """Re-embed another tenant's corpus with the live version (after its promote)."""
+    from results import reembed
+
+    name, version = _versioned(ref)
+    corpus = _corpus(corpus_tenant, corpus_job, corpus_since, corpus_until)
+    maker = _maker(name, version)
+    started = _run(lambda conn: reembed.migrate(conn, name, version, _actor(), corpus, maker))
+    _publish(started)
+
+
+@app.command()
+def migrations(name: str | None = typer.Argument(None, help="one model; default: all")) -> None:
+    """Re-embeds of corpora, newest first, with their coverage by the new version."""
+    from results import reembed
+
+    listed = _run(lambda conn: reembed.list_migrations(conn, name))
+    if not listed:
+        typer.echo("no migrations" + (f" of {name}" if name else ""))
+        return
+    typer.echo(f"{'job':<38}{'model':<28}{'tenant':<20}{'items':>9}{'coverage':>10}  state")
+    for m in listed:
+        v = m.view()
+        move = f"{m.name}@{m.from_version}->{m.to_version}"
+        typer.echo(
+            f"{m.job_id:<38}{move:<28}{m.tenant:<20}{m.total:>9}{m.coverage:>10.1%}  {v['state']}"
+        )
+
+
+def _corpus(tenant: str, job: str | None, since: str | None, until: str | None) -> Any:
+    from datetime import UTC, datetime
+
+    from core.errors import GristmillError
+    from core.models.reembed import corpus_of
+
+    def when(raw: str | None, flag: str) -> datetime | None:
+        if raw is None:
+            return None
+        try:
+            return datetime.fromisoformat(raw)
+        except ValueError:
+            _fail(f"{flag} is not an ISO time: {raw}")
+
+    try:
+        return corpus_of(
+            tenant,
+            job_id=job,
+            since=when(since, "--corpus-since"),
+            until=when(until, "--corpus-until"),
+            now=datetime.now(UTC),
+        )
+    except GristmillError as exc:
+        _fail(exc.message)
+
+
+def _maker(name: str, version: str) -> Any:
+    from ingest.jobs.incremental import reembed_maker
+
+    return reembed_maker(load_settings(), name, version)
+
+
+def _publish(started: Any) -> None:
+    """The migration job's items into Kafka (as the API does); should this fail, the
+    job stays ``submitting`` and an API instance finishes it (decision 10)."""
+    from ingest.jobs.publisher import JobPublisher
+
+    typer.echo(
+        f"re-embedding {started.total} items of tenant {started.tenant}'s corpus with "
+        f"{started.name}@{started.to_version}: job {started.job_id}"
+    )
+    publisher = JobPublisher(load_settings())
+    try:
+        publisher.publish_sync(started.job_id)
+    except Exception as exc:  # Kafka away: recorded, an API instance will produce it
+        typer.secho(f"not in Kafka yet ({exc}); an API instance will finish it", fg="yellow")
+    finally:
+        publisher.close()
 
 
 @app.command()
@@ -218,15 +328,11 @@ def rollback(
 @app.command()
 def retire(ref: str = typer.Argument(..., help="name@version")) -> None:
     """Stop serving a version: its queued requests finish, then workers unload it."""
-    from core.models import lifecycle
-    from results import modelregistry
+    from results import reembed
 
     name, version = _versioned(ref)
-    change = _run(
-        lambda conn: modelregistry.apply(
-            conn, name, lambda m: lifecycle.retire(m, version), _actor()
-        )
-    )
+    # Refused while a corpus is still being re-embedded away from it (decision 68).
+    change = _run(lambda conn: reembed.retire(conn, name, version, _actor()))
     _show_change(change)
 
 

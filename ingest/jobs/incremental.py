@@ -11,12 +11,16 @@ renumber its items and still reuse them.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import orjson
 
+from core.config import Settings
 from core.errors import InvalidInput
+from core.models.registry import spec_from_record
+from results.reembed import Maker
 
 _SCHEME = b"gristmill-item-v1\0"  # a different scheme later hashes differently
 
@@ -38,6 +42,28 @@ def canonical_input(value: Any, staged: str) -> str:
 def item_hash(scope: bytes, canonical: str) -> bytes:
     """One item's content hash (32 bytes) from its job's ``scope_digest``."""
     return hashlib.sha256(scope + canonical.encode()).digest()  # one call: ~0.5 us an item
+
+
+def hasher_for(model: str, version: str) -> Callable[[str, dict[str, Any]], Callable[[Any], bytes]]:
+    """(tenant id, params) -> an item's hash from its input, as staging would compute it
+    for a job of ``model@version`` (a re-embed's items, decision 68: results/reembed.py)."""
+
+    def for_job(tenant_id: str, params: dict[str, Any]) -> Callable[[Any], bytes]:
+        scope = scope_digest(tenant_id, model, version, params)
+        return lambda value: item_hash(scope, canonical_input(value, orjson.dumps(value).decode()))
+
+    return for_job
+
+
+def reembed_maker(settings: Settings, model: str, version: str) -> Maker:
+    """How the admin API and the CLI make a re-embed's job for ``model@version``
+    (decision 68): the version's spec, staging's hash, the longest completion window (a
+    whole corpus)."""
+    return Maker(
+        lambda r: spec_from_record(r, settings),
+        hasher_for(model, version),
+        settings.max_completion_window_s,
+    )
 
 
 def check_base(base: Any, model: str, version: str, field: str = "base_job_id") -> None:

@@ -28,6 +28,7 @@ from ingest.jobs.submit import Submission, record_job, stage_json, stage_jsonl
 from ingest.jobs.views import item_view, job_summary
 from results import job_items as items_db
 from results import jobs as jobs_db
+from results.reembed import job_migration
 from results.tenants import Tenant
 
 router = APIRouter()
@@ -201,9 +202,11 @@ async def get_job(request: Request, job_id: str, tenant: Caller) -> ORJSONRespon
     j = await own_job(st, tenant, job_id)
     items = await page(st, j, 0, FIRST_PAGE)
     eta = await estimates.job_estimate(st, j, tenant.weight)
+    migration = await job_migration(st.engine, str(j.job_id))  # a re-embed: its coverage
     return ORJSONResponse(
         {
             **job_summary(j, datetime.now(UTC), eta),
+            "migration": None if migration is None else migration.view(),
             "items": items,
             "next_cursor": FIRST_PAGE if j.total_items > FIRST_PAGE else None,
         }

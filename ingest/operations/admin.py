@@ -3,12 +3,15 @@
 Only keys with the admin scope reach it (``gristmill tenants add-key NAME --admin``;
 ingest/operations/admin_auth.py checks it on every call: 401 unknown, 403 a tenant's ordinary key).
 Every change is written with an audit row naming the key (results/modelregistry.py),
-through the same functions ``gristmill models`` calls.
+through the same functions ``gristmill models`` calls. A promote may name a tenant's
+corpus to re-embed with the new version (decision 68, results/reembed.py).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
@@ -16,12 +19,15 @@ from fastapi.responses import ORJSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.models import lifecycle
+from core.models.reembed import Corpus, Migration, corpus_of
 from core.models.registry import VersionRecord, new_record
 from ingest.acceptance.state import get_state
+from ingest.jobs.incremental import reembed_maker
 from ingest.operations.admin_auth import require_admin
-from results import modelregistry
+from results import modelregistry, reembed
 from results.db import in_transaction
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/admin")
 T = TypeVar("T")
 
@@ -44,10 +50,39 @@ class Share(BaseModel):
     share: float = Field(gt=0, le=1, description="of unpinned traffic, e.g. 0.1 for 10%")
 
 
+class CorpusBody(BaseModel):
+    """A tenant's corpus to re-embed (decision 68): one of its jobs, or its request log
+    for a window (``until`` defaults to now)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: str = Field(min_length=1, max_length=200, description="the tenant's name")
+    job_id: str | None = Field(None, max_length=100)
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def corpus(self) -> Corpus:
+        return corpus_of(
+            self.tenant,
+            job_id=self.job_id,
+            since=self.since,
+            until=self.until,
+            now=datetime.now(UTC),
+        )
+
+
 class Promote(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     require_replay: bool = False
+    # Re-embed this corpus with the new version (a passing replay is then required).
+    corpus: CorpusBody | None = None
+
+
+class Migrate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    corpus: CorpusBody
 
 
 class Rollback(BaseModel):
@@ -151,10 +186,47 @@ async def promote(
     body: Promote | None = None,
 ) -> ORJSONResponse:
     require = body.require_replay if body is not None else False
-    change = await _write(
-        request, lambda c: modelregistry.promote(c, name, version, actor, require_replay=require)
+    if body is None or body.corpus is None:
+        change = await _write(
+            request,
+            lambda c: modelregistry.promote(c, name, version, actor, require_replay=require),
+        )
+        return ORJSONResponse(_change(change))
+    corpus, maker = body.corpus.corpus(), reembed_maker(get_state(request).settings, name, version)
+    change, started = await _write(
+        request, lambda c: reembed.promote(c, name, version, actor, corpus, maker)
     )
-    return ORJSONResponse(_change(change))
+    await _publish(request, started)
+    return ORJSONResponse({**_change(change), "migration": started.view()})
+
+
+@router.post("/models/{name}/versions/{version}/migrations", status_code=202)
+async def migrate(
+    request: Request, actor: Admin, name: str, version: str, body: Migrate
+) -> ORJSONResponse:
+    """Re-embed another corpus with the live version (decision 68)."""
+    corpus, maker = body.corpus.corpus(), reembed_maker(get_state(request).settings, name, version)
+    started = await _write(
+        request, lambda c: reembed.migrate(c, name, version, actor, corpus, maker)
+    )
+    await _publish(request, started)
+    return ORJSONResponse({"migration": started.view()}, status_code=202)
+
+
+@router.get("/models/{name}/migrations")
+async def migrations(request: Request, actor: Admin, name: str) -> ORJSONResponse:
+    """The model's re-embeds, newest first, each with its coverage."""
+    listed = await _write(request, lambda c: reembed.list_migrations(c, name))
+    return ORJSONResponse({"migrations": [m.view() for m in listed]})
+
+
+async def _publish(request: Request, started: Migration) -> None:
+    """The migration job's items into Kafka; if that fails now, the job stays
+    ``submitting`` and an API instance's stale-submission pass finishes it."""
+    try:
+        await get_state(request).jobs.publish(started.job_id)
+    except Exception as exc:  # Kafka away: the promote and the job are recorded
+        log.warning("migration job %s not published yet: %s", started.job_id, exc)
 
 
 @router.post("/models/{name}/rollback")
@@ -173,7 +245,7 @@ async def rollback(
 async def retire(request: Request, actor: Admin, name: str, version: str) -> ORJSONResponse:
     change = await _write(
         request,
-        lambda c: modelregistry.apply(c, name, lambda m: lifecycle.retire(m, version), actor),
+        lambda c: reembed.retire(c, name, version, actor),  # not while a corpus moves off it
     )
     return ORJSONResponse(_change(change))
 

@@ -178,4 +178,11 @@ def summarize(published: Iterable[Published], jobs: JobGauges | None, now: float
         "workers_warming": gauges.get("gristmill_workers", state="warming"),
         "inflight": gauges.get("gristmill_api_inflight_requests"),
         "jobs": None if jobs is None else {"jobs": jobs.jobs, "items": jobs.items},
+        # Re-embeds (decision 68): each version's share of its corpora embedded so far.
+        "coverage": []
+        if jobs is None
+        else [
+            {"model": m, "version": v, "coverage": share}
+            for (m, v), share in sorted(jobs.coverage.items())
+        ],
     }

@@ -69,8 +69,17 @@ class _JobsCollector(Collector):
         )
         for status, n in self.gauges.items.items():
             items.add_metric([status], n)
+        coverage = GaugeMetricFamily(
+            "gristmill_version_coverage",
+            "Share of the corpora re-embedded with a model version that it has embedded "
+            "(decision 68; 1 once every corpus moved)",
+            labels=["model", "version"],
+        )
+        for (model, version), share in sorted(self.gauges.coverage.items()):
+            coverage.add_metric([model, version], share)
         yield jobs
         yield items
+        yield coverage
 
 
 def api_registry(jobs: JobGauges | None = None) -> CollectorRegistry:

@@ -107,6 +107,7 @@ function render(d) {
   $("jobs-queued").textContent = count(j.jobs.queued);
   $("items-queued").textContent = count(j.items.queued);
   $("items-done").textContent = count(sum(j.items) - (j.items.queued || 0));
+  fill("coverage", (d.coverage || []).map((c) => [`${c.model}@${c.version}`, `${(c.coverage * 100).toFixed(1)}%`, bar(c.coverage)]));
 
   const p = d.processes;
   $("status").textContent = `${p.schedulers} scheduler(s), ${p.api} API process(es) · updated ${new Date(d.at * 1000).toLocaleTimeString()}`;

@@ -129,3 +129,11 @@ def test_the_job_gauges_are_read_in_the_background_and_dropped_when_unreadable()
     finally:
         scrape._job_gauges = saved
     assert 3 <= engine.connects <= 6
+
+
+def test_re_embed_coverage_is_a_gauge_per_model_version() -> None:
+    from prometheus_client import generate_latest
+
+    gauges = JobGauges({"running": 1}, {}, {("emb", "2"): 0.375})
+    text = generate_latest(scrape.api_registry(gauges)).decode()
+    assert 'gristmill_version_coverage{model="emb",version="2"} 0.375' in text

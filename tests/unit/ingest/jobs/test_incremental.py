@@ -12,7 +12,13 @@ import pytest
 
 from core.errors import InvalidInput
 from core.models.sim import SimSpec
-from ingest.jobs.incremental import canonical_input, check_base, item_hash, scope_digest
+from ingest.jobs.incremental import (
+    canonical_input,
+    check_base,
+    hasher_for,
+    item_hash,
+    scope_digest,
+)
 from ingest.jobs.upload import ItemStager
 
 SPEC = SimSpec(name="sim", version="1", max_batch_size=100)
@@ -133,3 +139,17 @@ def test_a_base_that_cannot_lend_its_results_is_a_400_naming_why(
         check_base(row, "sim", "1", "base_batch_id")
     assert e.value.field == "base_batch_id"
     assert all(w in e.value.message for w in words), e.value.message
+
+
+def test_a_re_embeds_items_hash_as_staging_would_for_the_new_version() -> None:
+    # A migration job's items (results/reembed.py) come from PostgreSQL, not an upload:
+    # their hash must be the one staging writes, so the next incremental refresh of the
+    # corpus can name the migration job as its base.
+    s = stager()
+    s.feed(b'{"input": "a"}\n{"input": "\\u00e9 \\"q\\""}\n')
+    rows = staged_rows(s)
+    for_job = hasher_for("sim", "1")(TENANT, {})
+    assert rows[0][5] == "\\\\x" + for_job("a").hex()
+    assert rows[1][5] == "\\\\x" + for_job('\u00e9 "q"').hex()
+    assert hasher_for("sim", "2")(TENANT, {})("a") != for_job("a")  # per version
+    assert for_job({"b": 1, "a": [2]}) == h({"a": [2], "b": 1})

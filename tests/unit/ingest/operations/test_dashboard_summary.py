@@ -208,3 +208,13 @@ def test_job_items_stages_are_kept_apart_from_sync_requests() -> None:
     assert sync["per_s"] == pytest.approx(2.0) and 0.002 < sync["p99"] <= 0.005
     assert jobs["per_s"] == pytest.approx(1.0) and 2.0 < jobs["p50"] <= 5.0
     assert [r["stage"] for r in d["latency_jobs"]] == ["queue", "batch_wait", "compute", "persist"]
+
+
+def test_re_embed_coverage_is_listed_per_version() -> None:
+    jobs = JobGauges({}, {}, {("emb", "3"): 1.0, ("emb", "2"): 0.25})
+    d = summarize([], jobs, now=1.0)
+    assert d["coverage"] == [
+        {"model": "emb", "version": "2", "coverage": 0.25},
+        {"model": "emb", "version": "3", "coverage": 1.0},
+    ]
+    assert summarize([], None, now=1.0)["coverage"] == []  # gauges unreadable: none shown
