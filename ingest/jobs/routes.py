@@ -18,6 +18,7 @@ from core.messages import job_item_request_ids
 from core.vocab import ItemStatus
 from ingest import metrics
 from ingest.acceptance.idempotency import check_key
+from ingest.acceptance.prefer import parse_prefer
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.jobs import estimates
@@ -135,7 +136,10 @@ async def submit_job(
         try:
             if dry_run:
                 return ORJSONResponse(await quote_view(st, sub))
-            await estimates.check_window(st, sub, datetime.now(UTC))
+            # Prefer: partial-results takes what the window allows: not refused, its
+            # unfinished items expire at the window's end (decision 69).
+            if not parse_prefer(request.headers.getlist("prefer")).partial:
+                await estimates.check_window(st, sub, datetime.now(UTC))
             recorded = await record_job(st, sub)
             t2 = time.monotonic()
             if recorded.created:  # its items are read back from the staged file

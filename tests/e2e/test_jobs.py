@@ -190,9 +190,15 @@ def test_cancel_stops_unstarted_items_and_keeps_finished_ones(system: System) ->
 
 def test_completion_window_expires_unfinished_items(system: System) -> None:
     items = [{"input": f"slow {i}"} for i in range(4000)]
-    job_id = submit(
-        system, {"model": "sim", "items": items, "completion_window_s": 1}, tier="free"
-    ).json()["job_id"]
+    # A window the quote says cannot be met is refused (409, decision 69) unless the
+    # caller takes what the window allows: Prefer: partial-results.
+    body = {"model": "sim", "items": items, "completion_window_s": 1}
+    refused = submit(system, body, tier="free")
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["field"] == "completion_window_s"
+    job_id = submit(system, body, tier="free", headers={"Prefer": "partial-results"}).json()[
+        "job_id"
+    ]
     done = wait_done(system, job_id, tier="free", timeout_s=120)
     assert done["counts"]["expired"] > 0
     assert done["status"] in ("expired", "completed")

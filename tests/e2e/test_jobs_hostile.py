@@ -910,7 +910,7 @@ def test_retrying_expired_items_while_old_attempts_are_queued(system: System) ->
     n = 10_000
     job_id = post_json(
         system,
-        h,
+        {**h, "Prefer": "partial-results"},  # the window is meant to close (decision 69)
         {
             "model": "sim",
             "items": [{"input": f"race {i}"} for i in range(n)],
