@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import IO, Any
 
-from sqlalchemy import Engine, select, text
+from sqlalchemy import Engine, false, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from results.schema import job_items, requests
@@ -41,7 +41,9 @@ _ITEM_RESULT = (
     requests.c.output_vector,  # an embedding's float32 bytes, where stored so
     requests.c.error,
     requests.c.attempts,
-    job_items.c.reused,
+    # Reused from a base job (decision 61): its row was copied at submission with
+    # attempts 0, which no computed attempt has (results/job_reuse.py).
+    func.coalesce(requests.c.attempts == 0, false()).label("reused"),
 )
 
 

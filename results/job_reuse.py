@@ -1,7 +1,9 @@
 """An incremental job's reused results (decision 61), written in its submission's
 transaction: each new item whose content hash matches a succeeded item of the base job
-gets a result row of its own (the base's output copied, status succeeded) and is marked
-``reused``; it is never sent to Kafka.
+gets a result row of its own (the base's output copied, status succeeded, ``attempts``
+0); it is never sent to Kafka. That row is the item's mark: no computed attempt is
+ever recorded with ``attempts`` 0 (a computed row holds attempt + 1), so ``reused`` is
+read from it (``results/job_items.py``) and ``job_items`` is not written a second time.
 
 A copy, not a pointer: every reader, the retry, the sweeper's output expiry and the
 request log's retention keep treating the new job's rows as its own, and the base job
@@ -36,19 +38,15 @@ _REUSE = text("""
         SELECT n.request_id, n.item_index, lent.request_id AS source
         FROM job_items n JOIN lent ON lent.content_hash = n.content_hash
         WHERE n.job_id = :job
-    ), copied AS (
-        INSERT INTO requests (request_id, tenant_id, priority, model, model_version, params,
-                              status, output, output_vector, attempts, job_id, item_index,
-                              received_at)
-        SELECT m.request_id, :tenant, :priority, :model, :version, CAST(:params AS jsonb),
-               'succeeded', r.output, r.output_vector, 0, :job, m.item_index, now()
-        FROM matched m JOIN requests r ON r.request_id = m.source
-        WHERE r.job_id = :base AND r.tenant_id = :tenant AND r.status = 'succeeded'
-        RETURNING item_index
     )
-    UPDATE job_items i SET reused = true FROM copied
-    WHERE i.job_id = :job AND i.item_index = copied.item_index
-    RETURNING i.item_index""")
+    INSERT INTO requests (request_id, tenant_id, priority, model, model_version, params,
+                          status, output, output_vector, attempts, job_id, item_index,
+                          received_at)
+    SELECT m.request_id, :tenant, :priority, :model, :version, CAST(:params AS jsonb),
+           'succeeded', r.output, r.output_vector, 0, :job, m.item_index, now()
+    FROM matched m JOIN requests r ON r.request_id = m.source
+    WHERE r.job_id = :base AND r.tenant_id = :tenant AND r.status = 'succeeded'
+    RETURNING item_index""")
 # Memory for this statement's sort and hashes (narrow rows: ~100 bytes an item), so a
 # base of up to ~500,000 items matches in memory; a larger one spills to disk, correctly.
 _WORK_MEM = "64MB"

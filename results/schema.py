@@ -275,8 +275,9 @@ job_items = Table(
     Column("request_id", UUID(as_uuid=False), nullable=False),
     Column("attempt", Integer, nullable=False, server_default="0"),
     # sha256 of what decides the item's output (ingest/jobs/incremental.py); NULL for
-    # items staged before revision 0022. ``reused``: its result was copied from the base
-    # job's at submission, never computed (decision 61).
+    # items staged before revision 0022. ``reused``: written by releases before decision
+    # 61's amendment only; a reused item is now told by its result row's attempts = 0
+    # (results/job_items.py), and a later migration may drop the column.
     Column("content_hash", BYTEA),
     Column("reused", Boolean, nullable=False, server_default="false"),
 )
