@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
 from core.config import Settings
+from core.memory import trim_periodically
 from core.topics import ensure_topics
 from ingest.acceptance.catalog import ModelCatalog
 from ingest.acceptance.idempotency import KeyClaims
@@ -148,6 +149,7 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         asyncio.create_task(job_gauges_loop(state)),
         asyncio.create_task(flush_loop(engine)),  # refusal counts, answer timeouts
         asyncio.create_task(state.catalog.run()),
+        asyncio.create_task(trim_periodically()),  # malloc's free pages back (core/memory.py)
     ]
     try:
         yield state
