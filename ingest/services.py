@@ -34,7 +34,7 @@ from ingest.jobs.pacing import Pacer, target_lag_ms
 from ingest.jobs.publisher import JobPublisher
 from ingest.jobs.webhooks import webhook_loop
 from ingest.operations.metrics import job_gauges_loop, publish_loop
-from results.db import make_async_engine
+from results.db import make_async_engine, make_bulk_engine
 from results.durability import refusal
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
             revocations=lambda: auth.listening,
             health=health,
         ),
+        bulk_engine=make_bulk_engine(settings.database_url),
     )
     state.quote_flex = functools.partial(flex_quote, state)
     state.load.health = health
@@ -169,3 +170,5 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         state.jobs.close()
         slots.close()
         await engine.dispose()
+        if state.bulk_engine is not None:
+            await state.bulk_engine.dispose()

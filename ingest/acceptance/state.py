@@ -46,6 +46,9 @@ class AppState:
     follows: SharedSlots  # follow=true result streams
     read_streams: SharedSlots  # every other streamed answer (tier_max_streams per key)
     readiness: Readiness
+    # Jobs' COPYs, each on a connection of its own (results/db.py make_bulk_engine);
+    # None: the shared engine.
+    bulk_engine: AsyncEngine | None = None
     quote_flex: FlexQuote | None = None  # services.py wires jobs' (decision 69)
 
 
