@@ -15,7 +15,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from xml.sax.saxutils import quoteattr
@@ -89,6 +89,19 @@ class _Node:
     proc: subprocess.Popen[bytes] | None = None
     secure_port: int | None = None  # the SASL_SSL client listener's, when there is one
     held: Group | None = None  # by the lifeline while the JVM runs
+    # Its files, all in ``dir``.
+    data_dir: Path = field(init=False)
+    config_path: Path = field(init=False)
+    log4j_path: Path = field(init=False)
+    out_path: Path = field(init=False)  # JVM stdout/stderr (crashes, log4j's own complaints)
+    server_log: Path = field(init=False)  # log4j2 output at WARN and above
+
+    def __post_init__(self) -> None:
+        self.data_dir = self.dir / "data"
+        self.config_path = self.dir / "server.properties"
+        self.log4j_path = self.dir / "log4j2.xml"
+        self.out_path = self.dir / "kafka.out"
+        self.server_log = self.dir / "server.log"
 
     @property
     def node_id(self) -> int:
@@ -97,28 +110,6 @@ class _Node:
     @property
     def address(self) -> str:
         return f"{HOST}:{self.port}"
-
-    @property
-    def data_dir(self) -> Path:
-        return self.dir / "data"
-
-    @property
-    def config_path(self) -> Path:
-        return self.dir / "server.properties"
-
-    @property
-    def log4j_path(self) -> Path:
-        return self.dir / "log4j2.xml"
-
-    @property
-    def out_path(self) -> Path:
-        """JVM stdout/stderr (crashes, log4j's own complaints)."""
-        return self.dir / "kafka.out"
-
-    @property
-    def server_log(self) -> Path:
-        """log4j2 output at WARN and above."""
-        return self.dir / "server.log"
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
