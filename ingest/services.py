@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
 from core.config import Settings
+from core.memory import trim_periodically
 from core.topics import ensure_topics
 from ingest.acceptance.catalog import ModelCatalog
 from ingest.acceptance.idempotency import KeyClaims
@@ -31,7 +32,7 @@ from ingest.jobs.pacing import Pacer, target_lag_ms
 from ingest.jobs.publisher import JobPublisher
 from ingest.jobs.webhooks import webhook_loop
 from ingest.operations.metrics import job_gauges_loop, publish_loop
-from results.db import make_async_engine
+from results.db import make_async_engine, make_bulk_engine
 from results.durability import refusal
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
             revocations=lambda: auth.listening,
             health=health,
         ),
+        bulk_engine=make_bulk_engine(settings.database_url),
     )
     state.load.health = health
     state.catalog.health = health
@@ -148,6 +150,7 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         asyncio.create_task(job_gauges_loop(state)),
         asyncio.create_task(flush_loop(engine)),  # refusal counts, answer timeouts
         asyncio.create_task(state.catalog.run()),
+        asyncio.create_task(trim_periodically()),  # malloc's free pages back (core/memory.py)
     ]
     try:
         yield state
@@ -164,3 +167,5 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         state.jobs.close()
         slots.close()
         await engine.dispose()
+        if state.bulk_engine is not None:
+            await state.bulk_engine.dispose()

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
 # Results are announced on this channel (results/announce.py says what a payload holds).
 RESULTS_CHANNEL = "gristmill_results"
@@ -49,6 +50,15 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
 
 def make_async_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
     return create_async_engine(sqlalchemy_url(url), **_pooled(pool_size))
+
+
+def make_bulk_engine(url: str) -> AsyncEngine:
+    """A connection of its own for each bulk write (a job's COPY), closed after it. libpq
+    keeps a connection's buffers at the largest message it carried, so a pooled
+    connection that took a COPY of megabytes held them for the life of the process: the
+    hour-long soak saw each API process step up at its uploads (issue 30). A connection
+    costs a few milliseconds; an upload takes hundreds."""
+    return create_async_engine(sqlalchemy_url(url), poolclass=NullPool, hide_parameters=True)
 
 
 async def in_transaction(engine: AsyncEngine, fn: Callable[[Connection], T]) -> T:

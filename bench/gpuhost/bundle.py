@@ -309,10 +309,34 @@ def tree_bytes() -> int:
     return total
 
 
-# Carried in this order, each group in one call: the first two calls can check that the
-# broker starts on the trimmed runtime and PostgreSQL and the wheels load, before the
-# third carries the weights and runs.
-GROUPS = (("jre", "kafka"), ("pg", "site"), ("model",))
+# The parts, in the order their groups are carried (the runtime and the broker first, so
+# an early call can check that the broker starts on the trimmed runtime).
+ORDER = ("jre", "kafka", "pg", "site", "model")
+
+
+def group_parts(sizes: dict[str, int], budget: int) -> list[list[str]]:
+    """The parts in as few carry groups as first-fit decreasing finds, each within
+    ``budget`` bytes (what a call has left beside the working tree, which grows with the
+    repository: a fixed grouping stopped fitting). Groups in ``ORDER`` of their first part."""
+    groups: list[list[str]] = []
+    room: list[int] = []
+    for name in sorted(sizes, key=lambda n: -sizes[n]):
+        if sizes[name] > budget:
+            raise SystemExit(
+                f"{name}: {sizes[name] / MIB:.1f} MiB, over the {budget / MIB:.1f} MiB a call has"
+            )
+        for i, left in enumerate(room):
+            if sizes[name] <= left:
+                groups[i].append(name)
+                room[i] -= sizes[name]
+                break
+        else:
+            groups.append([name])
+            room.append(budget - sizes[name])
+    rank = {n: i for i, n in enumerate(ORDER)}
+    for g in groups:
+        g.sort(key=lambda n: rank.get(n, len(rank)))
+    return sorted(groups, key=lambda g: rank.get(g[0], len(rank)))
 
 
 def part_file(name: str) -> Path:
@@ -320,14 +344,6 @@ def part_file(name: str) -> Path:
     if not found:
         raise SystemExit(f"part {name} is not built (run with --parts {name})")
     return found[0]
-
-
-def check_fits(groups: list[list[Path]], budget: int) -> None:
-    for group in groups:
-        size = sum(p.stat().st_size for p in group)
-        if size > budget:
-            names = ", ".join(p.name for p in group)
-            raise SystemExit(f"{names}: {size / MIB:.1f} MiB, over the {budget / MIB:.1f} left")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -343,8 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     for old in OUT.glob("c[0-9]*"):
         shutil.rmtree(old)
     budget = CARRY_LIMIT - tree_bytes() - int(args.margin_mib * MIB)
-    groups = [[part_file(name) for name in names] for names in GROUPS]
-    check_fits(groups, budget)
+    files = {name: part_file(name) for name in ORDER}
+    names = group_parts({n: f.stat().st_size for n, f in files.items()}, budget)
+    groups = [[files[n] for n in group] for group in names]
     for i, group in enumerate(groups, start=1):
         folder = OUT / f"c{i}"
         folder.mkdir()

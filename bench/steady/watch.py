@@ -140,6 +140,10 @@ class CommitProbe(Sampler):
 # Sizes and live rows of the tables (partitions summed into their parent). Live rows come
 # from the statistics counters, which lag the inserts by seconds: cheap, and close
 # enough for bytes per row over minutes.
+_BACKENDS = """
+SELECT pid, backend_type, application_name, left(regexp_replace(query, '\\s+', ' ', 'g'), 60)
+FROM pg_stat_activity WHERE pid <> pg_backend_pid()
+"""
 _SIZES = """
 SELECT coalesce(p.relname, c.relname) AS name,
        sum(pg_table_size(c.oid))::bigint AS table_bytes,
@@ -216,6 +220,12 @@ class Resources(Sampler):
                     "rows": r[3],
                 }
                 for r in conn.execute(_SIZES).fetchall()
+            }
+            # Who each backend is (its kind, its client's name, what it ran last): a
+            # backend's memory is the queries it runs, so a growing one is named by them.
+            s["pg_backends"] = {
+                str(r[0]): {"type": r[1], "app": r[2], "query": r[3]}
+                for r in conn.execute(_BACKENDS).fetchall()
             }
         if self.lag is not None:
             s["lag"] = self.lag()

@@ -81,6 +81,8 @@ def api(
     """Run the HTTP API (and KServe's gRPC service, when a gRPC port is set)."""
     import uvicorn
 
+    from core.memory import limit_arenas
+
     # uvicorn's processes read their settings from the environment: the gRPC service
     # listens where they are told to.
     if grpc_port is not None:
@@ -92,6 +94,7 @@ def api(
     # The uvicorn processes share one port, so a scrape lands on any of them: each writes
     # its metrics to a directory that /metrics reads whole, emptied at every start.
     os.environ.update(multiprocess_env(Path(os.environ.get(MULTIPROC_ENV) or _metrics_dir())))
+    limit_arenas()  # before uvicorn spawns its processes: they inherit the environment
     uvicorn.run(
         "ingest.main:app",
         host=host or settings.api_host,

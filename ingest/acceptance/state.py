@@ -39,6 +39,9 @@ class AppState:
     follows: SharedSlots  # follow=true result streams
     read_streams: SharedSlots  # every other streamed answer (tier_max_streams per key)
     readiness: Readiness
+    # Jobs' COPYs, each on a connection of its own (results/db.py make_bulk_engine);
+    # None: the shared engine.
+    bulk_engine: AsyncEngine | None = None
 
 
 def get_state(request: Request) -> AppState:

@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from core.config import Settings
 from core.errors import Unavailable
 from core.kafka import producer_config
+from core.memory import trim
 from core.messages import RequestMessage
 from core.topics import request_topic
 from core.vocab import PriorityClass
@@ -147,6 +148,7 @@ class JobPublisher:
             sizes.append(page_bytes)
         self._await_acks(acks, sent)
         mark_submitted(self.engine, job_id)
+        trim()  # the publish's pages and producer buffers, back to the OS (core/memory.py)
         return sent
 
     def _unsent_pages(self, job_id: str, total: int, sizes: list[int]) -> Iterator[Sequence[Item]]:

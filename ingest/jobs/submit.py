@@ -276,7 +276,7 @@ async def record_job(st: AppState, sub: Submission) -> Recorded:
     tenant, key = sub.tenant, sub.idempotency_key
     secret = new_secret() if sub.webhook_url else None
     try:
-        async with st.engine.begin() as conn:
+        async with (st.bulk_engine or st.engine).begin() as conn:
             if key is not None:
                 await forget_expired_key(conn, tenant.id, key, s.idempotency_ttl_h)
                 prev = await job_for_key(conn, tenant.id, key)

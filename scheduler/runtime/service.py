@@ -34,6 +34,7 @@ from confluent_kafka import Producer
 from core import tracing as core_tracing
 from core.config import Settings
 from core.kafka import producer_config
+from core.memory import trim_every
 from core.models.catalog import build_specs, latest
 from core.models.causal_lm import CausalLMSpec
 from core.models.registry import parse_ref
@@ -183,6 +184,9 @@ class SchedulerService:
         # Retention and partitions: every scheduler offers, one leads (advisory lock).
         sweeper = Sweeper(make_engine(self.settings.database_url, pool_size=1), self.settings)
         self.supervisor.start(sweeper.run, self.stopping, name="sweeper")
+        # Bursts (a job's results, a rebalance) leave malloc's arenas at their high-water
+        # mark; a trim a minute gives the free pages back (core/memory.py).
+        self.supervisor.start(trim_every, self.stopping, name="memory")
         # Start-up is done: fewer, cheaper collections from here (scheduler/runtime/
         # gc_tuning.py: 26 rather than 40 us of scheduler CPU a persisted row).
         tune_gc()

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 
+from core.framing import WholeReader
 from core.protocol import (
     GenStep,
     GenStepResult,
@@ -92,9 +93,16 @@ class WorkerHandle:
         (supervisor or Supervisor()).start(self._read, name=f"read-{hello.worker_id}")
 
     def _read(self) -> None:
+        reader = WholeReader(self.conn)  # a batch's answers in one wait (core/framing.py)
+        try:
+            self._read_from(reader)
+        finally:
+            reader.release()
+
+    def _read_from(self, reader: WholeReader) -> None:
         while True:
             try:
-                msg = self.conn.recv()
+                msg = reader.recv()
             except (EOFError, OSError) as exc:
                 self._results.put(exc)
                 return
