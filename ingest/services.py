@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import sys
@@ -28,6 +29,7 @@ from ingest.edge.auth import Authenticator
 from ingest.edge.db_health import DatabaseHealth
 from ingest.edge.readiness import Readiness
 from ingest.edge.request_log_flush import flush_loop, flush_once
+from ingest.jobs.estimates import flex_quote
 from ingest.jobs.pacing import Pacer, target_lag_ms
 from ingest.jobs.publisher import JobPublisher
 from ingest.jobs.webhooks import webhook_loop
@@ -130,6 +132,7 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         ),
         bulk_engine=make_bulk_engine(settings.database_url),
     )
+    state.quote_flex = functools.partial(flex_quote, state)
     state.load.health = health
     state.catalog.health = health
     waiter.on_heard = health.heard

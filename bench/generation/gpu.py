@@ -101,6 +101,25 @@ def plain_loop(model: CausalLM, codec: Codec, n: int, prompt: int, new: int) -> 
     }
 
 
+def closed_loop(
+    model: CausalLM, codec: Codec, cfg: PolicyConfig, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """``c`` streams kept in flight, ``requests_per_stream * c`` mixed requests in all,
+    ``max_running`` = ``c``: static batching runs ``c`` at a time and waits for the
+    longest; continuous batching refills a slot as soon as a sequence ends. (Submitted
+    at once with ``max_running`` above their number, both form the one same batch.)"""
+    rows = []
+    for c in (int(x) for x in args.concurrency.split(",") if x):
+        n = args.requests_per_stream * c
+        arrivals = workload.requests(codec, n, rate=1.0, seed=3, at_once=True)
+        ccfg = cfg.model_copy(update={"max_running": c})
+        for mode in ("continuous", "static"):
+            res = run_engine(mode, model, codec, ccfg, arrivals, 600, concurrency=c)
+            rows.append({"concurrency": c, **res.summary()})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def chart(out: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -147,10 +166,13 @@ def main() -> None:
     ap.add_argument("--plain-requests", type=int, default=8)
     ap.add_argument("--mixed", type=int, default=256, help="requests of the mixed workload")
     ap.add_argument("--kv-gib", type=float, default=4.0)
+    ap.add_argument("--concurrency", default="64,256", help="closed-loop streams, each a run")
+    ap.add_argument("--requests-per-stream", type=int, default=4)
     ap.add_argument("--quick", action="store_true", help="small sizes (a dry run)")
     args = ap.parse_args()
     if args.quick:
         args.new, args.plain_requests, args.mixed = 16, 2, 8
+        args.concurrency, args.requests_per_stream = "4", 2
     dev = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
     model = weights.load(dev, dtype)
@@ -185,9 +207,13 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     arrivals = workload.requests(codec, args.mixed, rate=1.0, seed=2, at_once=True)
     mixed = []
-    for mode in ("continuous", "static"):
-        mixed.append({"mode": mode, **run_engine(mode, model, codec, cfg, arrivals, 600).summary()})
-        print(json.dumps(mixed[-1]), flush=True)
+    # cuDNN attention (PyTorch's own pick on Hopper) against the kernels serving uses
+    # (model.serving_attention): the 2026-11 runs' 84 ms steps, same work, same call.
+    for cudnn in (True, False):
+        for mode in ("continuous", "static"):
+            res = run_engine(mode, model, codec, cfg, arrivals, 600, cudnn_attention=cudnn)
+            mixed.append({"mode": mode, "cudnn_attention": cudnn, **res.summary()})
+            print(json.dumps(mixed[-1]), flush=True)
     n_plain = min(len(arrivals), max(4, args.mixed // 16))
     mixed.append(
         {
@@ -198,6 +224,7 @@ def main() -> None:
     )
     print(json.dumps(mixed[-1]), flush=True)
     out["mixed_at_once"] = mixed
+    out["closed_loop"] = closed_loop(model, codec, cfg, args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu.json").write_text(json.dumps(out, indent=1))
     chart(out, args.out / "gpu.png")

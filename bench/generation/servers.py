@@ -7,7 +7,9 @@
 * plain: one request at a time, contiguous KV cache (workers/models/causal_lm/plain.py).
 
 A feeder thread puts each request in at its arrival time (open loop: overload shows
-as waiting, not as a slower client); times are ``time.monotonic`` throughout.
+as waiting, not as a slower client), or, with ``concurrency``, keeps that many in
+flight (closed loop: the next request goes in when one finishes, its arrival then);
+times are ``time.monotonic`` throughout.
 """
 
 from __future__ import annotations
@@ -127,6 +129,25 @@ def _feed(
         put(replace(req, arrived_at=at))
 
 
+def _feed_closed(
+    arrivals: list[tuple[float, GenRequest]],
+    put: Callable[[GenRequest], None],
+    timings: dict[str, Timing],
+    t0: float,
+    slots: threading.Semaphore,
+    stop: threading.Event,
+) -> None:
+    """Closed loop: a request goes in whenever one of the ``slots`` frees (offsets unused)."""
+    time.sleep(max(0.0, t0 - time.monotonic()))
+    for _, req in arrivals:
+        while not slots.acquire(timeout=0.5):
+            if stop.is_set():
+                return
+        at = time.monotonic()
+        timings[req.seq_id] = Timing(arrived=at)
+        put(replace(req, arrived_at=at))
+
+
 def run_engine(
     mode: str,
     model: CausalLM,
@@ -134,16 +155,20 @@ def run_engine(
     cfg: PolicyConfig,
     arrivals: list[tuple[float, GenRequest]],
     timeout_s: float,
+    concurrency: int | None = None,
+    cudnn_attention: bool = False,
 ) -> ModeResult:
     cls = StaticBatcher if mode == "static" else ContinuousBatcher
     if mode == "static":
         cfg = cfg.model_copy(update={"kv_overcommit": 1.0})
     policy = cls(cfg, codec.decode, codec.eos_id)
-    engine = Engine(policy, ModelRunner(model, cfg.num_blocks, cfg.block_size))
+    runner = ModelRunner(model, cfg.num_blocks, cfg.block_size, cudnn_attention)
+    engine = Engine(policy, runner)
     inbox: queue.Queue[Command] = queue.Queue()
     timings: dict[str, Timing] = {}
     res = ModeResult(mode, timings, 0.0)
     n_done = threading.Semaphore(0)
+    slots = threading.Semaphore(concurrency or 0)
 
     def sink(events: list[Event]) -> None:
         for e in events:
@@ -157,6 +182,7 @@ def run_engine(
             elif isinstance(e, Finished):
                 t.done = e.finished_at
                 n_done.release()
+                slots.release()
 
     stop = threading.Event()
     server = threading.Thread(
@@ -167,7 +193,12 @@ def run_engine(
     )
     server.start()
     res.started = time.monotonic() + 0.05
-    feeder = threading.Thread(target=_feed, args=(arrivals, inbox.put, timings, res.started))
+    feeder = threading.Thread(
+        target=_feed_closed if concurrency else _feed,
+        args=(arrivals, inbox.put, timings, res.started, slots, stop)
+        if concurrency
+        else (arrivals, inbox.put, timings, res.started),
+    )
     feeder.start()
     deadline = res.started + timeout_s
     for _ in arrivals:

@@ -1,5 +1,6 @@
-"""Shared pieces of the settings: the concern base class, a positive-milliseconds type
-and the tier-order rule."""
+"""Shared pieces of the settings: the concern base class, the value types of settings
+(positive milliseconds, the per-tier tables' values) and the rules between settings
+(one must not exceed another, the tier order)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,23 @@ from pydantic import (
 from core.vocab import TIERS
 
 PositiveMs = Annotated[int, Field(gt=0)]
+# The value types of the per-tier tables, named so that each table fits on a line.
+AtLeastOne = Annotated[int, Field(ge=1)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+Share = Annotated[float, Field(gt=0, le=1)]  # of a whole
 
 
 class _Concern(BaseModel):
     model_config = ConfigDict(extra="ignore", validate_by_name=True, validate_by_alias=True)
+
+
+def _check_not_above(settings: BaseModel, *pairs: tuple[str, str]) -> None:
+    """Each ``(part, whole)`` names two settings where ``part`` must not exceed ``whole``
+    (a tenant's share of an instance's bound, a default within its maximum)."""
+    for part, whole in pairs:
+        a, b = getattr(settings, part), getattr(settings, whole)
+        if a > b:
+            raise ValueError(f"{part} ({a}) must not exceed {whole} ({b})")
 
 
 def _check_tier_order(name: str, values: Mapping[str, object], rises: bool) -> None:

@@ -11,7 +11,7 @@ from pydantic import (
     model_validator,
 )
 
-from core.config._base import PositiveMs, _Concern
+from core.config._base import PositiveMs, _check_not_above, _Concern
 
 
 class ApiSettings(_Concern):
@@ -69,11 +69,7 @@ class ApiSettings(_Concern):
 
     @model_validator(mode="after")
     def _timeouts(self) -> Self:
-        if self.default_timeout_ms > self.max_timeout_ms:
-            raise ValueError(
-                f"default_timeout_ms ({self.default_timeout_ms}) must not exceed "
-                f"max_timeout_ms ({self.max_timeout_ms})"
-            )
+        _check_not_above(self, ("default_timeout_ms", "max_timeout_ms"))
         return self
 
 

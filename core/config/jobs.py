@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Annotated, Self
+from typing import Self
 
 from pydantic import (
     Field,
@@ -11,7 +11,13 @@ from pydantic import (
     model_validator,
 )
 
-from core.config._base import _check_tier_order, _Concern
+from core.config._base import (
+    AtLeastOne,
+    PositiveFloat,
+    _check_not_above,
+    _check_tier_order,
+    _Concern,
+)
 
 
 class JobSettings(_Concern):
@@ -60,26 +66,14 @@ class JobSettings(_Concern):
 
     @model_validator(mode="after")
     def _job_limits(self) -> Self:
-        for part, whole in (
+        _check_not_above(
+            self,
             ("max_uploads_per_tenant", "max_uploads"),
             ("max_follow_streams_per_tenant", "max_follow_streams"),
             ("max_job_json_bytes", "max_job_bytes"),
-        ):
-            if getattr(self, part) > getattr(self, whole):
-                raise ValueError(
-                    f"{part} ({getattr(self, part)}) must not exceed {whole} "
-                    f"({getattr(self, whole)})"
-                )
-        if self.default_completion_window_s > self.max_completion_window_s:
-            raise ValueError(
-                f"default_completion_window_s ({self.default_completion_window_s}) must not "
-                f"exceed max_completion_window_s ({self.max_completion_window_s})"
-            )
-        if self.max_job_json_items > self.max_job_items:
-            raise ValueError(
-                f"max_job_json_items ({self.max_job_json_items}) must not exceed "
-                f"max_job_items ({self.max_job_items})"
-            )
+            ("default_completion_window_s", "max_completion_window_s"),
+            ("max_job_json_items", "max_job_items"),
+        )
         return self
 
 
@@ -88,18 +82,14 @@ class FileSettings(_Concern):
     PostgreSQL, so what one tenant may keep there is bounded by its tier."""
 
     # Bytes of unexpired files a tenant may keep, and how many files.
-    tier_file_bytes: dict[str, Annotated[int, Field(ge=1)]] = {
+    tier_file_bytes: dict[str, AtLeastOne] = {
         "free": 100_000_000,
         "paid": 10_000_000_000,
         "enterprise": 100_000_000_000,
     }
-    tier_file_count: dict[str, Annotated[int, Field(ge=1)]] = {
-        "free": 100,
-        "paid": 1_000,
-        "enterprise": 10_000,
-    }
+    tier_file_count: dict[str, AtLeastOne] = {"free": 100, "paid": 1_000, "enterprise": 10_000}
     # Uploads a tenant may start per minute (a minute's worth at once).
-    tier_file_uploads_per_min: dict[str, Annotated[float, Field(gt=0)]] = {
+    tier_file_uploads_per_min: dict[str, PositiveFloat] = {
         "free": 10.0,
         "paid": 60.0,
         "enterprise": 600.0,
@@ -143,9 +133,5 @@ class RetentionSettings(_Concern):
                 f"request_log_ahead_hours ({self.request_log_ahead_hours}) must be at least "
                 f"request_log_partition_hours ({self.request_log_partition_hours})"
             )
-        if self.min_output_expires_s > self.max_output_expires_s:
-            raise ValueError(
-                f"min_output_expires_s ({self.min_output_expires_s}) must not exceed "
-                f"max_output_expires_s ({self.max_output_expires_s})"
-            )
+        _check_not_above(self, ("min_output_expires_s", "max_output_expires_s"))
         return self

@@ -9,7 +9,14 @@ from pydantic import (
     model_validator,
 )
 
-from core.config._base import PositiveMs, _check_tier_order, _Concern
+from core.config._base import (
+    AtLeastOne,
+    PositiveFloat,
+    PositiveMs,
+    Share,
+    _check_tier_order,
+    _Concern,
+)
 from core.vocab import Tier
 
 
@@ -19,17 +26,9 @@ class TierSettings(_Concern):
     # A request's deadline when the caller gives no timeout_ms: its tier's SLO.
     tier_slo_ms: dict[str, PositiveMs] = {"enterprise": 1_000, "paid": 2_000, "free": 5_000}
     # Rate limits per tenant (requests/s and burst; job items/s), unless its plan says.
-    tier_rate_rps: dict[str, Annotated[float, Field(gt=0)]] = {
-        "free": 20.0,
-        "paid": 200.0,
-        "enterprise": 2000.0,
-    }
-    tier_burst: dict[str, Annotated[float, Field(gt=0)]] = {
-        "free": 40.0,
-        "paid": 400.0,
-        "enterprise": 4000.0,
-    }
-    tier_job_items_per_s: dict[str, Annotated[float, Field(gt=0)]] = {
+    tier_rate_rps: dict[str, PositiveFloat] = {"free": 20.0, "paid": 200.0, "enterprise": 2000.0}
+    tier_burst: dict[str, PositiveFloat] = {"free": 40.0, "paid": 400.0, "enterprise": 4000.0}
+    tier_job_items_per_s: dict[str, PositiveFloat] = {
         "free": 5_000.0,
         "paid": 50_000.0,
         "enterprise": 500_000.0,
@@ -51,19 +50,11 @@ class TierSettings(_Concern):
         "enterprise": (100.0, 250.0),
     }
     # The share of max_inflight each tier may use.
-    inflight_share: dict[str, Annotated[float, Field(gt=0, le=1)]] = {
-        "free": 0.5,
-        "paid": 0.8,
-        "enterprise": 1.0,
-    }
+    inflight_share: dict[str, Share] = {"free": 0.5, "paid": 0.8, "enterprise": 1.0}
     # Streamed answers one key may hold open on one API instance (all its processes): a
     # completion's stream, posted or resumed, a file's content, a job's results (a
     # follow=true stream counts against max_follow_streams_per_tenant instead).
-    tier_max_streams: dict[str, Annotated[int, Field(ge=1)]] = {
-        "free": 8,
-        "paid": 64,
-        "enterprise": 256,
-    }
+    tier_max_streams: dict[str, AtLeastOne] = {"free": 8, "paid": 64, "enterprise": 256}
     # Behind the Gateway API Inference Extension each request names an InferenceObjective
     # (x-gateway-inference-objective): the tier each objective asks for. A tier's own
     # name always asks for that tier; a name not here asks for nothing. A hint only: a

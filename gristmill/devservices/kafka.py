@@ -15,9 +15,9 @@ import subprocess
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 from xml.sax.saxutils import quoteattr
 
 from core.config import KafkaSettings
@@ -89,6 +89,19 @@ class _Node:
     proc: subprocess.Popen[bytes] | None = None
     secure_port: int | None = None  # the SASL_SSL client listener's, when there is one
     held: Group | None = None  # by the lifeline while the JVM runs
+    # Its files, all in ``dir``.
+    data_dir: Path = field(init=False)
+    config_path: Path = field(init=False)
+    log4j_path: Path = field(init=False)
+    out_path: Path = field(init=False)  # JVM stdout/stderr (crashes, log4j's own complaints)
+    server_log: Path = field(init=False)  # log4j2 output at WARN and above
+
+    def __post_init__(self) -> None:
+        self.data_dir = self.dir / "data"
+        self.config_path = self.dir / "server.properties"
+        self.log4j_path = self.dir / "log4j2.xml"
+        self.out_path = self.dir / "kafka.out"
+        self.server_log = self.dir / "server.log"
 
     @property
     def node_id(self) -> int:
@@ -97,28 +110,6 @@ class _Node:
     @property
     def address(self) -> str:
         return f"{HOST}:{self.port}"
-
-    @property
-    def data_dir(self) -> Path:
-        return self.dir / "data"
-
-    @property
-    def config_path(self) -> Path:
-        return self.dir / "server.properties"
-
-    @property
-    def log4j_path(self) -> Path:
-        return self.dir / "log4j2.xml"
-
-    @property
-    def out_path(self) -> Path:
-        """JVM stdout/stderr (crashes, log4j's own complaints)."""
-        return self.dir / "kafka.out"
-
-    @property
-    def server_log(self) -> Path:
-        """log4j2 output at WARN and above."""
-        return self.dir / "server.log"
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -341,12 +332,12 @@ class KafkaCluster(Served):
         formatters: list[tuple[_Node, subprocess.Popen[bytes]]] = []
         for node in unformatted:
             with open(node.dir / "format.log", "wb") as out:
-                cmd = [
-                    self._java,
-                    *_TOOL_JVM_OPTS,
-                    f"-Dlog4j2.configurationFile={node.log4j_path}",
-                    "-cp",
-                    f"{libs}/*",
+                # Formatting runs in parallel: each one is a JVM start, the slow part.
+                proc = self._spawn_java(
+                    node,
+                    libs,
+                    out,
+                    _TOOL_JVM_OPTS,
                     "kafka.tools.StorageTool",
                     "format",
                     # One token: an id may start with "-", which the parser would take
@@ -354,15 +345,6 @@ class KafkaCluster(Served):
                     f"--cluster-id={self.cluster_id}",
                     "-c",
                     str(node.config_path),
-                ]
-                # Formatting runs in parallel: each one is a JVM start, the slow part.
-                proc = subprocess.Popen(
-                    cmd,
-                    cwd=node.dir,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
                 )
             formatters.append((node, proc))
         held = [lifeline().hold_group(p.pid, f"kafka format {p.pid}") for _, p in formatters]
@@ -382,30 +364,41 @@ class KafkaCluster(Served):
         if failures:
             raise KafkaStartError("\n".join(failures))
 
+    def _spawn_java(
+        self, node: _Node, libs: Path, out: IO[bytes], jvm_opts: Sequence[str], *main: str
+    ) -> subprocess.Popen[bytes]:
+        """A JVM running ``main`` (a Kafka class and its arguments) in ``node``'s folder,
+        with its log4j2 configuration, stdout and stderr into ``out``."""
+        return subprocess.Popen(
+            [
+                self._java,
+                *jvm_opts,
+                f"-Dlog4j2.configurationFile={node.log4j_path}",
+                "-cp",
+                f"{libs}/*",
+                *main,
+            ],
+            cwd=node.dir,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            # Own session: Ctrl-C in the parent's terminal and our killpg stay separate.
+            start_new_session=True,
+        )
+
     def _launch(self, node: _Node, libs: Path) -> None:
-        cmd = [
-            self._java,
-            *_BROKER_JVM_OPTS,
-            *self._extra_jvm_opts,
-            f"-Dlog4j2.configurationFile={node.log4j_path}",
-            "-cp",
-            f"{libs}/*",
-            "kafka.Kafka",
-            str(node.config_path),
-        ]
         with open(node.out_path, "ab") as out:
             out.write(
                 f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting node {node.index}\n".encode()
             )
             out.flush()
-            # Own session: Ctrl-C in the parent's terminal and our killpg stay separate.
-            node.proc = subprocess.Popen(
-                cmd,
-                cwd=node.dir,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+            node.proc = self._spawn_java(
+                node,
+                libs,
+                out,
+                [*_BROKER_JVM_OPTS, *self._extra_jvm_opts],
+                "kafka.Kafka",
+                str(node.config_path),
             )
         node.held = lifeline().hold_group(
             node.proc.pid, f"Kafka node {node.index} (port {node.port})"

@@ -211,6 +211,7 @@ class Outcome:
     meter: genai.Meter | None = None
     service: Service | None = None  # how it was served (its tier echoed)
     deferred: bool = False  # flex, not done within its caller's patience: a 202
+    quote: int | None = None  # a deferred one's completion quote (unix s, decision 69)
 
     @property
     def served(self) -> str:
@@ -402,6 +403,8 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
             await _wait(order, futs, pending, deadline)
         if not all(f.done() for f in futs):
             out.deferred = service.flex and time.time() < deadline
+            if out.deferred and st.quote_flex is not None:
+                out.quote = await st.quote_flex(tenant, spec, sum(not f.done() for f in futs))
             out.unanswered = [m for m, f in zip(msgs, futs, strict=True) if not f.done()]
             if order.partial:
                 out.finished = [f.result() if f.done() else None for f in futs]

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fastapi import Request
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.config import Settings
+from core.models.spec import ModelSpec
 from ingest.acceptance.catalog import ModelCatalog
 from ingest.acceptance.ports import IdempotencyKeys, JobQueue, RequestProducer, Waiter
 from ingest.admission.load_watch import LoadWatch
@@ -17,6 +19,11 @@ from ingest.admission.ratelimit import InflightLimiter, TenantLimiter
 from ingest.admission.shared_slots import SharedSlots
 from ingest.edge.auth import Authenticator
 from ingest.edge.readiness import Readiness
+from results.tenants import Tenant
+
+# A flex request's completion quote from its tenant, model and unanswered inputs (unix s;
+# None: no worker serves it). Jobs quote (ingest/jobs/estimates.py), above this layer.
+FlexQuote = Callable[[Tenant, ModelSpec, int], Awaitable[int | None]]
 
 
 @dataclass
@@ -42,6 +49,7 @@ class AppState:
     # Jobs' COPYs, each on a connection of its own (results/db.py make_bulk_engine);
     # None: the shared engine.
     bulk_engine: AsyncEngine | None = None
+    quote_flex: FlexQuote | None = None  # services.py wires jobs' (decision 69)
 
 
 def get_state(request: Request) -> AppState:

@@ -4,24 +4,35 @@ PostgreSQL; the policy is ingest/jobs/quote.py (decision 69)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from core.errors import Conflict
 from core.models.spec import ModelSpec
 from core.vocab import PRIORITY_CLASSES, JobStatus, PriorityClass
+from ingest.acceptance.deferred import COMPLETION_HEADER as COMPLETION_HEADER
+from ingest.acceptance.deferred import completion_headers as completion_headers
 from ingest.acceptance.state import AppState
-from ingest.jobs.quote import JobPlace, Pending, completion_at, job_rate, place_in_queue
+from ingest.jobs.quote import (
+    JobPlace,
+    Pending,
+    completion_at,
+    job_rate,
+    place_in_queue,
+    queued_now,
+)
 from ingest.jobs.submit import Submission
 from results import job_backlog
 from results.jobs import finished_count, job_status
 from results.tenants import Tenant
 
-# The 202 answer's header: the quote in unix seconds, as the body's field.
-COMPLETION_HEADER = "Gristmill-Estimated-Completion-At"
+log = logging.getLogger(__name__)
 # The classes served before job items (all above the jobs class).
 _AHEAD_OF_JOBS = PRIORITY_CLASSES[: PriorityClass.JOBS.rank]
 
@@ -94,14 +105,25 @@ async def new_job_quote(
     st: AppState, tenant: Tenant, spec: ModelSpec, items: int, now: datetime
 ) -> int | None:
     """When a job of ``items`` items submitted now would finish, behind all of the
-    tenant's unfinished jobs of the model; None while no worker serves it."""
+    tenant's unfinished jobs of the model; None while no worker serves it. A flex
+    request's 202 is quoted so too (its unanswered inputs: ``flex_quote``)."""
     rate = jobs_rate(st, spec.ref)
     if rate <= 0:
         return None
     pending = _pending(await job_backlog.pending_jobs(st.engine, spec.name, spec.version, now))
-    ahead, others = place_in_queue(tenant.id, None, None, pending)
-    place = JobPlace(ahead, float(items), tenant.weight)
+    place, others = queued_now(tenant.id, float(items), tenant.weight, pending)
     return _seconds(completion_at(now.timestamp(), rate, place, others))
+
+
+async def flex_quote(st: AppState, tenant: Tenant, spec: ModelSpec, items: int) -> int | None:
+    """A flex request's quote for its 202 (AppState.quote_flex, wired in services.py:
+    the acceptance pipeline sits below jobs and cannot import this). The request is
+    accepted by now: a failed backlog read costs its quote, never its 202."""
+    try:
+        return await new_job_quote(st, tenant, spec, items, datetime.now(UTC))
+    except (SQLAlchemyError, OSError) as exc:
+        log.warning("flex quote of %s left out: %s", spec.ref, exc)
+        return None
 
 
 async def check_window(st: AppState, sub: Submission, now: datetime) -> None:
@@ -130,7 +152,3 @@ def refuse_unmeetable(quote: int | None, window_s: int, now: datetime) -> None:
         f"now); send completion_window_s >= {earliest_s}, or submit fewer items",
         field="completion_window_s",
     )
-
-
-def completion_headers(quote: int | None) -> dict[str, str]:
-    return {} if quote is None else {COMPLETION_HEADER: str(quote)}

@@ -76,6 +76,16 @@ def place_in_queue(
     return ahead, [Flow(r, w) for r, w in by_tenant.values()]
 
 
+def queued_now(
+    tenant_id: str, items: float, weight: float, pending: Iterable[Pending]
+) -> tuple[JobPlace, list[Flow]]:
+    """The place of ``items`` job-class items the tenant queues now: a new job, or a flex
+    request (decision 66: queued with job items, so quoted as a job of its inputs) -
+    behind all of the tenant's unfinished jobs, sharing the rate with other tenants'."""
+    ahead, others = place_in_queue(tenant_id, None, None, pending)
+    return JobPlace(ahead, items, weight), others
+
+
 def job_rate(capacity_items_s: float, sync_items_s: float) -> float:
     """Items/s the jobs class gets: the workers' capacity less the sync classes' take."""
     return max(0.0, capacity_items_s - max(0.0, sync_items_s))

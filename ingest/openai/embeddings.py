@@ -25,6 +25,7 @@ from core.errors import InvalidInput, NotFound
 from core.limits import canonical_uuid, shown
 from core.vocab import ServiceTier
 from ingest.acceptance import inputs, pipeline
+from ingest.acceptance.deferred import quoted
 from ingest.acceptance.pipeline import Call, Order, Outcome
 from ingest.acceptance.prefer import PARTIAL_RESULTS, Prefer, parse_prefer
 from ingest.acceptance.service_tier import SERVICE_TIER_HEADER, asked_tier
@@ -154,6 +155,8 @@ def _pending(outcome: Outcome, body: EmbeddingsRequest, prefer: Prefer) -> ORJSO
         ],
     }
     headers = {**outcome.limit_headers, "Location": where}
+    if outcome.deferred:
+        quoted(outcome, content, headers)
     if prefer.respond_async:
         wait = f", wait={prefer.wait_s}" if prefer.wait_s is not None else ""
         headers["Preference-Applied"] = "respond-async" + wait

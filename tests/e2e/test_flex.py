@@ -1,7 +1,8 @@
 """``service_tier: "flex"`` (decision 66) over real HTTP, Kafka and PostgreSQL: accepted
 while a sync tier is refused for capacity and answered later at its Location; through
 the official ``openai`` SDK (``extra_body``) and ``tritonclient`` (the X-Service-Tier
-header), echoed, and written to the request log as flex, queued with job items."""
+header), echoed, and written to the request log as flex, queued with job items; a 202 carries
+its completion quote as a job's does."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import tritonclient.http as triton
 from sqlalchemy import Text, cast, func, literal, select
 
 from gristmill.devservices.stack import System
+from ingest.jobs.estimates import COMPLETION_HEADER
 from results.db import make_engine
 from results.schema import requests
 from tests.e2e.backlog import burst_into_kafka, done_count, new_tenant_id, queued_paid
@@ -56,6 +58,7 @@ def test_flex_is_accepted_while_a_sync_tier_is_refused_and_answered_later(
             f"{url}/v1/infer", json={"model": "sim", "input": "x"}, headers=free, timeout=30
         )
         assert sync.status_code == 503, sync.text
+        sent = time.time()
         flex = httpx.post(
             f"{url}/v1/infer",
             json={"model": "sim", "input": text, "service_tier": "flex"},
@@ -66,6 +69,11 @@ def test_flex_is_accepted_while_a_sync_tier_is_refused_and_answered_later(
         assert flex.headers["X-Service-Tier"] == "flex" and flex.json()["service_tier"] == "flex"
         where = flex.headers["Location"]
         assert where == f"/v1/requests/{flex.json()['request_id']}"
+        # Its completion quote (decision 69), as a job's 202 carries it: workers serve
+        # sim, so there is one, in the header and the body alike, not in the past.
+        quote = int(flex.headers[COMPLETION_HEADER])
+        assert quote == flex.json()["estimated_completion_at"]
+        assert quote >= int(sent) - 1
         until = time.time() + 120
         while True:
             got = httpx.get(f"{url}{where}", headers=free, timeout=30)

@@ -56,6 +56,37 @@ def test_constrained_fields() -> None:
         Settings(default_timeout_ms=400_000)
 
 
+@pytest.mark.parametrize(
+    ("part", "whole"),
+    [
+        ("default_timeout_ms", "max_timeout_ms"),
+        ("max_uploads_per_tenant", "max_uploads"),
+        ("max_follow_streams_per_tenant", "max_follow_streams"),
+        ("max_job_json_bytes", "max_job_bytes"),
+        ("default_completion_window_s", "max_completion_window_s"),
+        ("max_job_json_items", "max_job_items"),
+        ("min_output_expires_s", "max_output_expires_s"),
+    ],
+)
+def test_a_part_above_its_whole_names_both_and_their_values(part: str, whole: str) -> None:
+    bound = getattr(Settings(), whole)
+    with pytest.raises(ValidationError) as err:
+        Settings(**{part: bound + 1})
+    assert f"{part} ({bound + 1}) must not exceed {whole} ({bound})" in str(err.value)
+    Settings(**{part: bound})  # equal is allowed
+
+
+def test_per_tier_values_keep_their_bounds() -> None:
+    for bad in (
+        {"tier_rate_rps": {"free": 0.0}},
+        {"tier_max_streams": {"free": 0}},
+        {"inflight_share": {"free": 1.5}},
+        {"tier_file_count": {"free": 0}},
+    ):
+        with pytest.raises(ValidationError):
+            Settings(**bad)  # type: ignore[arg-type]
+
+
 def test_the_defaults_and_the_environment_still_agree() -> None:
     s = settings_from_env({"DATABASE_URL": "postgresql://x/y", "GRISTMILL_MAX_LINGER_MS": "10"})
     assert s.database_url == "postgresql://x/y" and s.max_linger_ms == 10

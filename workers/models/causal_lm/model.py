@@ -11,12 +11,14 @@ linear layer then runs once over all the step's tokens, which is what batching b
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from workers.models.causal_lm.config import LMConfig
 
@@ -111,6 +113,23 @@ class CausalLM(nn.Module):
         for i, block in enumerate(cast("list[Block]", self.blocks)):
             x = block.step(x, i, attention)
         return x
+
+
+# cuDNN's attention builds an execution graph for every new shape (hundreds of ms each,
+# sglang#4650, flashinfer#2545), and PyTorch may prefer it on Hopper. A serving step's
+# shapes change nearly every step (who is in the batch, each context's length), so
+# serving leaves it out: the flash and memory-efficient kernels need no per-shape build.
+_NO_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def serving_attention(
+    device: torch.device, cudnn: bool = False
+) -> contextlib.AbstractContextManager[None]:
+    """The attention kernels a serving step may use (``cudnn``: PyTorch's own choice,
+    cuDNN included, which the GPU benchmark compares against)."""
+    if device.type != "cuda" or cudnn:
+        return contextlib.nullcontext()
+    return sdpa_kernel(_NO_CUDNN)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:

@@ -44,11 +44,6 @@ class KVPool:
         return 2 * self.k.numel() * self.k.element_size()
 
 
-def _slots(table: Tensor, positions: Tensor, bs: int) -> Tensor:
-    """Slot of each position (``table``: block ids, [..., blocks]; positions broadcast)."""
-    return table.gather(-1, (positions // bs).expand(*table.shape[:-1], -1)) * bs + positions % bs
-
-
 @dataclass
 class _DecodeGroup:
     """Decoding sequences attended together, padded to the longest of them."""
@@ -83,7 +78,10 @@ class PagedStep:
     def __init__(self, pool: KVPool, chunks: Sequence[Chunk], device: torch.device):
         self.pool = pool
         bs = pool.block_size
-        new_slots: list[tuple[int, Tensor]] = []  # (flat row, slots of the new tokens)
+        # The new tokens' slots in the step's row order, computed as plain ints and made
+        # one tensor: a tensor op per sequence (and a split per decode) cost more host
+        # time than the step's kernels at a few hundred sequences (docs/bench/generation.md).
+        slots: list[int] = []
         decodes: list[tuple[int, tuple[int, ...], int]] = []  # row, block table, length
         self.prefills: list[tuple[int, int, int, Tensor]] = []  # row, n, start, block ids
         row = 0
@@ -91,11 +89,13 @@ class PagedStep:
             n = len(c.tokens)
             if n == 1:
                 decodes.append((row, c.blocks, c.start + 1))
+                slots.append(c.blocks[c.start // bs] * bs + c.start % bs)
             else:
                 used = -(-(c.start + n) // bs)
                 table = torch.tensor(c.blocks[:used], dtype=torch.long)
                 self.prefills.append((row, n, c.start, table.to(device)))
-                new_slots.append((row, _slots(table, torch.arange(c.start, c.start + n), bs)))
+                blocks = c.blocks
+                slots.extend(blocks[p // bs] * bs + p % bs for p in range(c.start, c.start + n))
             row += n
         self.decodes: list[_DecodeGroup] = []
         for group in _groups([d[2] for d in decodes]):
@@ -106,19 +106,15 @@ class PagedStep:
             )
             lens = torch.tensor([length for _, _, length in members])
             pos = torch.arange(width * bs)
-            rows = [r for r, _, _ in members]
             self.decodes.append(
                 _DecodeGroup(
-                    rows=torch.tensor(rows, device=device),
+                    rows=torch.tensor([r for r, _, _ in members], device=device),
                     blocks=tables.flatten().to(device),
                     shape=(len(members), width * bs),
                     mask=(pos < lens.unsqueeze(1)).view(len(members), 1, 1, -1).to(device),
                 )
             )
-            last = _slots(tables, (lens - 1).unsqueeze(1), bs).squeeze(1)
-            new_slots += list(zip(rows, last.split(1), strict=True))
-        new_slots.sort(key=lambda x: x[0])
-        self.slots = torch.cat([t for _, t in new_slots]).to(device)
+        self.slots = torch.tensor(slots, dtype=torch.long, device=device)
 
     def _blocks(self, cache: Tensor) -> Tensor:
         """The layer's cache as [blocks, block_size, heads, head_dim] (a view)."""

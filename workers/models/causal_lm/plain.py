@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from core.generation import SampleSpec
-from workers.models.causal_lm.model import CausalLM, ContiguousCache
+from workers.models.causal_lm.model import CausalLM, ContiguousCache, serving_attention
 from workers.models.causal_lm.sampling import pick
 
 
@@ -35,6 +35,7 @@ def stream(
     eos_id: int | None = None,
     temperature: float = 0.0,
     seed: int = 0,
+    cudnn_attention: bool = False,
 ) -> Iterator[int]:
     """The output tokens as they are made (a stop token ends it, not yielded)."""
     p = next(model.parameters())
@@ -43,7 +44,7 @@ def stream(
     n_out = 0
     feed = list(prompt)
     while True:
-        with torch.inference_mode():
+        with torch.inference_mode(), serving_attention(p.device, cudnn_attention):
             cache.begin(len(feed))
             positions = torch.arange(cache.length, cache.length + len(feed), device=p.device)
             h = model.hidden(torch.tensor(feed, device=p.device), positions, cache)

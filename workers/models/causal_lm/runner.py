@@ -15,7 +15,7 @@ import torch
 
 from core.generation import StepOutput, StepPlan
 from workers.models.causal_lm import weights
-from workers.models.causal_lm.model import CausalLM
+from workers.models.causal_lm.model import CausalLM, serving_attention
 from workers.models.causal_lm.paged import KVPool, PagedStep
 from workers.models.causal_lm.sampling import pick
 
@@ -26,10 +26,13 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, num_blocks: int, block_size: int):
+    def __init__(
+        self, model: CausalLM, num_blocks: int, block_size: int, cudnn_attention: bool = False
+    ):
         p = next(model.parameters())
         self.model = model
         self.device = p.device
+        self.cudnn_attention = cudnn_attention  # see model.serving_attention
         self.pool = KVPool(model.cfg, num_blocks, block_size, p.device, p.dtype)
 
     @classmethod
@@ -45,6 +48,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepOutput:
+        with serving_attention(self.device, self.cudnn_attention):
+            return self._execute(plan)
+
+    def _execute(self, plan: StepPlan) -> StepOutput:
         started = time.perf_counter()
         if not plan.chunks:
             return StepOutput(plan.step, {}, 0.0)

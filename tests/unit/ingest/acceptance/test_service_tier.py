@@ -16,6 +16,7 @@ from core.config import Settings
 from core.errors import InvalidInput
 from core.messages import SERVICE_TIER, service_tier
 from core.vocab import PriorityClass, ServiceTier, Tier
+from ingest.acceptance.deferred import COMPLETION_HEADER
 from ingest.acceptance.prefer import Prefer
 from ingest.acceptance.service_tier import (
     Service,
@@ -237,6 +238,13 @@ def test_flex_not_done_within_its_patience_is_202_with_location_and_stays_queued
 ) -> None:
     client, stubs = make_api(Settings(allow_weak_durability=True, flex_wait_ms=50))
     stubs.worker.hold = True
+    asked: list[tuple[str, str, int]] = []
+
+    async def quote(tenant: Any, spec: Any, items: int) -> int:
+        asked.append((tenant.id, spec.name, items))
+        return 1_900_000_000
+
+    stubs.state.quote_flex = quote
     r = client.post(path, **asking(path, body, "flex"))
     assert r.status_code == 202, r.text
     assert r.json()["status"] == "in_progress" and r.json()["service_tier"] == "flex"
@@ -244,6 +252,25 @@ def test_flex_not_done_within_its_patience_is_202_with_location_and_stays_queued
     rid = stubs.producer.sent[0][1].request_id
     assert r.headers["Location"].endswith(rid)
     assert len(stubs.producer.sent) == n  # accepted: every input is in Kafka
+    # Its completion quote (decision 69): as a job of its unanswered inputs, in the
+    # header a job's 202 carries and in the body.
+    assert [a[2] for a in asked] == [n] and asked[0][1] == stubs.producer.sent[0][1].model
+    assert r.headers[COMPLETION_HEADER] == "1900000000"
+    assert r.json()["estimated_completion_at"] == 1_900_000_000
+
+
+def test_a_flex_202_without_a_quote_says_so_and_has_no_header(make_api: Any) -> None:
+    """No worker serves the model (no quote), or the backlog read failed: still a 202."""
+    client, stubs = make_api(Settings(allow_weak_durability=True, flex_wait_ms=50))
+    stubs.worker.hold = True
+
+    async def none(tenant: Any, spec: Any, items: int) -> None:
+        return None
+
+    stubs.state.quote_flex = none
+    r = client.post("/v1/infer", json={"model": "sim", "input": "x", "service_tier": "flex"})
+    assert r.status_code == 202, r.text
+    assert COMPLETION_HEADER not in r.headers and r.json()["estimated_completion_at"] is None
 
 
 def test_flex_honours_prefer_wait_and_respond_async(make_api: Any) -> None:

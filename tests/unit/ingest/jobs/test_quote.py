@@ -18,6 +18,7 @@ from ingest.jobs.quote import (
     completion_at,
     job_rate,
     place_in_queue,
+    queued_now,
     remaining_s,
     shared_drain_s,
 )
@@ -146,6 +147,18 @@ def test_the_place_in_queue_separates_own_earlier_jobs_from_other_tenants() -> N
     # A tenant with nothing pending: nothing ahead, every other tenant a flow.
     ahead, others = place_in_queue("D", None, None, pending)
     assert ahead == 0 and len(others) == 3
+
+
+def test_a_flex_request_is_quoted_as_a_job_of_its_inputs_behind_its_tenants_jobs() -> None:
+    """Decision 66 queues flex with job items: its place is a new job's of its size."""
+    pending = [_pending("a1", "A", 0, 1000, 1.0), _pending("b1", "B", 1, 3000, 1.0)]
+    place, others = queued_now("A", 1, 1.0, pending)
+    assert place == JobPlace(1000, 1, 1.0) and others == [Flow(3000, 1.0)]
+    # A's 1,001 items at half of 100/s while B's backlog lasts: 20.02 s.
+    assert remaining_s(100.0, place, others) == pytest.approx(20.02)
+    # A tenant with no job of the model: its own share of what the others leave.
+    place, others = queued_now("C", 2, 1.0, pending)
+    assert place.ahead == 0 and remaining_s(100.0, place, others) == pytest.approx(2 * 3 / 100)
 
 
 def test_an_unmeetable_window_is_a_409_naming_the_field_and_the_earliest() -> None:
