@@ -209,7 +209,10 @@ def field_path(loc: tuple[object, ...] | list[object]) -> str:
 
 def install_error_handlers(app: FastAPI) -> None:
     async def on_known(request: Request, exc: Exception) -> ORJSONResponse:
-        path = request.url.path
+        # The scope's path, not request.url.path: rebuilding the URL drops a \r, \n or
+        # \t from it (urllib's rule), and "/v1/embeddings/%0D" would lose its last
+        # segment and with it the OpenAI error shape.
+        path = request.scope["path"]
         return answer(exc, f"{request.method} {path}", shape_for(path))
 
     async def on_validation(request: Request, exc: Exception) -> ORJSONResponse:
@@ -217,7 +220,7 @@ def install_error_handlers(app: FastAPI) -> None:
         err = exc.errors()[0]
         loc = field_path(err["loc"][1:]) if len(err["loc"]) > 1 else field_path(err["loc"])
         return error_response(
-            SchemaViolation(f"{loc}: {err['msg']}", field=loc), shape_for(request.url.path)
+            SchemaViolation(f"{loc}: {err['msg']}", field=loc), shape_for(request.scope["path"])
         )
 
     async def on_http(request: Request, exc: Exception) -> ORJSONResponse:
@@ -225,7 +228,7 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, HTTPException)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return ORJSONResponse(
-            shaped_body(shape_for(request.url.path), exc.status_code, code, str(exc.detail)),
+            shaped_body(shape_for(request.scope["path"]), exc.status_code, code, str(exc.detail)),
             status_code=exc.status_code,
             headers=exc.headers,
         )

@@ -98,6 +98,10 @@ def app_with_routes() -> FastAPI:
     async def known() -> None:
         raise NotFound("no such thing", field="id")
 
+    @app.get("/v1/embeddings/{request_id}")
+    async def pending(request_id: str) -> None:
+        raise InvalidInput("inputs is required", field="inputs")
+
     @app.get("/stream")
     async def stream() -> StreamingResponse:
         async def lines() -> AsyncIterator[bytes]:
@@ -166,6 +170,16 @@ def test_a_long_trace_keeps_its_start_and_its_end() -> None:
 def test_known_errors_keep_their_status_and_field() -> None:
     r = call(ErrorGuard(app_with_routes()), "/known")
     assert r.status_code == 404 and r.json()["error"]["field"] == "id"
+
+
+def test_an_id_of_a_carriage_return_keeps_its_routes_error_shape() -> None:
+    # Found by the fuzzer: GET /v1/embeddings/%0D. Rebuilding the URL drops the \r, the
+    # path lost its last segment and the error came in Gristmill's shape, not OpenAI's.
+    messages = run_asgi(ErrorGuard(app_with_routes()), "/v1/embeddings/\r")
+    body = orjson.loads(
+        b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+    )
+    assert body["error"]["type"] == "invalid_request_error"
 
 
 def test_unknown_routes_answer_in_the_error_shape() -> None:
