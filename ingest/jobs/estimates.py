@@ -16,8 +16,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from core.errors import Conflict
 from core.models.spec import ModelSpec
 from core.vocab import PRIORITY_CLASSES, JobStatus, PriorityClass
-from ingest.acceptance.deferred import COMPLETION_HEADER as COMPLETION_HEADER
-from ingest.acceptance.deferred import completion_headers as completion_headers
 from ingest.acceptance.state import AppState
 from ingest.jobs.quote import (
     JobPlace,

@@ -17,6 +17,7 @@ from core.limits import ascii_decimal, canonical_uuid, shown
 from core.messages import job_item_request_ids
 from core.vocab import ItemStatus
 from ingest import metrics
+from ingest.acceptance.deferred import completion_headers
 from ingest.acceptance.idempotency import check_key
 from ingest.acceptance.prefer import parse_prefer
 from ingest.acceptance.state import AppState, get_state
@@ -156,7 +157,7 @@ async def submit_job(
     body = job_summary(j, datetime.now(UTC), eta)
     if recorded.webhook_secret:
         body["webhook_secret"] = recorded.webhook_secret
-    return ORJSONResponse(body, status_code=202, headers=estimates.completion_headers(eta))
+    return ORJSONResponse(body, status_code=202, headers=completion_headers(eta))
 
 
 async def quote_view(st: AppState, sub: Submission) -> dict[str, Any]:
@@ -313,5 +314,5 @@ async def retry_job(request: Request, job_id: str, tenant: Caller) -> ORJSONResp
     return ORJSONResponse(
         job_summary(j, datetime.now(UTC), eta),
         status_code=202,
-        headers=estimates.completion_headers(eta),
+        headers=completion_headers(eta),
     )

@@ -19,7 +19,7 @@ import tritonclient.http as triton
 from sqlalchemy import Text, cast, func, literal, select
 
 from gristmill.devservices.stack import System
-from ingest.jobs.estimates import COMPLETION_HEADER
+from ingest.acceptance.deferred import COMPLETION_HEADER
 from results.db import make_engine
 from results.schema import requests
 from tests.e2e.backlog import burst_into_kafka, done_count, new_tenant_id, queued_paid

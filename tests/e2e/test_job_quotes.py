@@ -12,7 +12,7 @@ import httpx
 import orjson
 
 from gristmill.devservices.stack import System
-from ingest.jobs.estimates import COMPLETION_HEADER
+from ingest.acceptance.deferred import COMPLETION_HEADER
 
 
 def jsonl(n: int) -> bytes:
