@@ -38,7 +38,10 @@ class HostCosts:
     kafka_ms: float = 0.15  # counted only where the brokers share the host
     postgres_ms: float = 0.15  # likewise the database
     worker_cores: float = 1.0  # a GPU worker's own CPU: packing, launching, results
-    feeders_per_gpu: int = 3  # schedulers that keep one GPU's batches coming back to back
+    # Schedulers that keep one GPU's batches coming back to back: 6 fed an H200 at
+    # 33,000-35,000 job items/s in three runs, 3 at 24,000-28,000 in four
+    # (docs/bench/gpu-host.md, r7 and r8).
+    feeders_per_gpu: int = 6
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HostCosts:

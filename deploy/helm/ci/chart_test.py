@@ -311,17 +311,17 @@ def notes(**sets: str) -> str:
 
 @test
 def a_gpu_pod_has_the_hosts_shape() -> None:
-    """Decision 51: three schedulers a GPU, each serving the model; one worker that dials
+    """Decision 51: six schedulers a GPU, each serving the model; one worker that dials
     a restarted scheduler again; every process (the migration included) at the GPU's
     batch limit."""
     objs = render(FULL)
     gpu = named(objs, "Deployment", "-gpu")["spec"]["template"]["spec"]["containers"]
     schedulers = [c for c in gpu if c["name"].startswith("scheduler-")]
     (worker,) = [c for c in gpu if c["name"] == "worker"]
-    assert len(schedulers) == 3
+    assert len(schedulers) == 6
     assert all("--models" in c["args"] for c in schedulers)
     assert "--redial" in worker["args"]
-    assert worker["args"].count("--socket") == 3
+    assert worker["args"].count("--socket") == 6
     for name, c in containers(objs):
         assert env_of(c).get("GRISTMILL_EMBED_MAX_BATCH") == "1024", name
     cpu_only = render()  # no GPU pods: the CPU's own batch limit stays

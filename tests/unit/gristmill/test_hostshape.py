@@ -11,7 +11,7 @@ from gristmill.hostshape import HostCosts, partitions_for, shape_host
 def test_a_gpu_host_gets_a_worker_per_gpu_and_feeders_for_each() -> None:
     s = shape_host(16, 1, colocated=True, reserve_cores=3)
     assert s.workers == 1
-    assert s.schedulers == 3  # HostCosts.feeders_per_gpu
+    assert s.schedulers == 6  # HostCosts.feeders_per_gpu
     assert 6 <= s.api_processes <= 10
     assert s.api_processes + s.schedulers + s.workers <= 16
 
