@@ -36,9 +36,9 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from scheduler.core.flows import Flows, flow_of, grant_idle_rounds
+from scheduler.core.flows import Flows, Turns, flow_of
 
 
 class Item(Protocol):
@@ -62,7 +62,7 @@ def _consumed_at(item: Any) -> float:
     return float(item.consumed_at)
 
 
-class FairQueue(Generic[T]):
+class FairQueue(Turns[str, T]):
     def __init__(
         self,
         quantum: float = 1.0,
@@ -75,40 +75,38 @@ class FairQueue(Generic[T]):
         self._order = order
         self._cost = cost
         self._price: Callable[[T], float] = _one if cost is None else cost
-        self._queues: OrderedDict[str, Flows[T]] = OrderedDict()  # active tenants, turn order
+        self._ring: OrderedDict[str, Flows[T]] = OrderedDict()  # active tenants, turn order
         self._deficit: dict[str, float] = {}
-        self._turn_credited = False  # whether the front tenant got its current turn's credit
+        self._credited = False  # whether the front tenant got its current turn's credit
         self._lazy = False  # the items carry ``gone`` (seen on the first one queued)
 
     # ---- queueing ------------------------------------------------------------------------
     def append(self, item: T) -> None:
-        if not self._queues:
+        if not self._ring:
             self._lazy = hasattr(item, "gone")
-        q = self._queues.get(item.tenant)
+        q = self._ring.get(item.tenant)
         if q is None:
-            q = self._queues[item.tenant] = Flows(
-                self._quantum, self._price, self._lazy, self._order
-            )
+            q = self._ring[item.tenant] = Flows(self._quantum, self._price, self._lazy, self._order)
             self._deficit[item.tenant] = 0.0
         q.append(item, getattr(item, "flow", None))  # flow_of, inline: once per request
 
     push = append
 
     def remove(self, item: T) -> None:
-        q = self._queues.get(item.tenant)
+        q = self._ring.get(item.tenant)
         if q is not None:
             q.remove(item, flow_of(item))
             if not q.flows():
                 self._drop(item.tenant)
 
-    def _head(self, tenant: str) -> T | None:
+    def _front_of(self, tenant: str) -> T | None:
         """The tenant's next live item (its flows' turn decides which)."""
-        return self._queues[tenant].head()
+        return self._ring[tenant].head()
 
     def _drop(self, tenant: str, *, front: bool = False) -> None:
-        if front or next(iter(self._queues)) == tenant:
-            self._turn_credited = False
-        del self._queues[tenant]
+        if front or next(iter(self._ring)) == tenant:
+            self._credited = False
+        del self._ring[tenant]
         del self._deficit[tenant]  # an idle tenant banks no credit (DRR)
 
     def _credit(self, head: T) -> float:
@@ -119,16 +117,16 @@ class FairQueue(Generic[T]):
         """Up to ``n`` live items, shared among tenants by weighted deficit round robin;
         a tenant's turn ends with the batch."""
         out: list[T] = []
-        while len(out) < n and self._queues:
-            tenant = next(iter(self._queues))
-            q = self._queues[tenant]
+        while len(out) < n and self._ring:
+            tenant = next(iter(self._ring))
+            q = self._ring[tenant]
             head = q.head()
             if head is None:
                 self._drop(tenant, front=True)
                 continue
-            if not self._turn_credited:
+            if not self._credited:
                 self._deficit[tenant] += self._credit(head)
-            self._turn_credited = False
+            self._credited = False
             self._deficit[tenant] = q.take(self._deficit[tenant], n, out)
             if not q.flows():  # (a flow of only gone items is dropped on its next turn)
                 self._drop(tenant, front=True)
@@ -137,47 +135,26 @@ class FairQueue(Generic[T]):
                 # here would cost a tenant of cheap items the rest of its credit whenever
                 # a batch holds fewer of them than a turn buys, and hand the device to
                 # the tenant of dear ones (decision 65).
-                self._turn_credited = True
+                self._credited = True
             else:
-                self._queues.move_to_end(tenant)  # its turn is over; its deficit carries
+                self._ring.move_to_end(tenant)  # its turn is over; its deficit carries
         return out
 
     def _affords(self, tenant: str) -> bool:
-        head = self._head(tenant)
+        head = self._front_of(tenant)
         return head is not None and self._price(head) <= self._deficit[tenant]
 
     # ---- generation: an item at a time ---------------------------------------------------
     def peek(self) -> T | None:
         """The item ``pop`` takes next (None if empty); its tenant's turn goes on."""
-        misses = 0
-        while self._queues:
-            tenant = next(iter(self._queues))
-            head = self._head(tenant)
-            if head is None:
-                self._drop(tenant, front=True)
-                continue
-            if not self._turn_credited:  # the front tenant's turn begins
-                self._deficit[tenant] += self._credit(head)
-                self._turn_credited = True
-            if self._price(head) <= self._deficit[tenant]:
-                return head
-            misses += 1
-            if misses > len(self._queues):
-                # A whole round served nobody (small weights, big requests): grant at once
-                # the rounds the nearest tenant still needs, instead of looping through them.
-                heads = {t: h for t in self._queues if (h := self._head(t)) is not None}
-                grant_idle_rounds(self._deficit, heads, self._price, self._credit)
-                misses = 0
-            self._queues.move_to_end(tenant)  # its turn is over; its deficit carries
-            self._turn_credited = False
-        return None
+        return self._affordable(lone_free=False)
 
     def pop(self) -> T:
         head = self.peek()
         if head is None:
             raise IndexError("pop from an empty FairQueue")
         tenant = head.tenant
-        q = self._queues[tenant]
+        q = self._ring[tenant]
         q.pop()
         self._deficit[tenant] -= self._price(head)
         if not q.flows():
@@ -187,31 +164,31 @@ class FairQueue(Generic[T]):
     # ---- views -----------------------------------------------------------------------------
     def __len__(self) -> int:
         """Items held (lazily dropped ones until they are passed over)."""
-        return sum(len(q) for q in self._queues.values())
+        return sum(len(q) for q in self._ring.values())
 
     def __bool__(self) -> bool:
-        return any(self._queues.values())
+        return any(self._ring.values())
 
     def __iter__(self) -> Iterator[T]:
-        for q in self._queues.values():
+        for q in self._ring.values():
             yield from q
 
     def oldest_at(self) -> float:
         """When the oldest live item was consumed (items that carry ``consumed_at``)."""
-        return min((q.least(_consumed_at) for q in self._queues.values()), default=math.inf)
+        return min((q.least(_consumed_at) for q in self._ring.values()), default=math.inf)
 
     def heads(self) -> Iterator[T]:
         """Each flow's oldest live item (the head of its FIFO), tenant by tenant."""
-        for q in list(self._queues.values()):
+        for q in list(self._ring.values()):
             yield from q.fronts()
 
     def tenants(self) -> int:
-        return len(self._queues)
+        return len(self._ring)
 
     def weights(self) -> dict[str, float]:
         """The weight of each tenant with items queued (O(tenants): read per batch)."""
         out: dict[str, float] = {}
-        for tenant, q in self._queues.items():
+        for tenant, q in self._ring.items():
             head = next(q.fronts(), None)
             if head is not None:
                 out[tenant] = head.weight
@@ -220,7 +197,7 @@ class FairQueue(Generic[T]):
     def depth_by_tenant(self) -> dict[str, tuple[int, float]]:
         """Live items and weight per tenant (O(items): for once-a-second reports)."""
         out: dict[str, tuple[int, float]] = {}
-        for tenant, q in self._queues.items():
+        for tenant, q in self._ring.items():
             live = list(q)
             if live:
                 out[tenant] = (len(live), live[0].weight)

@@ -64,7 +64,59 @@ class Earliest(Generic[T]):
         heapq.heapify(self._heap)
 
 
-class Flows(Generic[T]):
+class Turns(Generic[K, T]):
+    """Deficit round robin's turns over keyed queues, for both levels of the fair queue
+    (tenants in fairness.py, a tenant's flows here): ``_ring`` holds the keys with work in
+    turn order, ``_deficit`` what each has banked, ``_credited`` whether the front key got
+    its current turn's credit. A subclass says what a key's next live item is, what a turn
+    credits and how a key with nothing left is dropped."""
+
+    _ring: OrderedDict[K, Any]
+    _deficit: dict[K, float]
+    _credited: bool
+    _price: Callable[[T], float]
+
+    def _front_of(self, key: K) -> T | None:
+        raise NotImplementedError
+
+    def _credit(self, head: T) -> float:
+        raise NotImplementedError
+
+    def _drop(self, key: K) -> None:
+        raise NotImplementedError
+
+    def _affordable(self, *, lone_free: bool) -> T | None:
+        """The next item its key's deficit pays for, crediting the front key once a turn
+        and passing the turn on while its head costs more than it has; stable until taken.
+        ``lone_free``: a key alone keeps no accounts and is served outright."""
+        ring = self._ring
+        misses = 0
+        while ring:
+            key = next(iter(ring))
+            head = self._front_of(key)
+            if head is None:
+                self._drop(key)
+                continue
+            if lone_free and len(ring) == 1:
+                return head
+            if not self._credited:  # the front key's turn begins
+                self._deficit[key] += self._credit(head)
+                self._credited = True
+            if self._price(head) <= self._deficit[key]:
+                return head
+            misses += 1
+            if misses > len(ring):
+                # A whole round served nobody (heads dearer than a turn's credit): grant at
+                # once the rounds the nearest key still needs instead of looping through them.
+                heads = {k: h for k in ring if (h := self._front_of(k)) is not None}
+                grant_idle_rounds(self._deficit, heads, self._price, self._credit)
+                misses = 0
+            ring.move_to_end(key)  # its turn is over; its deficit carries
+            self._credited = False
+        return None
+
+
+class Flows(Turns[Hashable, T]):
     def __init__(
         self,
         quantum: float,
@@ -80,7 +132,7 @@ class Flows(Generic[T]):
         self._lazy = lazy
         self._order = order
         self._seq = itertools.count()
-        self._fifos: OrderedDict[Hashable, Any] = OrderedDict()  # turn order
+        self._ring: OrderedDict[Hashable, Any] = OrderedDict()  # each flow's queue, turn order
         self._deficit: dict[Hashable, float] = {}
         self._credited = False  # whether the front flow got its current turn's credit
         # The queue while there is exactly one flow (the common case), else None: the hot
@@ -88,17 +140,17 @@ class Flows(Generic[T]):
         self._only: Any = None
 
     def append(self, item: T, flow: Hashable) -> None:
-        q = self._fifos.get(flow)
+        q = self._ring.get(flow)
         if q is None:
-            q = self._fifos[flow] = (
+            q = self._ring[flow] = (
                 deque() if self._order is None else Earliest(self._order, self._seq)
             )
             self._deficit[flow] = 0.0
-            self._only = q if len(self._fifos) == 1 else None
+            self._only = q if len(self._ring) == 1 else None
         q.append(item)
 
     def remove(self, item: T, flow: Hashable) -> None:
-        q = self._fifos.get(flow)
+        q = self._ring.get(flow)
         if q is not None and item in q:
             q.remove(item)
             if not q:
@@ -110,16 +162,22 @@ class Flows(Generic[T]):
                 q.popleft()
         return q[0] if q else None
 
+    def _front_of(self, flow: Hashable) -> T | None:
+        return self._front(self._ring[flow])
+
+    def _credit(self, _head: T) -> float:
+        return self._quantum  # the flows of one key are equals
+
     def _drop(self, flow: Hashable) -> None:
-        if next(iter(self._fifos)) == flow:
+        if next(iter(self._ring)) == flow:
             self._credited = False
-        del self._fifos[flow]
+        del self._ring[flow]
         del self._deficit[flow]  # an idle flow banks no credit
         self._only = None
-        if len(self._fifos) == 1:  # a lone flow keeps no accounts (it starts fresh)
-            self._deficit[next(iter(self._fifos))] = 0.0
+        if len(self._ring) == 1:  # a lone flow keeps no accounts (it starts fresh)
+            self._deficit[next(iter(self._ring))] = 0.0
             self._credited = False
-            self._only = next(iter(self._fifos.values()))
+            self._only = next(iter(self._ring.values()))
 
     def head(self) -> T | None:
         """The item ``pop`` takes next (None when no live item is left)."""
@@ -130,40 +188,15 @@ class Flows(Generic[T]):
                     q.popleft()
             if q:
                 return q[0]
-        misses = 0
-        while self._fifos:
-            flow, q = next(iter(self._fifos.items()))
-            h = self._front(q)
-            if h is None:
-                self._drop(flow)
-                continue
-            if len(self._fifos) == 1:
-                return h
-            if not self._credited:  # the front flow's turn begins
-                self._deficit[flow] += self._quantum
-                self._credited = True
-            if self._price(h) <= self._deficit[flow]:
-                return h
-            misses += 1
-            if misses > len(self._fifos):
-                # A round served nobody (items dearer than a quantum): grant at once the
-                # rounds the nearest flow still needs instead of looping through them.
-                fronts = {
-                    f: x for f, fq in self._fifos.items() if (x := self._front(fq)) is not None
-                }
-                grant_idle_rounds(self._deficit, fronts, self._price, lambda _x: self._quantum)
-                misses = 0
-            self._fifos.move_to_end(flow)  # its turn is over; its deficit carries
-            self._credited = False
-        return None
+        return self._affordable(lone_free=True)
 
     def pop(self) -> T:
         h = self.head()
         if h is None:
             raise IndexError("pop from empty Flows")
-        flow, q = next(iter(self._fifos.items()))
+        flow, q = next(iter(self._ring.items()))
         q.popleft()
-        if len(self._fifos) > 1:
+        if len(self._ring) > 1:
             self._deficit[flow] -= self._price(h)
         if not q:
             self._drop(flow)
@@ -187,7 +220,7 @@ class Flows(Generic[T]):
                 out.append(q.popleft())
                 budget -= cost
             if not q:
-                self._drop(next(iter(self._fifos)))
+                self._drop(next(iter(self._ring)))
             return budget
         head = self.head()
         while len(out) < n and head is not None:
@@ -201,13 +234,13 @@ class Flows(Generic[T]):
 
     # ---- views -----------------------------------------------------------------------------
     def __len__(self) -> int:
-        return sum(len(q) for q in self._fifos.values())
+        return sum(len(q) for q in self._ring.values())
 
     def __bool__(self) -> bool:
-        return any(self._front(q) is not None for q in list(self._fifos.values()))
+        return any(self._front(q) is not None for q in list(self._ring.values()))
 
     def __iter__(self) -> Iterator[T]:
-        for q in self._fifos.values():
+        for q in self._ring.values():
             yield from (x for x in q if not (self._lazy and x.gone))
 
     def least(self, key: Callable[[T], float]) -> float:
@@ -223,13 +256,13 @@ class Flows(Generic[T]):
 
     def fronts(self) -> Iterator[T]:
         """Each flow's oldest live item (the head of its FIFO), whoever is served next."""
-        for q in list(self._fifos.values()):
+        for q in list(self._ring.values()):
             x = self._front(q)
             if x is not None:
                 yield x
 
     def flows(self) -> int:
-        return len(self._fifos)
+        return len(self._ring)
 
 
 def flow_of(item: Any) -> Hashable:
