@@ -278,7 +278,7 @@ def grant_idle_rounds(
 ) -> None:
     """A whole round of turns served nobody (heads dearer than their credit): grant at
     once the rounds the nearest of them still needs, less the one its next turn credits,
-    instead of looping through them. Both levels of the fair queue use it."""
+    instead of looping through them (``Turns._affordable``, for both levels)."""
     rounds = min(math.ceil((price(h) - deficit[k]) / credit(h)) for k, h in heads.items())
     for k, h in heads.items():
         deficit[k] += (rounds - 1) * credit(h)
