@@ -30,14 +30,10 @@ class NewJob:
     body_hash: str
     webhook_url: str | None
     webhook_secret: str | None
-    # An incremental job (decision 61): its items that reused a result are counted
-    # succeeded from the start; a job with nothing left to compute starts finished (its
-    # webhook is then due once it is submitted: ``mark_submitted``).
+    # An incremental job (decision 61): started as it is recorded when some of its
+    # items will be reused (their rows are copied by its publish: results/job_reuse.py).
     base_job_id: str | None = None
-    reused: int = 0
-    succeeded: int = 0
     started_at: datetime | None = None
-    finished_at: datetime | None = None
 
 
 async def forget_expired_key(conn: AsyncConnection, tenant_id: str, key: str, ttl_h: float) -> None:
@@ -80,11 +76,12 @@ async def insert_job(conn: AsyncConnection, job: NewJob) -> bool:
 
 
 def job_to_publish(conn: Connection, job_id: str) -> Row[Any] | None:
-    """What every item message of the job carries, and the tenant's weight."""
+    """What every item message of the job carries, the tenant's weight, and the base
+    job of an incremental one."""
     return conn.execute(
         text(
             "SELECT j.tenant_id, j.model, j.model_version, j.params, j.created_at, "
-            "j.expires_at, j.total_items, t.weight FROM jobs j "
+            "j.expires_at, j.total_items, j.base_job_id, t.weight FROM jobs j "
             "JOIN tenants t ON t.id = j.tenant_id "
             "WHERE j.job_id = :j"
         ),
@@ -99,15 +96,7 @@ def heartbeat(engine: Engine, job_id: str) -> None:
         )
 
 
-# A job finished at its recording (every item reused, decision 61) has its webhook due
-# only now: an OpenAI batch's row, which the event names, is written after the job's.
-_SUBMITTED = text("""
-    UPDATE jobs SET submit_state = 'submitted',
-        webhook_next_at = CASE WHEN webhook_next_at IS NULL AND webhook_attempts = 0
-                                    AND webhook_delivered_at IS NULL
-                                    AND webhook_url IS NOT NULL AND finished_at IS NOT NULL
-                               THEN now() ELSE webhook_next_at END
-    WHERE job_id = :j""")
+_SUBMITTED = text("UPDATE jobs SET submit_state = 'submitted' WHERE job_id = :j")
 
 
 def mark_submitted(engine: Engine, job_id: str) -> None:

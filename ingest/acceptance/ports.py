@@ -146,8 +146,16 @@ class Pacing(Protocol):
 class StagedItems(Protocol):
     """A new job's staged items (ingest/jobs/upload.py ``Staged``)."""
 
-    def pages(self, page_bytes: int) -> Iterator[Sequence[tuple[int, bytes | str, str, int]]]:
-        """(item_index, input as JSON, request_id, attempt) in input order, paged."""
+    @property
+    def reused(self) -> frozenset[int]:
+        """Indexes of the items an incremental job's base lends a result (decision 61)."""
+        ...
+
+    def pages(
+        self, page_bytes: int, only: frozenset[int] | None = None
+    ) -> Iterator[Sequence[tuple[int, bytes | str, str, int]]]:
+        """(item_index, input as JSON, request_id, attempt) in input order, paged: the
+        items not ``reused``, or those of ``only``."""
         ...
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -27,6 +27,7 @@ from ingest.jobs.pacing import PUBLISH_SLICE, Pacer
 from ingest.jobs.upload import Item
 from results.db import make_engine
 from results.job_items import unsent_page
+from results.job_reuse import copy_reused
 from results.job_submission import claim_stale, heartbeat, job_to_publish, mark_submitted
 
 _FIRST_PAGE_ROWS = 100  # item rows read for Kafka in the first page of a publish
@@ -112,22 +113,48 @@ class JobPublisher:
         """Produce every item whose current attempt has no result yet (all of them for a
         new job; the unfinished ones after a crash or a retry). A new job's items come
         from its staged file when given (the same rows the COPY wrote, none of them sent
-        yet), else from PostgreSQL. Blocking. Returns how many items were produced."""
-        topic = request_topic(self.settings, PriorityClass.JOBS)
-        acks = _Deliveries()
-        sent = 0
+        yet), else from PostgreSQL. Blocking. Returns how many items were produced.
+
+        An incremental job's reused items (decision 61) are copied here, not sent: after
+        the changed items are in Kafka, so the copy runs while the model computes them;
+        read from PostgreSQL, before, so the items copied are not read as unsent."""
         with self.engine.connect() as conn:
             job = job_to_publish(conn, job_id)
         if job is None:
             return 0
         items = JobItems.of(job, job_id)  # the same for every item: worked out once
+        incremental = job.base_job_id is not None
+        if staged is None:
+            if incremental:
+                copy_reused(self.engine, job_id)
+            sizes: list[int] = []  # bytes of messages in the page just sent: sizes the next
+            pages = self._unsent_pages(job_id, int(job.total_items), sizes)
+            sent = self._send(job_id, items, pages, sizes, progress)
+        else:
+            sent = self._send(job_id, items, staged.pages(_PAGE_BYTES), [], progress)
+            if incremental:
+                # Matched at recording, its base row gone since (expired, deleted): computed.
+                left = staged.reused - copy_reused(self.engine, job_id)
+                if left:
+                    sent += self._send(job_id, items, staged.pages(_PAGE_BYTES, left), [], None)
+        mark_submitted(self.engine, job_id)
+        trim()  # the publish's pages and producer buffers, back to the OS (core/memory.py)
+        return sent
+
+    def _send(
+        self,
+        job_id: str,
+        items: JobItems,
+        pages: Iterable[Sequence[Item]],
+        sizes: list[int],
+        progress: Callable[[int], None] | None,
+    ) -> int:
+        """Produce ``pages`` and wait until Kafka has them all; how many were produced.
+        Appends each page's bytes to ``sizes`` (what sizes the next page read)."""
+        topic = request_topic(self.settings, PriorityClass.JOBS)
+        acks = _Deliveries()
+        sent = 0
         beat = sliced = time.monotonic()
-        sizes: list[int] = []  # bytes of messages in the page just sent: sizes the next
-        pages = (
-            staged.pages(_PAGE_BYTES)
-            if staged
-            else self._unsent_pages(job_id, int(job.total_items), sizes)
-        )
         for page in pages:
             page_bytes = 0
             acks.sent(len(page))
@@ -147,8 +174,6 @@ class JobPublisher:
                 heartbeat(self.engine, job_id)
             sizes.append(page_bytes)
         self._await_acks(acks, sent)
-        mark_submitted(self.engine, job_id)
-        trim()  # the publish's pages and producer buffers, back to the OS (core/memory.py)
         return sent
 
     def _unsent_pages(self, job_id: str, total: int, sizes: list[int]) -> Iterator[Sequence[Item]]:

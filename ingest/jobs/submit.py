@@ -36,7 +36,7 @@ from ingest.jobs.webhook_client import NotResolved, resolve
 from ingest.jobs.webhook_events import new_secret
 from results import jobs as jobs_db
 from results.job_items import copy_items
-from results.job_reuse import reuse_results
+from results.job_reuse import match_reusable
 from results.job_submission import (
     NewJob,
     forget_expired_key,
@@ -285,20 +285,15 @@ async def record_job(st: AppState, sub: Submission) -> Recorded:
             await copy_items(conn, sub.staged.file)
             reused = frozenset[int]()
             if sub.base_job_id is not None:
-                reused = await reuse_results(
-                    conn,
-                    job_id=sub.job_id,
-                    base_job_id=sub.base_job_id,
-                    tenant_id=tenant.id,
-                    model=sub.spec.name,
-                    version=sub.spec.version,
-                    params=sub.params,
+                # Only which items: their rows are copied by the publish, while the
+                # model computes the rest (results/job_reuse.py).
+                reused = await match_reusable(
+                    conn, job_id=sub.job_id, base_job_id=sub.base_job_id, tenant_id=tenant.id
                 )
             # Charged after the COPY: the budget's row lock lasts only until the commit.
             # Only computed items are charged: the budget paces work for the GPUs.
             await job_quota.charge(conn, s, tenant, sub.staged.count - len(reused))
             now = datetime.now(UTC)
-            done = now if len(reused) == sub.staged.count else None  # nothing to compute
             created = await insert_job(
                 conn,
                 NewJob(
@@ -315,10 +310,7 @@ async def record_job(st: AppState, sub: Submission) -> Recorded:
                     webhook_url=sub.webhook_url,
                     webhook_secret=secret,
                     base_job_id=sub.base_job_id,
-                    reused=len(reused),
-                    succeeded=len(reused),  # counted here: the scheduler never sees them
                     started_at=now if reused else None,
-                    finished_at=done,
                 ),
             )
             if not created:

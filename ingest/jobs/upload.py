@@ -118,10 +118,13 @@ class Staged:
     def close(self) -> None:
         self.file.close()
 
-    def pages(self, page_bytes: int) -> Iterator[Sequence[Item]]:
+    def pages(
+        self, page_bytes: int, only: frozenset[int] | None = None
+    ) -> Iterator[Sequence[Item]]:
         """The staged items in input order, in pages of about ``page_bytes`` bytes: what
         a new job's publish sends, read back from the file the COPY read (every item of
-        a new job is unsent) instead of from PostgreSQL."""
+        a new job is unsent) instead of from PostgreSQL. The items not ``reused``, or
+        only those of ``only``."""
         self.file.seek(0)
         tail = b""
         while block := self.file.read(page_bytes):
@@ -130,7 +133,10 @@ class Staged:
             page: list[Item] = []
             for line in lines:
                 _, index, _, value, rid, _ = line.split(b"\t")
-                if self.reused and int(index) in self.reused:
+                if only is not None:
+                    if int(index) not in only:
+                        continue
+                elif self.reused and int(index) in self.reused:
                     continue
                 page.append((int(index), copy_unescape(value), rid.decode(), 0))
             if page:

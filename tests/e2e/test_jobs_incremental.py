@@ -14,8 +14,11 @@ import openai
 import orjson
 import pytest
 import standardwebhooks
+from sqlalchemy import text
 
 from gristmill.devservices.stack import Services, System, build_system
+from results.db import make_engine
+from results.job_reuse import copy_reused
 from tests.e2e.webhook_receiver import Hook, serve
 
 N = 300
@@ -128,6 +131,50 @@ def test_an_incremental_job_reuses_unchanged_items_and_equals_a_full_recomputati
     )
     assert salted["usage"]["reused_items"] == 0
     assert wait_done(vsys, salted["job_id"])["usage"] == {"reused_items": 0, "computed_items": N}
+
+
+def test_a_publish_that_died_before_its_copy_is_taken_over_and_copies_once(
+    vsys: System,
+) -> None:
+    """The reused rows are copied by the publish, after the changed items are in Kafka
+    (results/job_reuse.py). An API that died between the two leaves the job
+    'submitting' with its changed items computed and no reused row: another instance's
+    stale pass takes it over, copies, and the job finishes as if nothing happened; a
+    further copy inserts and counts nothing."""
+    base = accepted(submit_json(vsys, corpus("t1")))
+    wait_done(vsys, base["job_id"])
+    inc = accepted(submit_json(vsys, corpus("t2"), base_job_id=base["job_id"]))
+    want = [x["output"] for x in results(vsys, wait_done(vsys, inc["job_id"])["job_id"])]
+    jid = inc["job_id"]
+    engine = make_engine(vsys.settings.database_url)
+    try:
+        with engine.begin() as conn:  # back to the moment the first publish died
+            conn.execute(
+                text("DELETE FROM requests WHERE job_id = :j AND attempts = 0"), {"j": jid}
+            )
+            conn.execute(
+                text(
+                    "UPDATE jobs SET succeeded = succeeded - reused, reused = 0, "
+                    "finished_at = NULL, webhook_next_at = NULL, submit_state = 'submitting', "
+                    "submit_heartbeat_at = now() - interval '1 hour' WHERE job_id = :j"
+                ),
+                {"j": jid},
+            )
+        assert (
+            httpx.get(f"{vsys.url}/v1/jobs/{jid}", headers=vsys.headers()).json()["finished_at"]
+            is None
+        )
+        done = wait_done(vsys, jid)  # the stale pass (every 5 s) takes it over
+        assert done["usage"] == {"reused_items": N - len(CHANGED), "computed_items": len(CHANGED)}
+        assert done["counts"]["succeeded"] == N
+        got = results(vsys, jid)
+        assert [x["output"] for x in got] == want
+        assert [x["reused"] for x in got] == [i not in CHANGED for i in range(N)]
+        assert copy_reused(engine, jid) == frozenset()  # nothing left to copy
+        again = httpx.get(f"{vsys.url}/v1/jobs/{jid}", headers=vsys.headers()).json()
+        assert again["usage"] == done["usage"] and again["counts"] == done["counts"]
+    finally:
+        engine.dispose()
 
 
 def test_another_tenant_naming_a_job_as_base_gets_404_and_reuses_nothing(vsys: System) -> None:
