@@ -77,11 +77,14 @@ def shape_host(
     cpu_workers: int = 2,
     api_processes: int | None = None,
     schedulers: int | None = None,
+    workers_per_gpu: int = 1,
 ) -> HostShape:
     """The processes for a host of ``cores`` and ``gpus``; explicit counts are kept.
 
     ``colocated``: Kafka and PostgreSQL run on this host too (a single-host deployment,
     the benchmark). ``reserve_cores``: cores kept for something else (a load generator).
+    ``workers_per_gpu``: worker processes sharing each GPU (one by default: it owns the
+    device; more split one process's launch path, an experiment of issue 28).
     """
     if cores < 1:
         raise ValueError("cores must be at least 1")
@@ -89,12 +92,15 @@ def shape_host(
         raise ValueError("gpus must be 0 or more")
     if not 0 < utilization <= 1:
         raise ValueError("utilization must be in (0, 1]")
+    if workers_per_gpu < 1:
+        raise ValueError("workers_per_gpu must be at least 1")
     c = costs or HostCosts()
     reasons: list[str] = []
-    workers = gpus if gpus else cpu_workers
-    worker_cores = gpus * c.worker_cores if gpus else 0.0
+    workers = gpus * workers_per_gpu if gpus else cpu_workers
+    worker_cores = workers * c.worker_cores if gpus else 0.0
+    per_gpu = "one" if workers_per_gpu == 1 else str(workers_per_gpu)
     reasons.append(
-        f"{workers} worker(s): one per GPU" if gpus else f"{workers} CPU worker(s), no GPU"
+        f"{workers} worker(s): {per_gpu} per GPU" if gpus else f"{workers} CPU worker(s), no GPU"
     )
     per_request_ms = c.api_ms + c.scheduler_ms
     shared_ms = c.kafka_ms + c.postgres_ms if colocated else 0.0

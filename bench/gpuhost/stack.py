@@ -56,6 +56,7 @@ class Stack:
             colocated=True,
             reserve_cores=self.args.loadgen_cores,
             schedulers=self.args.schedulers or None,
+            workers_per_gpu=self.args.workers_per_gpu,
         )
         partitions = partitions_for(shape.schedulers, minimum=self.args.partitions)
         log(f"shape: {shape}")
@@ -111,6 +112,7 @@ class Stack:
             "--reserve-cores", str(self.args.loadgen_cores), "--port", str(port),
             "--run-dir", str(self.work / "host"),
             "--schedulers", str(shape.schedulers),
+            "--workers-per-gpu", str(self.args.workers_per_gpu),
         ]  # fmt: skip
         self.host = subprocess.Popen(
             argv,

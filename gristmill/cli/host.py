@@ -183,14 +183,17 @@ def host_children(
         senv = {**env, "GRISTMILL_METRICS_PORT": str(metrics_port + i)} if metrics_port else env
         schedulers.append(Child(f"scheduler-{i}", argv, senv, logs / f"scheduler-{i}.log"))
     workers = []
-    devices = list(gpus) or ["" for _ in range(shape.workers)]
+    # Each GPU's workers in turn (shape.workers is a multiple of the GPUs when it has any).
+    per_gpu = shape.workers // len(gpus) if gpus else 1
+    devices = [d for d in gpus for _ in range(per_gpu)] or ["" for _ in range(shape.workers)]
     for i, device in enumerate(devices[: shape.workers]):
         argv = [py, "-m", "gristmill", "worker", "--models", models, "--redial"]
-        argv += ["--worker-id", f"gpu{device or i}"]
+        wid = f"gpu{device}-{i % per_gpu}" if device and per_gpu > 1 else f"gpu{device or i}"
+        argv += ["--worker-id", wid]
         for s in sockets:
             argv += ["--socket", s]
         wenv = {**env, "CUDA_VISIBLE_DEVICES": device} if device else dict(env)
-        workers.append(Child(f"worker-{device or i}", argv, wenv, logs / f"worker-{i}.log"))
+        workers.append(Child(f"worker-{wid[3:]}", argv, wenv, logs / f"worker-{i}.log"))
     if not shape.api_processes:  # a GPU node behind an API tier of its own
         return [schedulers, workers, []]
     api_argv = [py, "-m", "gristmill", "api", "--workers", str(shape.api_processes)]
@@ -224,6 +227,7 @@ def run_host(
     api_port: int | None,
     plan_only: bool,
     grpc_port: int | None = None,
+    workers_per_gpu: int = 1,
 ) -> int:
     gpus = host_gpus()
     shape = shape_host(
@@ -234,6 +238,7 @@ def run_host(
         reserve_cores=reserve_cores,
         api_processes=api_processes,
         schedulers=schedulers,
+        workers_per_gpu=workers_per_gpu,
     )
     print(describe(shape, gpus), flush=True)
     if plan_only:

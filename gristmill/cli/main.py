@@ -171,6 +171,9 @@ def host(
     schedulers: int | None = typer.Option(
         None, help="scheduler processes (default: from cores, GPUs and costs)"
     ),
+    workers_per_gpu: int = typer.Option(
+        1, help="worker processes sharing each GPU (more split the launch path's CPU)"
+    ),
     colocated: bool = typer.Option(
         False, help="Kafka and PostgreSQL run on this host too: leave them their cores"
     ),
@@ -202,6 +205,7 @@ def host(
             api_port=port,
             plan_only=plan,
             grpc_port=grpc_port,
+            workers_per_gpu=workers_per_gpu,
         )
     )
 

@@ -3,8 +3,11 @@ enough schedulers to feed each GPU, explicit counts kept."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from gristmill.cli.host import host_children
 from gristmill.hostshape import HostCosts, partitions_for, shape_host
 
 
@@ -33,6 +36,23 @@ def test_several_gpus_get_several_workers_and_more_schedulers() -> None:
     one, four = shape_host(64, 1), shape_host(64, 4)
     assert (one.workers, four.workers) == (1, 4)
     assert four.schedulers >= 4 * HostCosts().feeders_per_gpu
+
+
+def test_workers_sharing_a_gpu_are_counted_with_their_cores_and_dial_every_scheduler(
+    tmp_path: Path,
+) -> None:
+    one, two = shape_host(16, 2), shape_host(16, 2, workers_per_gpu=2)
+    assert (one.workers, two.workers) == (2, 4)
+    assert two.api_processes <= one.api_processes  # two more workers' cores are taken
+    assert any("2 per GPU" in r for r in two.reasons)
+    _, workers, _ = host_children(two, ["0", "1"], models="m", run_dir=tmp_path, env={})
+    devices = [w.env["CUDA_VISIBLE_DEVICES"] for w in workers]
+    ids = [w.argv[w.argv.index("--worker-id") + 1] for w in workers]
+    assert devices == ["0", "0", "1", "1"]
+    assert ids == ["gpu0-0", "gpu0-1", "gpu1-0", "gpu1-1"]
+    assert all(w.argv.count("--socket") == two.schedulers for w in workers)
+    with pytest.raises(ValueError, match="workers_per_gpu"):
+        shape_host(16, 1, workers_per_gpu=0)
 
 
 def test_a_cpu_host_runs_cpu_workers() -> None:
