@@ -21,7 +21,10 @@ class HttpError(Exception):
 
 class _Stale(HttpError):
     """A kept-alive connection the server had closed (its idle timeout) while it sat in
-    the pool: nothing was sent on it, so the request goes out on a fresh one."""
+    the pool, seen before the request was written or as it crossed the server's close
+    (the connection lost with not a byte of the answer): the request goes out once more
+    on a fresh connection, as HTTP clients do (the openai SDK retries any connection
+    error twice)."""
 
 
 @dataclass
@@ -38,6 +41,7 @@ class _Conn(asyncio.Protocol):
         self.buf = bytearray()
         self.waiter: asyncio.Future[Answer] | None = None
         self.closed = False
+        self.answered = 0  # answers read on this connection: a reused one may be stale
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not asyncio.Transport subclasses; they write the same.
@@ -46,7 +50,8 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(HttpError(f"connection lost: {exc}"))
+            stale = self.answered > 0 and not self.buf  # closed idle as the request left
+            self.waiter.set_exception((_Stale if stale else HttpError)(f"connection lost: {exc}"))
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
@@ -58,6 +63,7 @@ class _Conn(asyncio.Protocol):
             self.waiter.set_exception(exc)
             return
         if answer is not None:
+            self.answered += 1
             self.waiter.set_result(answer)
 
     def _parse(self) -> Answer | None:
@@ -136,6 +142,9 @@ class RawPool:
             conn = self._idle.pop()
             if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
                 return conn
+        return await self._fresh()
+
+    async def _fresh(self) -> _Conn:
         loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(lambda: _Conn(self), self.host, self.port)
         return conn
@@ -146,8 +155,8 @@ class RawPool:
         try:
             try:
                 answer = await asyncio.wait_for(conn.request(raw), self.timeout_s)
-            except _Stale:  # once more, on whatever _take gives (a fresh one at worst)
-                conn = await self._take()
+            except _Stale:  # once more, on a fresh connection
+                conn = await self._fresh()
                 answer = await asyncio.wait_for(conn.request(raw), self.timeout_s)
         except BaseException:
             if conn.transport is not None:

@@ -113,3 +113,38 @@ def test_a_kept_connection_the_server_closed_while_idle_is_replaced(loop: str) -
         uvloop.run(run())
     else:
         asyncio.run(run())
+
+
+def test_a_request_that_crosses_the_servers_idle_close_is_sent_again_on_a_fresh_one() -> None:
+    """The server closes a kept-alive connection as a request goes out on it (no byte of
+    an answer comes back): the request is sent once more, on a new connection."""
+
+    async def run() -> None:
+        conns: list[int] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conns.append(1)
+            first_conn = len(conns) == 1
+            with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+                served = 0
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                    await reader.readexactly(length)
+                    if first_conn and served == 1:
+                        writer.close()  # its idle timeout, as the second request came in
+                        return
+                    served += 1
+                    writer.write(_ok(b"fine"))
+                    await writer.drain()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = RawPool(f"http://127.0.0.1:{port}/x", {}, 5.0)
+        first = await pool.post(b"{}")
+        second = await pool.post(b"{}")
+        assert (first.status, second.status, second.body) == (200, 200, b"fine")
+        assert len(conns) == 2
+        server.close()
+
+    asyncio.run(run())
