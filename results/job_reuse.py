@@ -27,33 +27,37 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from core.vocab import PriorityClass
-from results.jobs import record_job_results, settle
+from results.jobs import settle
 
-# What a base lends: one succeeded item per content hash (a base holding one input
-# twice lends either), its *current* attempt's row (job_items.request_id), read within
-# the base job ((job_id, item_index) index per partition) whatever the log's size. The
-# tenant is in the content hash and checked again here. Matched on narrow rows: carrying
-# the outputs (1.5 KB for a 384-float embedding) through the sort and the hash spilled
-# 300 MB to disk twice for a 200,000-item base.
-_LENT = """
-    lent AS (
-        SELECT DISTINCT ON (b.content_hash) b.content_hash, b.request_id
+# What a base lends, as the submission sees it: one succeeded item per content hash, its
+# *current* attempt's row (job_items.request_id), read within the base job ((job_id,
+# item_index) index per partition) whatever the log's size; the items it lends to are
+# neither published nor charged. The tenant is in the content hash and checked again
+# here. Matched on narrow rows: carrying the outputs (1.5 KB for a 384-float embedding)
+# through the sort and the hash spilled 300 MB to disk twice for a 200,000-item base.
+_MATCH = text("""
+    WITH lent AS (
+        SELECT DISTINCT ON (b.content_hash) b.content_hash
         FROM job_items b JOIN requests r ON r.request_id = b.request_id
         WHERE b.job_id = :base AND b.content_hash IS NOT NULL
           AND r.job_id = :base AND r.tenant_id = :tenant AND r.status = 'succeeded'
         ORDER BY b.content_hash
-    )"""
-
-_MATCH = text(f"""
-    WITH {_LENT}
+    )
     SELECT n.item_index FROM job_items n JOIN lent ON lent.content_hash = n.content_hash
     WHERE n.job_id = :job""")
 
-# The outputs read once, streamed into the INSERT. received_at is the job's created_at,
+# The outputs read once, streamed into the INSERT: the base's rows are read here only
+# (a hash that lent's DISTINCT ON took from a failed duplicate, where another one
+# succeeded, is not copied: its item is computed). received_at is the job's created_at,
 # as for its computed items: with the request id it is the row's key, so a second copy
 # (a publish taken over) or a computed row of the same item inserts nothing.
-_COPY = text(f"""
-    WITH {_LENT}, matched AS (
+_COPY = text("""
+    WITH lent AS (
+        SELECT DISTINCT ON (b.content_hash) b.content_hash, b.request_id
+        FROM job_items b
+        WHERE b.job_id = :base AND b.content_hash IS NOT NULL
+        ORDER BY b.content_hash
+    ), matched AS (
         SELECT n.request_id, n.item_index, lent.request_id AS source
         FROM job_items n JOIN lent ON lent.content_hash = n.content_hash
         WHERE n.job_id = :job
@@ -66,13 +70,20 @@ _COPY = text(f"""
     FROM matched m JOIN requests r ON r.request_id = m.source
     WHERE r.job_id = :base AND r.tenant_id = :tenant AND r.status = 'succeeded'
     ON CONFLICT DO NOTHING
-    RETURNING request_id, item_index""")
+    RETURNING item_index""")
 
 _JOB = text(
     "SELECT base_job_id, tenant_id, model, model_version, params::text AS params, created_at "
     "FROM jobs WHERE job_id = :job"
 )
 _REUSED = text("UPDATE jobs SET reused = reused + :n WHERE job_id = :job")
+# Counted as a results writer's rows are (results/jobs.py), in one row: every copied row
+# is of the job's current attempt and succeeded.
+_COUNT = text("""
+    INSERT INTO job_counts AS c (job_id, attempt, writer, succeeded)
+    SELECT job_id, attempt, :writer, :n FROM jobs WHERE job_id = :job
+    ON CONFLICT (job_id, attempt, writer)
+    DO UPDATE SET succeeded = c.succeeded + excluded.succeeded""")
 
 # Memory for the statements' sorts and hashes (narrow rows: ~100 bytes an item), so a
 # base of up to ~500,000 items matches in memory; a larger one spills to disk, correctly.
@@ -117,15 +128,13 @@ def copy_reused(engine: Engine, job_id: str) -> frozenset[int]:
             return frozenset()
         for stmt in _BULK_JOINS:
             conn.execute(text(stmt))
-        rows = conn.execute(_COPY, _copy_params(job_id, job)).all()
-        if rows:
-            conn.execute(_REUSED, {"n": len(rows), "job": job_id})
-            written = [(str(r.request_id), job_id, int(r.item_index), "succeeded") for r in rows]
-            with _cursor(conn) as cur:
-                record_job_results(cur, written, copy_writer(job_id))
+        copied = frozenset(r[0] for r in conn.execute(_COPY, _copy_params(job_id, job)))
+        if copied:
+            conn.execute(_REUSED, {"n": len(copied), "job": job_id})
+            conn.execute(_COUNT, {"n": len(copied), "job": job_id, "writer": copy_writer(job_id)})
     with engine.begin() as conn, _cursor(conn) as cur:
         settle(cur, [job_id])  # after the counts committed (see results/jobs.py)
-    return frozenset(int(r.item_index) for r in rows)
+    return copied
 
 
 def _copy_params(job_id: str, job: Any) -> dict[str, Any]:
