@@ -3,8 +3,9 @@
     python -m bench.steady.upload_memory --items 60000 --uploads 12
 
 One system (Kafka, PostgreSQL, no scheduler: the items wait in Kafka), and for each
-``--arenas`` setting in turn a fresh API process of one uvicorn process given that
-``MALLOC_ARENA_MAX`` ("default": what ingest/main.py sets, two), which receives
+``--settings`` entry in turn a fresh API process of one uvicorn process given that
+environment ("default": what ingest/main.py sets; a number: ``MALLOC_ARENA_MAX``;
+``NAME=VALUE`` pairs joined by ``+``: glibc's other tunables), which receives
 ``--uploads`` JSONL jobs of ``--items`` items one after another. After each upload, and
 a pause long enough for the publish to finish and its memory to be trimmed, the
 process's private memory (USS) is read. Writes ``upload-memory.json`` and ``.png`` under
@@ -31,9 +32,18 @@ def _body(items: int) -> bytes:
     return b"".join(orjson.dumps({"input": f"item-{i}"}) + b"\n" for i in range(items))
 
 
-def one_setting(system: System, arenas: str, body: bytes, uploads: int, settle_s: float) -> dict:
-    env = {} if arenas == "default" else {"MALLOC_ARENA_MAX": arenas}
-    name = f"api-arenas-{arenas}"
+def setting_env(setting: str) -> dict[str, str]:
+    """``--settings``' one entry as the API process's environment."""
+    if setting == "default":
+        return {}
+    if setting.isdigit():
+        return {"MALLOC_ARENA_MAX": setting}
+    return dict(pair.split("=", 1) for pair in setting.split("+"))
+
+
+def one_setting(system: System, setting: str, body: bytes, uploads: int, settle_s: float) -> dict:
+    env = setting_env(setting)
+    name = f"api-{len(system.procs)}"
     url = system.start_api(name=name, env=env)
     proc = psutil.Process(system.procs[name].pid)
     headers = {**system.headers("paid"), "Content-Type": "application/x-ndjson"}
@@ -48,7 +58,7 @@ def one_setting(system: System, arenas: str, body: bytes, uploads: int, settle_s
         system.stop(name)
     first = uss[1]  # after the first upload: its imports and pools are warm
     return {
-        "arenas": arenas,
+        "setting": setting,
         "uss_mib": uss,
         "growth_after_first_mib": round(uss[-1] - first, 1),
         "growth_after_first": round((uss[-1] - first) / first, 4),
@@ -63,7 +73,8 @@ def chart(report: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for run in report["runs"]:
-        label = f"MALLOC_ARENA_MAX={run['arenas']}"
+        setting = run.get("setting", run.get("arenas"))  # r1's runs say "arenas"
+        label = setting if not str(setting).isdigit() else f"MALLOC_ARENA_MAX={setting}"
         ax.plot(range(len(run["uss_mib"])), run["uss_mib"], marker="o", label=label)
     ax.set_xlabel("job uploads received")
     ax.set_ylabel("API process private memory (MiB)")
@@ -78,7 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--items", type=int, default=60_000)
     ap.add_argument("--uploads", type=int, default=12)
-    ap.add_argument("--arenas", default="default,16", help="settings to compare, in order")
+    ap.add_argument(
+        "--settings",
+        default="default,16",
+        help="comma-separated: default, an arena count, or NAME=VALUE[+NAME=VALUE]",
+    )
     ap.add_argument("--settle-s", type=float, default=3.0)
     ap.add_argument("--out", type=Path, default=Path("upload-memory"))
     args = ap.parse_args(argv)
@@ -90,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             runs = [
                 one_setting(system, a, body, args.uploads, args.settle_s)
-                for a in args.arenas.split(",")
+                for a in args.settings.split(",")
             ]
         finally:
             system.close()
@@ -99,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     chart(report, args.out / "upload-memory.png")
     for run in runs:
         print(
-            f"arenas {run['arenas']}: {run['uss_mib'][1]} -> {run['uss_mib'][-1]} MiB "
+            f"{run['setting']}: {run['uss_mib'][1]} -> {run['uss_mib'][-1]} MiB "
             f"after the first upload ({run['growth_after_first']:+.1%})"
         )
     return 0
