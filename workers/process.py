@@ -153,7 +153,7 @@ def run_step(models: dict[ModelRef, Model], step: GenStep, to: Connection) -> _S
 
 def _forget(models: dict[ModelRef, Model], conn: Connection) -> None:
     """A scheduler went away: the KV pools kept for it are freed."""
-    for model in models.values():
+    for model in list(models.values()):  # the loader thread may unload one meanwhile
         release = getattr(model, "release", None)
         if release is not None:
             release(id(conn))

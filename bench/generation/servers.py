@@ -22,44 +22,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from bench.generation.static import StaticBatcher
 from scheduler.core.generation.config import PolicyConfig
 from scheduler.core.generation.engine import Command, Engine, StepStats
 from scheduler.core.generation.events import Event, Finished, Preempted, Token
 from scheduler.core.generation.policy import ContinuousBatcher
-from scheduler.core.generation.sequence import GenRequest, State
+from scheduler.core.generation.sequence import GenRequest
 from workers.models.causal_lm.model import CausalLM
 from workers.models.causal_lm.plain import stream
 from workers.models.causal_lm.runner import ModelRunner
 from workers.models.causal_lm.tokenizer import Codec
-
-
-class StaticBatcher(ContinuousBatcher):
-    """Static batching on the same machinery: admission only into an empty batch."""
-
-    def _admit(self, now: float) -> None:
-        return  # nobody joins a running batch
-
-    def schedule(self, now: float):  # type: ignore[no-untyped-def]
-        # A batch forms from what waits when the previous one is done; its members all
-        # enter at once (prefills spread over steps by the token budget).
-        if not self.running:
-            while len(self.running) < self.cfg.max_running and self._take_one(now):
-                pass
-        return super().schedule(now)
-
-    def _take_one(self, now: float) -> bool:
-        s = self._waiting[0].peek()
-        if s is None:
-            return False
-        reserve = self.cfg.blocks_for(self._cost(s))
-        if self.reserved_blocks + reserve > self.pool.num_blocks:
-            return False
-        self._waiting[0].pop()
-        s.state = State.RUNNING
-        s.admitted_at = now
-        self.running.append(s)
-        self.reserved_blocks += reserve
-        return True
 
 
 @dataclass

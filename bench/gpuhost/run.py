@@ -20,8 +20,13 @@ Scenarios (``--scenarios``, in order):
          process are killed (SIGKILL; ``gristmill host`` starts each again): nothing
          lost or duplicated, answers right, the time each took to recover its rate
          (bench/gpuhost/faults.py)
+  generation  gristmill-lm through /v1/completions (streamed), closed loop at each
+         ``--gen-streams`` for ``--gen-seconds``, continuous then static batching (the
+         host restarted between them): TTFT, inter-token gaps, tokens/s, errors, GPU
+         busy, and the continuous/static ratios (bench/gpuhost/generation.py)
 
     python3 -m bench.gpuhost.run --out $OUT --scenarios sync,job
+    python3 -m bench.gpuhost.run --out $OUT --scenarios generation --gen-streams 64,256
     # then, here: .venv/bin/python -m bench.gpuhost.plot gpuhost.json --out docs/bench/gpuhost
 """
 
@@ -46,6 +51,8 @@ from typing import Any
 from bench import corpus
 from bench.gpuhost.corpora import MODEL, build_corpora
 from bench.gpuhost.faults import faults_scenario
+from bench.gpuhost.generation import generation_scenario, stack_env
+from bench.gpuhost.genload import LM
 from bench.gpuhost.measure import GpuBusy, cpu_delta, machine, profile, tokenizer_costs
 from bench.gpuhost.stack import Stack, log
 from bench.openloop import LoadSpec, run_load
@@ -296,6 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="py-spy at the top rate and in the job")
     ap.add_argument("--fault-at", default="20,50,80", help="seconds: worker, scheduler, API")
     ap.add_argument("--fault-seconds", type=float, default=110.0, help="sync load under faults")
+    ap.add_argument("--gen-streams", default="64,256", help="concurrent completion streams")
+    ap.add_argument("--gen-seconds", type=float, default=60.0, help="each stream count, each mode")
+    ap.add_argument("--gen-modes", default="continuous,static")
+    ap.add_argument("--gen-warmup", type=float, default=10.0, help="s of load before each mode")
+    ap.add_argument("--gen-prompts", type=int, default=4096, help="seeded prompts, sent in turn")
+    ap.add_argument("--gen-seed", type=int, default=28)
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="gmhost-"))
@@ -312,18 +325,22 @@ def main(argv: list[str] | None = None) -> int:
     scenarios = args.scenarios.split(",")
     gpu = GpuBusy()
     stack = Stack(work, args)
+    if "generation" in scenarios:
+        stack.models = f"{MODEL},{LM}"
+        stack.extra_env = stack_env(args)
     try:
-        result.update(build_corpora(work, args))
-        log(f"corpora and ceiling: {result['ceiling']}")
-        result["tokenizer"] = tokenizer_costs(
-            {
-                "short": corpus.read_texts(work / "short")[:20000],
-                "job": [json.loads(x)["input"] for x in (work / "job.jsonl").open()][:20000],
-            },
-            os.environ["GRISTMILL_EMBED_MODEL_DIR"],
-        )
-        log(f"tokenizer: {result['tokenizer']}")
-        save()
+        if set(scenarios) - {"generation"}:  # the embedding model's inputs and ceiling
+            result.update(build_corpora(work, args))
+            log(f"corpora and ceiling: {result['ceiling']}")
+            result["tokenizer"] = tokenizer_costs(
+                {
+                    "short": corpus.read_texts(work / "short")[:20000],
+                    "job": [json.loads(x)["input"] for x in (work / "job.jsonl").open()][:20000],
+                },
+                os.environ["GRISTMILL_EMBED_MODEL_DIR"],
+            )
+            log(f"tokenizer: {result['tokenizer']}")
+            save()
         result["system"] = stack.start()
         save()
         if "sync" in scenarios:
@@ -346,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
             save()
         if "faults" in scenarios:
             result["faults"] = faults_scenario(stack, work, args)
+            save()
+        if "generation" in scenarios:  # last: it restarts the host in each mode
+            result["generation"] = generation_scenario(stack, args, gpu)
             save()
     finally:
         stack.stop()

@@ -46,6 +46,12 @@ class Stack:
         self.env: dict[str, str] = {}
         self.keys: dict[str, str] = {}
         self.url = ""
+        # What ``gristmill host`` serves: the embedding model, and the causal LM
+        # beside it when a scenario generates (run.py).
+        self.models = MODEL
+        self.schedulers = 0
+        self._launches = 0
+        self.extra_env: dict[str, str] = {}  # settings a scenario needs, over the defaults
 
     def start(self) -> dict[str, Any]:
         cores = len(os.sched_getaffinity(0))
@@ -92,8 +98,9 @@ class Stack:
             "GRISTMILL_TOPIC_PARTITIONS": str(partitions),
             "GRISTMILL_TOPIC_REPLICATION": str(min(3, self.args.brokers)),
             "GRISTMILL_EMBED_MAX_BATCH": str(MAX_BATCH),
-            "GRISTMILL_WORKER_MODELS": MODEL,
+            "GRISTMILL_WORKER_MODELS": self.models,
             "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
         }
         if self.args.brokers < 3:  # a smoke run on one broker: below what production needs
             self.env["GRISTMILL_ALLOW_WEAK_DURABILITY"] = "true"
@@ -105,22 +112,8 @@ class Stack:
                 t = create_tenant(conn, f"{tier}-{run}", tier)
                 set_plan(conn, t.name, rate_rps=1e6, burst=1e6, job_items_per_s=1e9)
                 self.keys[tier] = issue_key(conn, t)[1]
-        port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        argv = [
-            sys.executable, "-m", "gristmill", "host", "--models", MODEL, "--colocated",
-            "--reserve-cores", str(self.args.loadgen_cores), "--port", str(port),
-            "--run-dir", str(self.work / "host"),
-            "--schedulers", str(shape.schedulers),
-            "--workers-per-gpu", str(self.args.workers_per_gpu),
-        ]  # fmt: skip
-        self.host = subprocess.Popen(
-            argv,
-            env=self.env,
-            stdout=(self.work / "host.log").open("ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.schedulers = shape.schedulers
+        self._launch(self.env)
         self._wait_served()
         return {
             "shape": {
@@ -134,6 +127,36 @@ class Stack:
             "postgres": self.pg_settings,
             "start_s": round(time.time() - t0, 1),
         }
+
+    def _launch(self, env: dict[str, str]) -> None:
+        """``gristmill host`` on a fresh port and run directory (a restart's own)."""
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        run_dir = self.work / ("host" if not self._launches else f"host-{self._launches}")
+        self._launches += 1
+        argv = [
+            sys.executable, "-m", "gristmill", "host", "--models", self.models, "--colocated",
+            "--reserve-cores", str(self.args.loadgen_cores), "--port", str(port),
+            "--run-dir", str(run_dir), "--schedulers", str(self.schedulers),
+            "--workers-per-gpu", str(self.args.workers_per_gpu),
+        ]  # fmt: skip
+        self.host = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=(self.work / "host.log").open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def restart_host(self, extra_env: dict[str, str]) -> float:
+        """``gristmill host`` stopped and started again with ``extra_env`` over the
+        stack's environment (Kafka, PostgreSQL, topics and tenants kept); seconds until
+        it served again."""
+        t0 = time.time()
+        self._stop_host()
+        self._launch({**self.env, **extra_env})
+        self._wait_served()
+        return round(time.time() - t0, 1)
 
     def _wait_served(self, timeout_s: float = 300) -> None:
         deadline = time.time() + timeout_s
@@ -183,6 +206,13 @@ class Stack:
         return Cpu(self.host.pid, pids, self.pg)
 
     def stop(self) -> None:
+        self._stop_host()
+        if self.kafka is not None:
+            self.kafka.stop()
+        if self.pg is not None:
+            self.pg.stop()
+
+    def _stop_host(self) -> None:
         if self.host is not None and self.host.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.host.pid, 15)
@@ -190,10 +220,6 @@ class Stack:
                 self.host.wait(60)
             except subprocess.TimeoutExpired:
                 os.killpg(self.host.pid, 9)
-        if self.kafka is not None:
-            self.kafka.stop()
-        if self.pg is not None:
-            self.pg.stop()
 
 
 def _visible_gpus() -> list[str]:
