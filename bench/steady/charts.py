@@ -6,6 +6,7 @@ what the database and the API went through, and the soak's resources over time.
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -129,13 +130,16 @@ def finish(fig: Any, path: Path, title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     for name in argv if argv is not None else sys.argv[1:]:
         path = Path(name)
-        report = json.loads(path.read_text())
+        raw = path.read_bytes()
+        # The long runs' reports are kept gzipped in docs/ (every sample: megabytes).
+        report = json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)
+        png = path.parent / (path.name.removesuffix(".gz").removesuffix(".json") + ".png")
         if "soak" in report:
             from bench.steady.soak_charts import soak_chart
 
-            soak_chart(report, path.with_suffix(".png"))
+            soak_chart(report, png)
         else:
-            slowdb_chart(report, path.with_suffix(".png"))
+            slowdb_chart(report, png)
     return 0
 
 
