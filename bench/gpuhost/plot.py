@@ -5,7 +5,8 @@
 Writes, for what the run holds: ``sync.png`` (latency percentiles and refusals against
 the offered rate, per route), ``cpu.png`` (CPU milliseconds a request by process kind at
 each rate), ``job.png`` (GPU busy through the job, against the raw ceiling) and
-``faults.png`` (rows persisted each second, the faults marked). Given several runs,
+``faults.png`` (rows persisted each second, the faults marked), ``generation.png``
+(continuous against static batching: tokens/s and time to first token). Given several runs,
 ``jobs.png``: their jobs side by side (phases, share of the raw ceiling).
 """
 
@@ -140,6 +141,35 @@ def jobs_chart(runs: list[tuple[str, dict[str, Any]]], out: Path, plt: Any) -> N
     plt.close(fig)
 
 
+def generation_chart(res: dict[str, Any], out: Path, plt: Any) -> None:
+    """Continuous against static batching at each stream count: output tokens/s and
+    time to first token (p50 and p95), through the whole system."""
+    rows = res["generation"]["rows"]
+    streams = sorted({r["streams"] for r in rows})
+    modes = [m for m in ("continuous", "static") if any(r["mode"] == m for r in rows)]
+    at = {(r["mode"], r["streams"]): r for r in rows}
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / max(1, len(modes))
+    for i, mode in enumerate(modes):
+        xs = [k + i * width for k in range(len(streams))]
+        have = [(x, at[(mode, n)]) for x, n in zip(xs, streams, strict=True) if (mode, n) in at]
+        ax.bar([x for x, _ in have], [r["tokens_per_s"] for _, r in have], width, label=mode)
+        bx.bar(
+            [x for x, _ in have], [r["ttft_p95_ms"] for _, r in have], width, label=f"{mode} p95"
+        )
+        bx.plot([x for x, _ in have], [r["ttft_p50_ms"] for _, r in have], "k_", ms=14)
+    ticks = [k + width * (len(modes) - 1) / 2 for k in range(len(streams))]
+    for axis in (ax, bx):
+        axis.set_xticks(ticks, [f"{n} streams" for n in streams])
+        axis.legend(fontsize=7)
+    ax.set(ylabel="output tokens/s")
+    bx.set(ylabel="time to first token, ms (bar p95, tick p50)", yscale="log")
+    fig.suptitle(_title(res, "generation through /v1/completions, closed loop"))
+    fig.tight_layout()
+    fig.savefig(out / "generation.png", dpi=110)
+    plt.close(fig)
+
+
 def _title(res: dict[str, Any], what: str) -> str:
     gpus = ", ".join(res.get("machine", {}).get("gpus", [])) or "no GPU"
     return f"{what}\n{gpus.split(',')[0]}, {res.get('machine', {}).get('cores')} cores"
@@ -166,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         ("sync", cpu_chart),
         ("job", job_chart),
         ("faults", faults_chart),
+        ("generation", generation_chart),
     ):
         if res.get(key):
             draw(res, args.out, plt)
