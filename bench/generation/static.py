@@ -9,7 +9,6 @@ from __future__ import annotations
 from core.generation import StepPlan
 from scheduler.core.generation.config import PolicyConfig
 from scheduler.core.generation.policy import ContinuousBatcher
-from scheduler.core.generation.sequence import State
 from scheduler.core.generation.text import Detokenize
 
 
@@ -38,15 +37,7 @@ class StaticBatcher(ContinuousBatcher):
             reserve = self.cfg.blocks_for(self._cost(s))
             if self.reserved_blocks + reserve > self.pool.num_blocks:
                 return False
-            if resumed:
-                resumed.pop(0)
-            else:
-                self._waiting[rank].pop()
-            s.state = State.RUNNING
-            if s.admitted_at is None:
-                s.admitted_at = now
-            self.running.append(s)
-            self.reserved_blocks += reserve
+            self._start(s, rank, reserve, now)
             return True
         return False
 

@@ -186,18 +186,23 @@ class ContinuousBatcher:
                 preemptions = self.preemptions
                 if not self._make_room(s, n, reserve, now):
                     return  # strict priority: nothing of a lower rank passes it
-                if resumed:
-                    resumed.pop(0)
-                else:
-                    self._waiting[rank].pop()
-                s.state = State.RUNNING
-                if s.admitted_at is None:
-                    s.admitted_at = now
-                self.running.append(s)
-                self.reserved_blocks += reserve
+                self._start(s, rank, reserve, now)
                 self._plan(s, n)
                 if self.preemptions != preemptions:
                     return  # what it evicted must not come straight back in this step
+
+    def _start(self, s: Sequence, rank: int, reserve: int, now: float) -> None:
+        """``s``, the front of its rank (a preempted one first, then arrivals), into the
+        running batch with ``reserve`` KV blocks."""
+        if self._resumed[rank]:
+            self._resumed[rank].pop(0)
+        else:
+            self._waiting[rank].pop()
+        s.state = State.RUNNING
+        if s.admitted_at is None:
+            s.admitted_at = now
+        self.running.append(s)
+        self.reserved_blocks += reserve
 
     def _growth(self, extra: Sequence | None = None, extra_n: int = 0) -> int:
         """Blocks the running sequences (and ``extra`` with ``extra_n`` tokens planned)

@@ -75,6 +75,12 @@ def test_a_server_that_hangs_up_is_a_client_error() -> None:
     asyncio.run(run())
 
 
+async def _read_request(reader: asyncio.StreamReader) -> None:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    await reader.readexactly(length)
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_a_kept_connection_the_server_closed_while_idle_is_replaced(loop: str) -> None:
     """A keep-alive connection the server closed (its idle timeout) before the pool saw
@@ -86,9 +92,7 @@ def test_a_kept_connection_the_server_closed_while_idle_is_replaced(loop: str) -
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
                 while True:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                    await reader.readexactly(length)
+                    await _read_request(reader)
                     served.append(1)
                     writer.write(_ok(b"fine"))
                     await writer.drain()
@@ -128,9 +132,7 @@ def test_a_request_that_crosses_the_servers_idle_close_is_sent_again_on_a_fresh_
             with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
                 served = 0
                 while True:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-                    await reader.readexactly(length)
+                    await _read_request(reader)
                     if first_conn and served == 1:
                         writer.close()  # its idle timeout, as the second request came in
                         return
