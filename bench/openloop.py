@@ -185,6 +185,7 @@ class LoadResult:
     latency: Any  # HdrHistogram (µs) of 200 answers, from intended send time
     latency_all: Any  # every answer, errors included
     send_lag: Any  # actual send minus intended send (µs): the client's own lateness
+    send_lag_by_s: list[float]  # the latest send of each second of the schedule (ms)
     stages: dict[str, Any]  # stage -> HdrHistogram (µs), Gristmill's timings only
     statuses: Counter[str]
     retry_after: int  # shed answers (429/503) that carried Retry-After
@@ -233,25 +234,40 @@ class LoadResult:
             ),
             "stages_ms": stages,
             "send_lag_p99_ms": self.pct(99, self.send_lag),
+            # When the client fell behind, if it did: a start-up burst shows in the first
+            # seconds, a starved client anywhere.
+            "send_lag_worst_by_s_ms": [round(v, 1) for v in self.send_lag_by_s],
             "client_processes": self.processes,
             "client_cpu_s": round(self.client_cpu_s, 2),
             "client_cpu_cores": round(self.client_cpu_s / self.window_s, 2),
         }
 
 
+# How long after the last child is ready the shared schedule starts: the release
+# reaching every child, not their setup (which the gate waits out, however long).
+START_LEAD_S = 0.5
+
+
 def run_load(spec: LoadSpec, processes: int = 2) -> LoadResult:
-    """Drive ``spec`` from ``processes`` spawned processes; block until every answer is in."""
+    """Drive ``spec`` from ``processes`` spawned processes; block until every answer is in.
+
+    The schedule starts once every child has imported and read its corpus (a gate),
+    not at a guessed delay: a child still starting when its first sends fall due sends
+    them late, as one burst, and that burst is the run's tail (on a GPU host still
+    warming up, spawned children took over the 3 s a fixed delay allowed)."""
     import concurrent.futures as cf
     import multiprocessing as mp
 
     processes = max(1, processes)
-    # Spawned children take 1-2 s to import and read a corpus; start the shared schedule
-    # after that, or its first seconds go out as one burst.
-    start_mono = time.monotonic() + 3.0
-    start_wall = time.time() + (start_mono - time.monotonic())
     ctx = mp.get_context("spawn")
-    with cf.ProcessPoolExecutor(processes, mp_context=ctx) as pool:
-        parts = list(pool.map(_child, [(spec, i, processes, start_mono) for i in range(processes)]))
+    gate = StartGate(ctx, processes)
+    with cf.ProcessPoolExecutor(
+        processes, mp_context=ctx, initializer=_keep_gate, initargs=(gate,)
+    ) as pool:
+        futures = [pool.submit(_child, (spec, i, processes)) for i in range(processes)]
+        start_mono = gate.open(futures)
+        start_wall = time.time() + (start_mono - time.monotonic())
+        parts = [f.result() for f in futures]
     res = LoadResult(
         spec=spec,
         processes=processes,
@@ -260,6 +276,7 @@ def run_load(spec: LoadSpec, processes: int = 2) -> LoadResult:
         latency=new_hist(),
         latency_all=new_hist(),
         send_lag=new_hist(),
+        send_lag_by_s=[max(v) for v in zip(*(p["send_lag_by_s"] for p in parts), strict=True)],
         stages={name: new_hist() for name in STAGES + DERIVED},
         statuses=Counter(),
         retry_after=0,
@@ -303,14 +320,59 @@ def run_in_child(coro: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
         return asyncio.run(coro)
 
 
-def _child(args: tuple[LoadSpec, int, int, float]) -> dict[str, Any]:
-    return run_in_child(_drive(*args))
+class StartGate:
+    """Every child reports ready, then all read one start time (monotonic clock, which
+    processes of one host share)."""
+
+    def __init__(self, ctx: Any, processes: int) -> None:
+        self._ready = ctx.Semaphore(0)
+        self._go = ctx.Event()
+        self._start = ctx.Value("d", 0.0)
+        self.processes = processes
+
+    def wait(self) -> float:
+        """In a child, its setup done: the schedule's start."""
+        self._ready.release()
+        self._go.wait()
+        return float(self._start.value)
+
+    def open(self, futures: list[Any], timeout_s: float = 300.0) -> float:
+        """In the parent: wait for every child (a child that failed raises here), then
+        start the schedule ``START_LEAD_S`` from now."""
+        deadline = time.monotonic() + timeout_s
+        for _ in range(self.processes):
+            while not self._ready.acquire(timeout=0.5):
+                for f in futures:
+                    if f.done():
+                        f.result()  # raises a child's setup error
+                if time.monotonic() > deadline:
+                    raise TimeoutError("load generator children did not start in time")
+        self._start.value = start = time.monotonic() + START_LEAD_S
+        self._go.set()
+        return start
 
 
-async def _drive(spec: LoadSpec, index: int, n: int, start: float) -> dict[str, Any]:
+_GATE: StartGate | None = None
+
+
+def _keep_gate(gate: StartGate) -> None:
+    global _GATE
+    _GATE = gate
+
+
+def _child(args: tuple[LoadSpec, int, int]) -> dict[str, Any]:
+    spec, index, n = args
+    check = answer_check(spec)  # the slow part of a child's setup: the corpus
+    assert _GATE is not None
+    start = _GATE.wait()
+    return run_in_child(_drive(spec, index, n, start, check))
+
+
+async def _drive(spec: LoadSpec, index: int, n: int, start: float, check: Any) -> dict[str, Any]:
     import resource
 
     lat, lat_all, lag = new_hist(), new_hist(), new_hist()
+    lag_by_s: list[float] = [0.0] * (int(spec.duration_s) + 1)  # the worst send each second
     stages = {name: new_hist() for name in STAGES + DERIVED}
     statuses: Counter[str] = Counter()
     acc = {"retry_after": 0, "wrong": 0, "batch_sum": 0, "batch_n": 0}
@@ -322,13 +384,15 @@ async def _drive(spec: LoadSpec, index: int, n: int, start: float) -> dict[str, 
     def rec(h: Any, ms: float) -> None:
         h.record_value(min(HDR_MAX_US, max(1, round(ms * 1000))))
 
-    check = answer_check(spec)
     raw_pool = RawPool(spec.url, spec.headers, spec.timeout_s) if spec.client == "raw" else None
 
     async def one(j: int, due: float) -> None:
         nonlocal last_done
         text = check.text(j)
-        rec(lag, (time.monotonic() - due) * 1000)
+        late_ms = (time.monotonic() - due) * 1000
+        rec(lag, late_ms)
+        second = min(len(lag_by_s) - 1, int(due - start))
+        lag_by_s[second] = max(lag_by_s[second], late_ms)
         body: dict[str, Any] | None = None
         try:
             payload = orjson.dumps(check.body(text))
@@ -393,6 +457,7 @@ async def _drive(spec: LoadSpec, index: int, n: int, start: float) -> dict[str, 
         "latency": lat.encode(),
         "latency_all": lat_all.encode(),
         "send_lag": lag.encode(),
+        "send_lag_by_s": lag_by_s,
         "stages": {k: h.encode() for k, h in stages.items()},
         "statuses": dict(statuses),
         "last_done": last_done,

@@ -68,21 +68,31 @@ def sync_scenario(
 ) -> list[dict[str, Any]]:
     rows = []
     cpu = stack.cpu()
+
+    def load(wire: str, rate: float, seconds: float) -> LoadSpec:
+        return LoadSpec(
+            url=stack.url + ROUTES[wire],
+            headers=stack.headers(),
+            rate=rate,
+            duration_s=seconds,
+            tag=uuid.uuid4().hex[:6],
+            model=MODEL,
+            timeout_s=30.0,
+            corpus=str(work / "short"),
+            wire=wire,
+            client="raw",
+        )
+
     for wire in args.wires.split(","):
-        for rate in [float(r) for r in args.rates.split(",")]:
-            spec = LoadSpec(
-                url=stack.url + ROUTES[wire],
-                headers=stack.headers(),
-                rate=rate,
-                duration_s=args.seconds,
-                tag=uuid.uuid4().hex[:6],
-                model=MODEL,
-                timeout_s=30.0,
-                corpus=str(work / "short"),
-                wire=wire,
-                client="raw",
-            )
+        for i, rate in enumerate(float(r) for r in args.rates.split(",")):
             procs = max(2, min(args.loadgen_cores * 2, round(rate / 2500) + 1))
+            if i == 0 and args.sync_warmup > 0:
+                # Not recorded: a fresh host's first seconds of load (the brokers' JIT,
+                # the first connections, pages of the code and the corpus) are not its
+                # steady state, and used to be the first rate's tail.
+                run_load(load(wire, rate, args.sync_warmup), processes=procs)
+                time.sleep(2)
+            spec = load(wire, rate, args.seconds)
             a, t0 = cpu.sample(), time.time()
             spied: dict[str, Any] = {}
             timer: threading.Timer | None = None
@@ -287,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-items", type=int, default=1_000_000)
     ap.add_argument("--job-parts", type=int, default=1, help="submitted as this many jobs at once")
     ap.add_argument("--sync-texts", type=int, default=20_000)
+    ap.add_argument(
+        "--sync-warmup", type=float, default=5.0, help="s of unrecorded load before each wire"
+    )
     ap.add_argument("--ceiling-items", type=int, default=65_536)
     ap.add_argument("--beside-rate", type=float, default=2000.0)
     ap.add_argument("--brokers", type=int, default=3)
