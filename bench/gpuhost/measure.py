@@ -40,7 +40,8 @@ def machine() -> dict[str, Any]:
 
 class GpuBusy:
     """NVML's utilization.gpu (share of each sample period with a kernel running),
-    sampled every 100 ms over every GPU."""
+    sampled every 100 ms, the mean over the GPUs in use (``CUDA_VISIBLE_DEVICES``, which
+    NVML itself does not read, when set)."""
 
     def __init__(self) -> None:
         self.samples: list[tuple[float, float]] = []
@@ -50,8 +51,9 @@ class GpuBusy:
             import pynvml
 
             pynvml.nvmlInit()
-            n = pynvml.nvmlDeviceGetCount()
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+            from gristmill.cli.host import host_gpus
+
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(int(i)) for i in host_gpus()]
             self._nvml = pynvml
         if self._nvml is not None:
             threading.Thread(target=self._loop, daemon=True, name="nvml").start()

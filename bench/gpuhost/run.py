@@ -148,6 +148,10 @@ def job_scenario(
     import psycopg
     from gristmill_client import Client
 
+    from gristmill.cli.host import host_gpus
+
+    gpus = max(1, len(host_gpus()))
+
     path = work / "job.jsonl"
     lines = path.read_bytes().splitlines(keepends=True)
     n = len(lines)
@@ -241,8 +245,10 @@ def job_scenario(
         "first_byte_to_last_row_s": round(wall, 1),
         "items_per_s": round(n / wall),
         "flowing_items_per_s": round(done / max(1e-3, t_last - first.timestamp())),
+        # The ceiling is one GPU's: a host of several is held to that times its GPUs.
+        "gpus": gpus,
         "ceiling_items_per_s": ceiling.get("items_per_s"),
-        "of_ceiling": round(n / wall / ceiling["items_per_s"], 3) if ceiling else None,
+        "of_ceiling": round(n / wall / ceiling["items_per_s"] / gpus, 3) if ceiling else None,
         "gpu_busy": gpu.mean(t0 + accepted_s, t_last),
         "gpu_busy_series": gpu.series(t0, t_last),
         "batches": batches,
