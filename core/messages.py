@@ -76,6 +76,12 @@ def service_tier(extra: dict[str, Any]) -> str | None:
     return v if type(v) is str and v in _SERVICE_TIERS else None
 
 
+# ``extra`` key: the channel of the API process whose caller waits for the answer
+# (results/db.py ``reply_channel``, decision 70); the answer is announced there alone.
+# Absent (a job item, a message from before it): announced on the shared channel.
+REPLY_TO = "reply_to"
+
+
 def body_hash(model: str, input_: Any, params: dict[str, Any]) -> str:
     """Fingerprint of what was asked, to tell a retry from a reused key (422)."""
     canon = orjson.dumps({"m": model, "i": input_, "p": params}, option=orjson.OPT_SORT_KEYS)

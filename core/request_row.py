@@ -8,7 +8,7 @@ table it fills is results/schema.py ``requests``, which checks the two agree at 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from core.vocab import RequestStatus
 
@@ -45,3 +45,10 @@ class RequestRow(TypedDict):
     kafka_partition: int | None
     kafka_offset: int | None
     service_tier: str | None  # flex | default | priority; None: a job item (decision 66)
+    # Not a column: where its answer is announced (the waiting API process's channel,
+    # decision 70); absent: the shared channel.
+    reply_to: NotRequired[str]
+
+
+# RequestRow's keys that are not columns of ``requests``.
+NOT_STORED = frozenset({"reply_to"})

@@ -11,13 +11,30 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-# Results are announced on this channel (results/announce.py says what a payload holds).
+# Results are announced on this channel (results/announce.py says what a payload holds),
+# or on the channel of the API process that produced the request (``reply_channel``).
 RESULTS_CHANNEL = "gristmill_results"
+_REPLY_PREFIX = RESULTS_CHANNEL + "_"
 # Generation flushes name the requests they wrote on this channel; payload:
 # comma-separated request ids (results/generation.py).
 STREAMS_CHANNEL = "gristmill_streams"
 
 T = TypeVar("T")
+
+
+def reply_channel(instance: str) -> str:
+    """The channel on which one API process hears its own requests' answers, its
+    ``instance`` a hex token of its own (decision 70)."""
+    return _REPLY_PREFIX + instance
+
+
+def is_reply_channel(name: object) -> bool:
+    """Whether a request message's reply channel is one the API could have named: a
+    message is data, and the scheduler notifies no other channel for it."""
+    if type(name) is not str or not name.startswith(_REPLY_PREFIX):
+        return False
+    token = name[len(_REPLY_PREFIX) :]
+    return 0 < len(token) <= 32 and all(c in "0123456789abcdef" for c in token)
 
 
 def sqlalchemy_url(url: str) -> str:

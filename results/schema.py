@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import BYTEA, JSONB, UUID
 
-from core.request_row import RequestRow
+from core.request_row import NOT_STORED, RequestRow
 from core.vocab import TIERS, RequestStatus
 
 metadata = MetaData()
@@ -155,7 +155,7 @@ generation_progress = Table(
 )
 
 
-REQUEST_ROW_COLUMNS = tuple(RequestRow.__annotations__)
+REQUEST_ROW_COLUMNS = tuple(k for k in RequestRow.__annotations__ if k not in NOT_STORED)
 _DB_STAMPED = {"persisted_at"}
 if set(REQUEST_ROW_COLUMNS) != {c.name for c in requests.columns} - _DB_STAMPED:
     raise RuntimeError("RequestRow and the requests table disagree on their columns")

@@ -98,7 +98,7 @@ def insert_statement(shared: tuple[bool, ...]) -> str:
     )
 
 
-_NOTIFY = f"SELECT pg_notify('{RESULTS_CHANNEL}', p) FROM unnest(%b::text[]) AS p"
+_NOTIFY = "SELECT pg_notify(c, p) FROM unnest(%b::text[], %b::text[]) AS u(c, p)"
 _OUTPUT = [c for c, _ in _REQUEST_COLUMNS].index("output")
 _VECTOR = [c for c, _ in _REQUEST_COLUMNS].index("output_vector")
 
@@ -171,7 +171,7 @@ def write_on(
         if request_rows:
             inserted.execute(*insert_parameters(arrays))
     written: list[str] = []
-    notes: list[str] = []
+    notes: list[tuple[str, str]] = []
     jobs: list[tuple[str, str | None, int | None, str]] = []
     if request_rows:
         got = inserted.fetchone()
@@ -187,7 +187,7 @@ def write_on(
     cur = pg.cursor()
     with pg.pipeline():
         if notes:
-            cur.execute(_NOTIFY, (notes,))
+            cur.execute(_NOTIFY, ([c for c, _ in notes], [p for _, p in notes]))
         record_job_results(cur, jobs, writer_id())
         if commit:
             pg.commit()
@@ -298,25 +298,32 @@ def announcements(
     vectors: Sequence[bytes | None],
     written: Sequence[bool],
     persisted_at: datetime,
-) -> list[str]:
-    """Every sync request is announced, written now or before: a waiter may be waiting
-    on a redelivered request whose first row landed while it was not listening. Those
-    written now carry their answer; the others (and answers too large to inline) are
-    announced by id and fetched. Job items have no waiter (job results are read by
+) -> list[tuple[str, str]]:
+    """(channel, payload) of every announcement. Every sync request is announced,
+    written now or before: a waiter may be waiting on a redelivered request whose first
+    row landed while it was not listening. Those written now carry their answer; the
+    others (and answers too large to inline) are announced by id and fetched. Each goes
+    on its row's reply channel, the one API process that waits for it (decision 70),
+    else on the shared channel. Job items have no waiter (job results are read by
     polling the job's rows): announcing thousands a second would only keep every API
     instance busy. Pure."""
     answers = announce.Answers(persisted_at)
-    inline: list[bytes] = []
-    by_id: list[str] = []
+    inline: dict[str, list[bytes]] = {}
+    by_id: dict[str, list[str]] = {}
     for row, output, vector, new in zip(request_rows, outputs, vectors, written, strict=True):
         if row["job_id"] is not None:
             continue
+        channel = row.get("reply_to", RESULTS_CHANNEL)
         answer = answers.answer(row, output, vector) if new else None
         if answer is not None and len(answer) <= announce.INLINE_MAX:
-            inline.append(answer)
+            inline.setdefault(channel, []).append(answer)
         else:
-            by_id.append(str(row["request_id"]))
-    return announce.payloads(inline, by_id)
+            by_id.setdefault(channel, []).append(str(row["request_id"]))
+    return [
+        (channel, payload)
+        for channel in {**inline, **by_id}
+        for payload in announce.payloads(inline.get(channel, ()), by_id.get(channel, ()))
+    ]
 
 
 def persist(

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from core.messages import KEEP_UNTIL, SERVICE_TIER, RequestMessage
+from core.messages import KEEP_UNTIL, REPLY_TO, SERVICE_TIER, RequestMessage
 from core.models.spec import ModelSpec
 from core.vocab import TIER_TO_CLASS, PriorityClass
 from results.tenants import Tenant
@@ -35,6 +35,7 @@ def request_message(
     keep: float | None = None,
     priority: PriorityClass | None = None,
     service_tier: str | None = None,
+    reply_to: str | None = None,
 ) -> RequestMessage:
     """The message of one accepted input. ``fingerprint``: what its Idempotency-Key
     claim recorded of the body (acceptance/idempotency.py), if it has one of its own.
@@ -43,10 +44,13 @@ def request_message(
     (acceptance/gateway.py). ``keep``: until when the scheduler keeps it past its
     deadline (``kept_until``), if its caller takes a partial answer. ``priority``: the
     class it is queued in when not its tier's (flex: job items', decision 66);
-    ``service_tier``: what it is served as, for its request-log row."""
+    ``service_tier``: what it is served as, for its request-log row. ``reply_to``: the
+    channel of the API process that waits for its answer (decision 70)."""
     extra: dict[str, object] = {} if keep is None else {KEEP_UNTIL: keep}
     if service_tier is not None:
         extra[SERVICE_TIER] = service_tier
+    if reply_to is not None:
+        extra[REPLY_TO] = reply_to
     return RequestMessage(
         request_id=request_id,
         tenant_id=tenant.id,

@@ -371,6 +371,7 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
                 keep=keep,
                 priority=service.priority,
                 service_tier=service.served,
+                reply_to=st.waiter.channel,
             )
         )
     retry = claim is not None and not claim.first

@@ -65,6 +65,7 @@ class Waiter(Protocol):
     """The way back: answers heard as they are stored, finished rows fetched, streams."""
 
     listening: asyncio.Event  # set while results can reach this instance
+    channel: str  # where this process hears its requests' answers (a message's reply_to)
 
     def register(self, request_id: str) -> asyncio.Future[AnswerRow]:
         """Before producing, so a fast result cannot slip past; raises ``Unavailable``

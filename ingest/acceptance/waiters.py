@@ -1,9 +1,14 @@
 """The way back: results heard by LISTEN/NOTIFY first, polling as the fallback; finished
 rows fetched; token streams (ingest/acceptance/streams.py). Every read is results/'s.
 
-One LISTEN connection per API process hears every persisted batch. A
-notification carries the sync answers themselves (results/announce.py): a waiter
-here gets its row straight from the payload, no query. Requests announced by id
+One LISTEN connection per API process hears its own requests' answers: each message
+it produces names the process's own channel (``reply_to``), and the scheduler
+announces the answer there alone (decision 70; before it every process heard and
+parsed every answer, and PostgreSQL copied each answer to every listener, which
+limited a host's sync rate as processes were added). The shared channel is heard
+too: messages produced before the change, and anything announced without a reply
+channel. A notification carries the sync answers themselves (results/announce.py): a
+waiter here gets its row straight from the payload, no query. Requests announced by id
 only (a large answer, a redelivery) are fetched: the listener collects those ids
 and a resolver task fetches whatever has gathered in one query (up to 1,000 ids),
 so under load one round trip serves many notifications instead of each waiting
@@ -22,7 +27,8 @@ Several callers may wait for one request in one process (a retry with the same
 Idempotency-Key while the first attempt waits; a resumed completion stream beside the
 first). They share one future, which stays registered until the last of them lets go
 (``discard``), answered or not: one caller giving up never leaves another waiting
-for an answer that already came.
+for an answer that already came. A retry taken by another process than the one whose
+message is still queued waits on the slow poll: its answer goes to the first.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -41,7 +48,7 @@ from core.errors import Unavailable
 from ingest.acceptance.streams import StreamHub, Subscription
 from ingest.edge.listener import listen, stop
 from results import announce, generation
-from results.db import RESULTS_CHANNEL, STREAMS_CHANNEL, libpq_url
+from results.db import RESULTS_CHANNEL, STREAMS_CHANNEL, libpq_url, reply_channel
 from results.requests import AnswerRow, fetch_answers
 
 log = logging.getLogger(__name__)
@@ -67,6 +74,8 @@ class ResultWaiter:
         self.engine = engine
         self.dsn = libpq_url(database_url)
         self.poll_interval_s = poll_interval_s
+        # This process's own: the answers of the requests it produces come here.
+        self.channel = reply_channel(uuid.uuid4().hex[:16])
         self._waiting: dict[str, _Wait] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.listening = asyncio.Event()
@@ -143,7 +152,7 @@ class ResultWaiter:
     async def _listen(self) -> None:
         await listen(
             self.dsn,
-            (RESULTS_CHANNEL, STREAMS_CHANNEL),
+            (self.channel, RESULTS_CHANNEL, STREAMS_CHANNEL),
             self._note,
             connected=self._connected,
             lost=self._lost,

@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from core.messages import service_tier
+from core.messages import REPLY_TO, service_tier
 from core.models.token_ids import input_text
 from core.request_row import RequestRow
 from core.vocab import RequestStatus
-from results.db import ts
+from results.db import is_reply_channel, ts
 from results.faults import storable
 from results.vectors import is_vector_batch, rows_as_bytes
 from scheduler.core.batcher import Batch, Pending
@@ -119,40 +119,47 @@ def _rows(
     batched = ts(batch.formed_at) if batch else None
     start, end = ts(compute_start), ts(compute_end)
     rows: list[RequestRow] = []
+    replies: dict[str, bool] = {}
     for p, out, vector in zip(items, outputs, vectors or [None] * len(items), strict=True):
         m = p.msg
-        rows.append(
-            {
-                "request_id": m.request_id,
-                "tenant_id": m.tenant_id,
-                "priority": m.priority,
-                "model": m.model,
-                "model_version": m.version,
-                "params": m.params,
-                # Job items keep theirs in job_items; a tokenized input is stored as text.
-                "input": None if m.job_id else input_text(m.input),
-                "status": status,
-                "output": out,
-                "output_vector": vector,
-                "error": error,
-                "attempts": m.attempt + 1,
-                "batch_id": batch_id,
-                "batch_size": size,
-                "job_id": m.job_id,
-                "item_index": m.item_index,
-                "received_at": fromts(m.received_at, UTC),
-                "produced_at": shared(m.extra.get("produced_at")),
-                "consumed_at": shared(p.consumed_at),
-                "batched_at": batched,
-                "compute_start_at": start,
-                "compute_end_at": end,
-                "deadline_at": fromts(m.deadline, UTC),
-                "kafka_topic": p.tp[0],
-                "kafka_partition": p.tp[1],
-                "kafka_offset": p.offset,
-                "service_tier": service_tier(m.extra),
-            }
-        )
+        row: RequestRow = {
+            "request_id": m.request_id,
+            "tenant_id": m.tenant_id,
+            "priority": m.priority,
+            "model": m.model,
+            "model_version": m.version,
+            "params": m.params,
+            # Job items keep theirs in job_items; a tokenized input is stored as text.
+            "input": None if m.job_id else input_text(m.input),
+            "status": status,
+            "output": out,
+            "output_vector": vector,
+            "error": error,
+            "attempts": m.attempt + 1,
+            "batch_id": batch_id,
+            "batch_size": size,
+            "job_id": m.job_id,
+            "item_index": m.item_index,
+            "received_at": fromts(m.received_at, UTC),
+            "produced_at": shared(m.extra.get("produced_at")),
+            "consumed_at": shared(p.consumed_at),
+            "batched_at": batched,
+            "compute_start_at": start,
+            "compute_end_at": end,
+            "deadline_at": fromts(m.deadline, UTC),
+            "kafka_topic": p.tp[0],
+            "kafka_partition": p.tp[1],
+            "kafka_offset": p.offset,
+            "service_tier": service_tier(m.extra),
+        }
+        reply = m.extra.get(REPLY_TO)
+        if type(reply) is str:
+            ok = replies.get(reply)
+            if ok is None:  # a batch's requests come from a few API processes
+                ok = replies[reply] = is_reply_channel(reply)
+            if ok:
+                row["reply_to"] = reply
+        rows.append(row)
     return rows
 
 

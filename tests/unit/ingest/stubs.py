@@ -114,6 +114,7 @@ class StubWaiter:
     def __init__(self) -> None:
         self.listening = asyncio.Event()
         self.listening.set()
+        self.channel = "gristmill_results_0"
         self.rows: dict[str, AnswerRow] = {}
         self.tenants: dict[str, str] = {}  # request id -> tenant
         self.tokens: dict[str, list[str]] = {}

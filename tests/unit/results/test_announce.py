@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from results import announce
+from results.db import RESULTS_CHANNEL, is_reply_channel, reply_channel
 from results.store import announcements
 from results.vectors import from_floats, to_floats
 
@@ -86,7 +87,10 @@ def test_the_store_inlines_new_sync_answers_and_names_the_rest() -> None:
     outputs = ['"small"', '"again"', orjson.dumps("y" * 5000).decode(), '"job"']
     # The insert returns only rows written now: the redelivered one's row existed.
     written = [True, False, True, True]
-    [payload] = announcements([new, redelivered, big, job], outputs, [None] * 4, written, T0)
+    [(channel, payload)] = announcements(
+        [new, redelivered, big, job], outputs, [None] * 4, written, T0
+    )
+    assert channel == RESULTS_CHANNEL  # rows that name no reply channel
     rows, ids = announce.parse(payload)
     assert [r["request_id"] for r in rows] == [new["request_id"]]
     assert rows[0]["output"] == "small" and rows[0]["output_vector"] is None
@@ -99,7 +103,7 @@ def test_an_embedding_rides_inline_as_its_stored_bytes() -> None:
     values = [((-1) ** i) * i / 7 for i in range(384)]
     vector = from_floats(values)
     r = row(5)
-    [payload] = announcements([r], [None], [vector], [True], T0)
+    [(_, payload)] = announcements([r], [None], [vector], [True], T0)
     [got], ids = announce.parse(payload)
     assert ids == [] and got["output"] is None and got["output_vector"] == vector
     assert to_floats(got["output_vector"]) == [float(np.float32(v)) for v in values]
@@ -109,7 +113,7 @@ def test_an_embedding_rides_inline_as_its_stored_bytes() -> None:
 def test_two_embeddings_share_a_payload_and_a_batch_stays_under_the_cap() -> None:
     rs = [row(100 + i) for i in range(256)]
     vec = from_floats([0.5] * 384)
-    payloads = announcements(rs, [None] * 256, [vec] * 256, [True] * 256, T0)
+    payloads = [p for _, p in announcements(rs, [None] * 256, [vec] * 256, [True] * 256, T0)]
     assert len(payloads) == 128
     assert all(len(p.encode()) < 8000 for p in payloads)
 
@@ -129,7 +133,7 @@ def test_answers_of_one_batch_share_their_common_part_but_keep_their_own() -> No
     at = T0 + timedelta(seconds=1)
     outs = [orjson.dumps({"i": i}).decode() for i in range(5)]
     written = [True] * 5
-    payloads = announcements(rows, outs, [None] * 5, written, at)
+    payloads = [p for _, p in announcements(rows, outs, [None] * 5, written, at)]
     got = [g for p in payloads for g in announce.parse(p)[0]]
     assert [g["request_id"] for g in got] == [r["request_id"] for r in rows]
     for g, r, i in zip(got, rows, range(5), strict=True):
@@ -152,8 +156,51 @@ def test_a_listener_makes_rows_only_of_the_answers_it_waits_for() -> None:
     their times and vectors are decoded."""
     rs = [row(300 + i) for i in range(6)]
     vector = from_floats([0.5] * 384)
-    payloads = announcements(rs, [None] * 6, [vector] * 6, [True] * 6, T0)
+    payloads = [p for _, p in announcements(rs, [None] * 6, [vector] * 6, [True] * 6, T0)]
     wanted = {rs[1]["request_id"], rs[4]["request_id"]}
     got = [g for p in payloads for g in announce.parse(p, wanted)[0]]
     assert sorted(g["request_id"] for g in got) == sorted(wanted)
     assert all(g["output_vector"] == vector for g in got)
+
+
+def test_each_answer_goes_to_the_channel_of_the_process_that_waits() -> None:
+    """Rows naming a reply channel are announced there alone, answers and ids each in
+    their process's payloads; rows naming none on the shared channel (decision 70)."""
+    a, b = reply_channel("aa"), reply_channel("bb")
+    rs = [row(400 + i) for i in range(5)]
+    for r, ch in zip(rs, [a, b, a, None, b], strict=True):
+        if ch is not None:
+            r["reply_to"] = ch
+    outs = ['"x"'] * 5
+    written = [True, True, False, True, True]  # the third: redelivered, announced by id
+    notes = announcements(rs, outs, [None] * 5, written, T0)
+    heard: dict[str, tuple[list[str], list[str]]] = {}
+    for channel, payload in notes:
+        rows, ids = announce.parse(payload)
+        got = heard.setdefault(channel, ([], []))
+        got[0].extend(str(r["request_id"]) for r in rows)
+        got[1].extend(ids)
+    ids = [r["request_id"] for r in rs]
+    assert heard == {
+        a: ([ids[0]], [ids[2]]),
+        b: ([ids[1], ids[4]], []),
+        RESULTS_CHANNEL: ([ids[3]], []),
+    }
+
+
+@pytest.mark.parametrize(
+    "name, ok",
+    [
+        (reply_channel("0123456789abcdef"), True),
+        (RESULTS_CHANNEL, False),  # the shared one is not a reply channel
+        (RESULTS_CHANNEL + "_", False),
+        (RESULTS_CHANNEL + "_XYZ", False),
+        (RESULTS_CHANNEL + "_" + "a" * 33, False),
+        ("gristmill_models", False),  # a message may not have its answer sent elsewhere
+        ("gristmill_results_ab; drop", False),
+        (7, False),
+        (None, False),
+    ],
+)
+def test_only_a_channel_the_api_could_name_is_a_reply_channel(name: object, ok: bool) -> None:
+    assert is_reply_channel(name) is ok

@@ -5,9 +5,12 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from core.messages import SERVICE_TIER
+from core.messages import REPLY_TO, SERVICE_TIER
 from core.vocab import RequestStatus
+from results.db import reply_channel
 from results.faults import NUL_ESCAPE
+from results.schema import REQUEST_ROW_COLUMNS
+from results.store import column_arrays
 from results.vectors import to_floats
 from scheduler.core.batcher import Batch, BatchKey
 from scheduler.core.plans import Write
@@ -124,3 +127,18 @@ def test_a_row_says_which_service_tier_ran_its_request() -> None:
         Write(priority=3, status=RequestStatus.EXPIRED, items=[flex, plain, job], error="late")
     )
     assert [r["service_tier"] for r in rows] == ["flex", None, None]
+
+
+def test_a_row_names_the_reply_channel_its_message_gave_if_the_api_could_have() -> None:
+    """Decision 70: the answer goes to the waiting API process's channel; a message is
+    data, so a channel the API could not have named is dropped (the shared one is used)."""
+    own, other, none, odd = pending(), pending(), pending(), pending()
+    own.msg.extra[REPLY_TO] = reply_channel("abc123")
+    other.msg.extra[REPLY_TO] = "gristmill_models"
+    odd.msg.extra[REPLY_TO] = ["not", "a", "name"]
+    rows, _ = write_rows(
+        Write(priority=1, status=RequestStatus.EXPIRED, items=[own, other, none, odd], error="x")
+    )
+    assert [r.get("reply_to") for r in rows] == [reply_channel("abc123"), None, None, None]
+    assert column_arrays(rows)  # the channel is not a column: the insert takes the rows
+    assert "reply_to" not in REQUEST_ROW_COLUMNS
