@@ -1,5 +1,5 @@
 """What the whole-system run measures of the host: CPU by process kind, GPU busy from
-NVML, and py-spy samples of a busy process."""
+NVML, what PostgreSQL's backends wait on, and py-spy samples of a busy process."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,50 @@ class GpuBusy:
 
     def series(self, t0: float, t1: float) -> list[tuple[float, float]]:
         return [(round(t - t0, 2), u) for t, u in self.samples if t0 <= t <= t1]
+
+
+class PgWaits:
+    """What PostgreSQL's client backends are doing, sampled every 50 ms while it runs:
+    each active backend counts once a sample under its wait event (``Lock:object``,
+    ``LWLock:WALWrite``, ``IO:WALSync``...) or ``cpu`` when it waits on nothing. Shares
+    of all samples: where commits queue when the store is the limit."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.counts: Counter[str] = Counter()
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="pg-waits")
+
+    def __enter__(self) -> PgWaits:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        import psycopg
+
+        with contextlib.suppress(Exception), psycopg.connect(self.dsn, autocommit=True) as pg:
+            while not self._stop.wait(0.05):
+                rows = pg.execute(
+                    "SELECT wait_event_type, wait_event FROM pg_stat_activity "
+                    "WHERE backend_type = 'client backend' AND state = 'active' "
+                    "AND pid <> pg_backend_pid()"
+                ).fetchall()
+                self.samples += 1
+                for etype, event in rows:
+                    self.counts[f"{etype}:{event}" if etype else "cpu"] += 1
+
+    def summary(self, top: int = 8) -> dict[str, Any]:
+        """Mean active backends a sample, and the commonest states' mean backends."""
+        n = max(1, self.samples)
+        return {
+            "active_mean": round(sum(self.counts.values()) / n, 2),
+            "by_state": {k: round(v / n, 2) for k, v in self.counts.most_common(top)},
+        }
 
 
 class Cpu:

@@ -7,7 +7,8 @@ the offered rate, per route), ``cpu.png`` (CPU milliseconds a request by process
 each rate), ``job.png`` (GPU busy through the job, against the raw ceiling) and
 ``faults.png`` (rows persisted each second, the faults marked), ``generation.png``
 (continuous against static batching: tokens/s and time to first token). Given several runs,
-``jobs.png``: their jobs side by side (phases, share of the raw ceiling).
+``jobs.png``: their jobs side by side (phases, share of the raw ceiling), and
+``syncs.png``: their sync p95 and share answered against the offered rate.
 """
 
 from __future__ import annotations
@@ -40,6 +41,27 @@ def sync_chart(res: dict[str, Any], out: Path, plt: Any) -> None:
     fig.suptitle(_title(res, "sync requests, open loop"))
     fig.tight_layout()
     fig.savefig(out / "sync.png", dpi=110)
+    plt.close(fig)
+
+
+def syncs_chart(runs: list[tuple[str, dict[str, Any]]], out: Path, plt: Any) -> None:
+    """Several runs' sync requests side by side: p95 and the share answered 200 against
+    the offered rate (the first route each run measured)."""
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, res in runs:
+        rs = [r for r in res["sync"] if r["wire"] == res["sync"][0]["wire"]]
+        x = [r["offered_rps"] for r in rs]
+        ax.plot(x, [r["p95_ms"] for r in rs], marker="o", label=name)
+        answered = [100 * r["statuses"].get("200", 0) / max(1, r["requests"]) for r in rs]
+        bx.plot(x, answered, marker="o", label=name)
+    ax.set(xlabel="offered requests/s", ylabel="p95 ms (answered)", yscale="log")
+    ax.axhline(300, color="grey", lw=0.8)
+    ax.legend(fontsize=7)
+    bx.set(xlabel="offered requests/s", ylabel="% answered 200", ylim=(0, 105))
+    bx.legend(fontsize=7)
+    fig.suptitle("sync requests, open loop: runs compared")
+    fig.tight_layout()
+    fig.savefig(out / "syncs.png", dpi=110)
     plt.close(fig)
 
 
@@ -188,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     if len(args.result) > 1:
         runs = [(p.stem, json.loads(p.read_text())) for p in args.result]
-        jobs_chart([(n, r) for n, r in runs if r.get("job")], args.out, plt)
+        if any(r.get("job") for _, r in runs):
+            jobs_chart([(n, r) for n, r in runs if r.get("job")], args.out, plt)
+        if any(r.get("sync") for _, r in runs):
+            syncs_chart([(n, r) for n, r in runs if r.get("sync")], args.out, plt)
         return 0
     res = json.loads(args.result[0].read_text())
     for key, draw in (

@@ -53,11 +53,16 @@ from bench.gpuhost.corpora import MODEL, build_corpora
 from bench.gpuhost.faults import faults_scenario
 from bench.gpuhost.generation import generation_scenario, stack_env
 from bench.gpuhost.genload import LM
-from bench.gpuhost.measure import GpuBusy, cpu_delta, machine, profile, tokenizer_costs
+from bench.gpuhost.measure import (
+    GpuBusy,
+    PgWaits,
+    cpu_delta,
+    machine,
+    profile,
+    tokenizer_costs,
+)
 from bench.gpuhost.stack import Stack, log
 from bench.openloop import LoadSpec, run_load
-from core.config import settings_from_env
-from results.db import libpq_url
 
 ROUTES = {"infer": "/v1/infer", "embeddings": "/v1/embeddings"}
 KINDS = ("api", "scheduler", "worker")
@@ -109,7 +114,8 @@ def sync_scenario(
                     ),
                 )
                 timer.start()
-            res = run_load(spec, processes=procs)
+            with PgWaits(stack.dsn()) as waits:
+                res = run_load(spec, processes=procs)
             b, t1 = cpu.sample(), time.time()
             if timer is not None:
                 timer.join()
@@ -121,6 +127,7 @@ def sync_scenario(
                 **summary,
                 "cpu": cpu_delta(a, b, summary["requests"]),
                 "gpu_busy": gpu.mean(t0, t1),
+                "pg_waits": waits.summary(),
                 "profile": spied,
             }
             rows.append(row)
@@ -191,8 +198,8 @@ def job_scenario(
         )
     accepted_s = time.time() - t0
     log(f"job {ids}: {n} items accepted in {accepted_s:.1f} s")
-    dsn = libpq_url(settings_from_env(stack.env).database_url)
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    dsn = stack.dsn()
+    with PgWaits(dsn) as waits, psycopg.connect(dsn, autocommit=True) as conn:
         while True:
             row = conn.execute(
                 "SELECT count(*) FROM jobs WHERE job_id = ANY(%s) AND finished_at IS NOT NULL",
@@ -250,6 +257,7 @@ def job_scenario(
         "ceiling_items_per_s": ceiling.get("items_per_s"),
         "of_ceiling": round(n / wall / ceiling["items_per_s"] / gpus, 3) if ceiling else None,
         "gpu_busy": gpu.mean(t0 + accepted_s, t_last),
+        "pg_waits": waits.summary(),
         "gpu_busy_series": gpu.series(t0, t_last),
         "batches": batches,
         "mean_batch": round(float(mean_batch or 0), 1),

@@ -178,15 +178,19 @@ class Stack:
             time.sleep(1)
         raise RuntimeError(f"{MODEL} not served in time: {last}")
 
+    def dsn(self) -> str:
+        """The libpq URL of the stack's database."""
+        from results.db import libpq_url
+
+        return libpq_url(settings_from_env(self.env).database_url)
+
     def refusals(self, t0: float, t1: float, by_second: bool = False) -> Any:
         """What the API refused between t0 and t1 (epoch s), by status and reason, from
         the request log's refusal counts (written about once a second)."""
         import psycopg
 
-        from results.db import libpq_url
-
         second = "floor(extract(epoch FROM at) - %(t0)s)::int" if by_second else "0"
-        with psycopg.connect(libpq_url(settings_from_env(self.env).database_url)) as conn:
+        with psycopg.connect(self.dsn()) as conn:
             rows = conn.execute(
                 f"SELECT {second}, status, reason, sum(count) FROM refusals "
                 "WHERE at >= to_timestamp(%(t0)s) - interval '1 second' "

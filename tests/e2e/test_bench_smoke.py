@@ -63,3 +63,29 @@ def test_policy_benchmarks_smoke(
     assert report["lost"] == {"quiet": 0, "noisy": 0}
     assert "batch_wait" in report["stages"]["quiet_alone"]
     assert next(tmp_path.glob("fairness-*.png")).stat().st_size > 1000
+
+
+def test_the_gpu_host_bench_sees_what_postgresql_waits_on(database: str) -> None:
+    """bench/gpuhost/measure.py ``PgWaits``: an active backend sleeping in the server is
+    counted under its wait event; the sampler's own backend is not counted."""
+    import threading
+
+    import psycopg
+
+    from bench.gpuhost.measure import PgWaits
+    from results.db import libpq_url
+
+    dsn = libpq_url(database)
+
+    def sleep() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_sleep(1)")
+
+    with PgWaits(dsn) as waits:
+        sleeper = threading.Thread(target=sleep)
+        sleeper.start()
+        sleeper.join()
+    got = waits.summary()
+    assert waits.samples > 5
+    assert "Timeout:PgSleep" in got["by_state"]
+    assert 0 < got["by_state"]["Timeout:PgSleep"] <= 1.0
