@@ -3,10 +3,11 @@
 Rows are upserted with ON CONFLICT DO NOTHING on the request log's key (request_id,
 received_at): every message of one request carries the same received_at, so a request
 redelivered by Kafka (after a crash between persist and offset commit) meets its first
-row, never yields a second, and the first answer stands. The NOTIFY is sent inside the
-same transaction, so PostgreSQL delivers it exactly when the rows become visible; it
-carries the sync answers themselves (results/announce.py). See
-docs/decisions/0003-results-announced-by-notify.md.
+row, never yields a second, and the first answer stands. The NOTIFY is sent just after
+the rows' commit, in a transaction of its own that waits for no WAL flush, so an answer
+is heard only once its row is durable and visible, and announcing writers do not commit
+one flush at a time; it carries the sync answers themselves (results/announce.py). See
+docs/decisions/0003-results-announced-by-notify.md and 0070.
 
 The write is shaped by what it costs per row (docs/decisions/0029-compact-results-and-a-
 partitioned-request-log.md, docs/bench/store.md): vector outputs go in as float32 bytes
@@ -99,6 +100,7 @@ def insert_statement(shared: tuple[bool, ...]) -> str:
 
 
 _NOTIFY = "SELECT pg_notify(c, p) FROM unnest(%b::text[], %b::text[]) AS u(c, p)"
+_ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off"
 _OUTPUT = [c for c, _ in _REQUEST_COLUMNS].index("output")
 _VECTOR = [c for c, _ in _REQUEST_COLUMNS].index("output_vector")
 
@@ -159,7 +161,8 @@ def write_on(
 
     Two round trips to the server whatever the write holds, both pipelined: the batch
     rows and the request rows (with the transaction's BEGIN), whose answer says which
-    rows are new; then the announcements, the job counters and the COMMIT. Each round
+    rows are new; then the job counters and the COMMIT, and the announcements in a
+    transaction of their own after it (in the caller's, without ``commit``). Each round
     trip costs a scheduler thread a wait for the server and for the interpreter lock
     after it, so a write of six or eight sequential statements held a persist thread
     longer than its rows' work did (docs/bench/store.md)."""
@@ -185,12 +188,21 @@ def write_on(
             if fresh and r["job_id"] is not None
         ]
     cur = pg.cursor()
+    channels, payloads = [c for c, _ in notes], [p for _, p in notes]
     with pg.pipeline():
-        if notes:
-            cur.execute(_NOTIFY, ([c for c, _ in notes], [p for _, p in notes]))
+        if notes and not commit:  # the caller's transaction: announced when it commits
+            cur.execute(_NOTIFY, (channels, payloads))
         record_job_results(cur, jobs, writer_id())
         if commit:
             pg.commit()
+            if notes:
+                # Announced once the rows are durable, in a transaction of its own that
+                # waits for no flush: PostgreSQL lets one announcing transaction commit
+                # at a time, so a NOTIFY in the rows' own transaction would hold every
+                # other writer's announcement through this one's WAL flush (decision 70).
+                cur.execute(_ASYNC_COMMIT)
+                cur.execute(_NOTIFY, (channels, payloads))
+                pg.commit()
             # Every job of the write, new rows or not: a redelivered write settles what
             # a crash after the commit left unsettled.
             settle(cur, job_ids(request_rows))

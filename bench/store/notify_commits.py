@@ -20,6 +20,8 @@ transaction a loop per writer thread, a row of the given size each:
   pipelined round trip.
 
     python3 -m bench.store.notify_commits --threads 12 --seconds 8 --out docs/bench/store
+    # a disk whose flush takes 2 ms more (PostgreSQL's commit_delay before each flush):
+    python3 -m bench.store.notify_commits --flush-delay-us 2000 --out docs/bench/store
 """
 
 from __future__ import annotations
@@ -100,11 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--size", type=int, default=2500, help="bytes a row and a payload")
     ap.add_argument("--rounds", type=int, default=2, help="each variant, interleaved")
+    ap.add_argument(
+        "--flush-delay-us",
+        type=int,
+        default=0,
+        help="PostgreSQL's commit_delay before each WAL flush: a slower disk's flush",
+    )
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="notify-commits-") as work:
         Path(work).chmod(0o711)  # the server's own user reaches its data dir through it
-        pg = PostgresServer(Path(work) / "pg", fast=False)
+        slow = {"commit_delay": args.flush_delay_us, "commit_siblings": 0}
+        pg = PostgresServer(Path(work) / "pg", fast=False, settings=slow)
         pg.start()
         try:
             with psycopg.connect(pg.dsn, autocommit=True) as c:
@@ -112,14 +121,16 @@ def main(argv: list[str] | None = None) -> int:
             rows = []
             for r in range(args.rounds):
                 for v in VARIANTS:
-                    row = {"round": r, **run(pg.dsn, v, args.threads, args.seconds, args.size)}
+                    got = run(pg.dsn, v, args.threads, args.seconds, args.size)
+                    row = {"round": r, "flush_delay_us": args.flush_delay_us, **got}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
         finally:
             pg.stop()
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "notify-commits.json").write_text(json.dumps(rows, indent=1))
+        name = f"notify-commits-delay{args.flush_delay_us}.json" if args.flush_delay_us else ""
+        (args.out / (name or "notify-commits.json")).write_text(json.dumps(rows, indent=1))
     return 0
 
 

@@ -61,8 +61,9 @@ STOPPING_TRIES = 3
 SYNC_ONLY = 1
 # Most request rows one transaction holds when a write takes on the writes queued behind
 # it (group commit). A commit costs a flush of the WAL to disk, and the writes of one
-# job (its counters' row lock) or of sync results (NOTIFY's lock) commit one at a time,
-# so under a backlog rows/s is rows a commit over the disk's flush time: merging queued
+# job (its counters' row lock) commit one at a time (sync results' announcements wait
+# for no flush since decision 70), so under a backlog rows/s is rows a commit over the
+# disk's flush time: merging queued
 # writes makes the backlog itself raise rows a commit. Four of the largest batches a
 # worker takes (1,024 on a GPU) keep one transaction's insert well under a second.
 MERGE_ROWS = 4096

@@ -1,0 +1,108 @@
+"""A write's announcements on a real PostgreSQL (decision 70): each sync answer on the
+reply channel its row names (else the shared channel), sent after the rows' commit, so
+whoever hears an answer can already read its row; a redelivered write announces by id."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import Engine
+
+from core.config import Settings
+from core.vocab import RequestStatus
+from gristmill.migrate import migrate_database
+from results import announce
+from results.db import RESULTS_CHANNEL, libpq_url, make_engine, reply_channel
+from results.schema import RequestRow
+from results.store import write_on
+from results.tenants import create_tenant
+
+
+@pytest.fixture
+def engine(database: str) -> Iterator[Engine]:
+    migrate_database(Settings(database_url=database))
+    eng = make_engine(database, pool_size=2)
+    yield eng
+    eng.dispose()
+
+
+def sync_row(tenant: str, i: int, reply_to: str | None) -> RequestRow:
+    at = datetime.now(UTC)
+    row: RequestRow = {
+        "request_id": str(uuid.uuid4()),
+        "tenant_id": tenant,
+        "priority": "paid",
+        "model": "sim",
+        "model_version": "1",
+        "params": {},
+        "input": f"in{i}",
+        "status": RequestStatus.SUCCEEDED,
+        "output": {"i": i},
+        "output_vector": None,
+        "error": None,
+        "attempts": 1,
+        "batch_id": None,
+        "batch_size": 2,
+        "job_id": None,
+        "item_index": None,
+        "received_at": at,
+        "produced_at": at,
+        "consumed_at": at,
+        "batched_at": at,
+        "compute_start_at": at,
+        "compute_end_at": at,
+        "deadline_at": at + timedelta(seconds=5),
+        "kafka_topic": "t",
+        "kafka_partition": 0,
+        "kafka_offset": i,
+        "service_tier": "default",
+    }
+    if reply_to is not None:
+        row["reply_to"] = reply_to
+    return row
+
+
+def test_answers_go_to_their_channels_once_their_rows_can_be_read(
+    engine: Engine, database: str
+) -> None:
+    dsn = libpq_url(database)
+    with engine.begin() as conn:
+        tenant = create_tenant(conn, "announced", "paid").id
+    mine = reply_channel("0a1b2c3d")
+    rows = [sync_row(tenant, 0, mine), sync_row(tenant, 1, None)]
+    heard: dict[str, list[Any]] = {}
+    with (
+        psycopg.connect(dsn, autocommit=True) as listener,
+        psycopg.connect(dsn, autocommit=True) as reader,
+        psycopg.connect(dsn) as writer,
+    ):
+        listener.execute(f"LISTEN {mine}")
+        listener.execute(f"LISTEN {RESULTS_CHANNEL}")
+        written = write_on(writer, list(rows), [], commit=True)
+        assert sorted(written) == sorted(r["request_id"] for r in rows)
+        for note in listener.notifies(timeout=5, stop_after=2):
+            answers, ids = announce.parse(note.payload)
+            heard.setdefault(note.channel, []).extend([str(a["request_id"]) for a in answers] + ids)
+            # Heard, so committed: another connection reads every row it names.
+            for rid in heard[note.channel]:
+                found = reader.execute(
+                    "SELECT status FROM requests WHERE request_id = %s", (rid,)
+                ).fetchone()
+                assert found == ("succeeded",)
+        assert heard == {mine: [rows[0]["request_id"]], RESULTS_CHANNEL: [rows[1]["request_id"]]}
+
+        # The same write again (a redelivery): nothing new, each announced by id on its
+        # own channel, for a waiter that registered after the first announcement.
+        assert write_on(writer, list(rows), [], commit=True) == []
+        again = {
+            n.channel: announce.parse(n.payload) for n in listener.notifies(timeout=5, stop_after=2)
+        }
+        assert again == {
+            mine: ([], [rows[0]["request_id"]]),
+            RESULTS_CHANNEL: ([], [rows[1]["request_id"]]),
+        }
