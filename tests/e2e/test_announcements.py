@@ -4,9 +4,8 @@ whoever hears an answer can already read its row; a redelivered write announces 
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -14,13 +13,13 @@ import pytest
 from sqlalchemy import Engine
 
 from core.config import Settings
-from core.vocab import RequestStatus
 from gristmill.migrate import migrate_database
 from results import announce
 from results.db import RESULTS_CHANNEL, libpq_url, make_engine, reply_channel
 from results.schema import RequestRow
 from results.store import write_on
 from results.tenants import create_tenant
+from tests.e2e.rows import request_row
 
 
 @pytest.fixture
@@ -32,36 +31,7 @@ def engine(database: str) -> Iterator[Engine]:
 
 
 def sync_row(tenant: str, i: int, reply_to: str | None) -> RequestRow:
-    at = datetime.now(UTC)
-    row: RequestRow = {
-        "request_id": str(uuid.uuid4()),
-        "tenant_id": tenant,
-        "priority": "paid",
-        "model": "sim",
-        "model_version": "1",
-        "params": {},
-        "input": f"in{i}",
-        "status": RequestStatus.SUCCEEDED,
-        "output": {"i": i},
-        "output_vector": None,
-        "error": None,
-        "attempts": 1,
-        "batch_id": None,
-        "batch_size": 2,
-        "job_id": None,
-        "item_index": None,
-        "received_at": at,
-        "produced_at": at,
-        "consumed_at": at,
-        "batched_at": at,
-        "compute_start_at": at,
-        "compute_end_at": at,
-        "deadline_at": at + timedelta(seconds=5),
-        "kafka_topic": "t",
-        "kafka_partition": 0,
-        "kafka_offset": i,
-        "service_tier": "default",
-    }
+    row = request_row(tenant, datetime.now(UTC), output={"i": i}, output_vector=None)
     if reply_to is not None:
         row["reply_to"] = reply_to
     return row

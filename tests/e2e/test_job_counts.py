@@ -25,6 +25,7 @@ from results.jobs import job_rows, lock_job, settle, start_attempt
 from results.schema import RequestRow, jobs
 from results.store import write_on
 from results.tenants import create_tenant
+from tests.e2e.rows import request_row
 
 ITEMS = 400
 
@@ -65,35 +66,23 @@ def new_job(engine: Engine, total: int = ITEMS) -> tuple[str, str, list[str]]:
 def rows(tenant: str, job: str, rids: list[str], indexes: range, status: str) -> list[RequestRow]:
     at = datetime.now(UTC)
     return [
-        {
-            "request_id": rids[i],
-            "tenant_id": tenant,
-            "priority": "jobs",
-            "model": "sim",
-            "model_version": "1",
-            "params": {},
-            "input": "x",
-            "status": RequestStatus(status),
-            "output": {"i": i},
-            "output_vector": None,
-            "error": None,
-            "attempts": 1,
-            "batch_id": None,
-            "batch_size": 1,
-            "job_id": job,
-            "item_index": i,
-            "received_at": at,
-            "produced_at": at,
-            "consumed_at": at,
-            "batched_at": at,
-            "compute_start_at": at,
-            "compute_end_at": at,
-            "deadline_at": at + timedelta(seconds=60),
-            "kafka_topic": "t",
-            "kafka_partition": 0,
-            "kafka_offset": i,
-            "service_tier": None,
-        }
+        request_row(
+            tenant,
+            at,
+            request_id=rids[i],
+            priority="jobs",
+            model="sim",
+            params={},
+            input="x",
+            status=RequestStatus(status),
+            output={"i": i},
+            output_vector=None,
+            job_id=job,
+            item_index=i,
+            deadline_at=at + timedelta(seconds=60),
+            kafka_offset=i,
+            service_tier=None,
+        )
         for i in indexes
     ]
 

@@ -19,7 +19,6 @@ import pytest
 from sqlalchemy import Engine, text
 
 from core.config import Settings
-from core.vocab import RequestStatus
 from gristmill.migrate import migrate_database
 from results import store
 from results.db import make_engine
@@ -30,46 +29,13 @@ from results.schema import RequestRow
 from results.store import persist
 from results.sweeper import Sweeper
 from results.tenants import create_tenant, set_log_retention
+from tests.e2e.rows import request_row
 
 DAY = timedelta(days=1)
 
 
 def settings_for(url: str, **kw: Any) -> Settings:
     return Settings(database_url=url, allow_weak_durability=True, **kw)
-
-
-def row(tenant: str, at: datetime, **kw: Any) -> RequestRow:
-    r: RequestRow = {
-        "request_id": str(uuid.uuid4()),
-        "tenant_id": tenant,
-        "priority": "paid",
-        "model": "all-minilm-l6-v2",
-        "model_version": "1",
-        "params": {"normalize": True},
-        "input": "a sentence",
-        "status": RequestStatus.SUCCEEDED,
-        "output": None,
-        "output_vector": bytes(range(16)) * 96,
-        "error": None,
-        "attempts": 1,
-        "batch_id": None,
-        "batch_size": 1,
-        "job_id": None,
-        "item_index": None,
-        "received_at": at,
-        "produced_at": at,
-        "consumed_at": at,
-        "batched_at": at,
-        "compute_start_at": at,
-        "compute_end_at": at,
-        "deadline_at": at + timedelta(seconds=1),
-        "kafka_topic": "t",
-        "kafka_partition": 0,
-        "kafka_offset": 0,
-        "service_tier": "default",
-    }
-    r.update(kw)  # type: ignore[typeddict-item]
-    return r
 
 
 # Columns of ``requests`` added after the revisions these tests start from (0015, 0018):
@@ -128,7 +94,7 @@ def test_partitioning_is_online_and_keeps_every_row(database: str) -> None:
 
     def writer() -> None:
         while not stop.is_set():
-            rows = [row(tenant, datetime.now(UTC)) for _ in range(32)]
+            rows = [request_row(tenant, datetime.now(UTC)) for _ in range(32)]
             t = time.perf_counter()
             try:
                 persist(engine, rows, None)
@@ -193,7 +159,11 @@ def test_a_redelivered_result_meets_its_first_row_in_its_partition(database: str
         parts, _ = list_partitions(conn, ["requests"])
     edge = max(p.upper for p in parts)  # the newest partition's end
     last = edge - timedelta(microseconds=1)
-    first = [row(tenant, last), row(tenant, edge), row(tenant, datetime.now(UTC))]
+    first = [
+        request_row(tenant, last),
+        request_row(tenant, edge),
+        request_row(tenant, datetime.now(UTC)),
+    ]
     create_partition(
         engine,
         Slot("requests", partition_name("requests", edge, DAY), edge, edge + DAY),
@@ -203,7 +173,7 @@ def test_a_redelivered_result_meets_its_first_row_in_its_partition(database: str
     again = [cast(RequestRow, {**r, "output_vector": b"\x00" * 1536, "attempts": 2}) for r in first]
     assert persist(engine, again, None) == []  # nothing new written
     # A batch mixing a redelivered request with a new one writes only the new one.
-    fresh = row(tenant, datetime.now(UTC))
+    fresh = request_row(tenant, datetime.now(UTC))
     assert persist(engine, [again[2], fresh], None) == [fresh["request_id"]]
     with engine.connect() as conn:
         got = {
@@ -242,7 +212,9 @@ def test_the_sweeper_keeps_retention_and_partitions(database: str) -> None:
             create_partition(engine, Slot(table, partition_name(table, lo, DAY), lo, lo + DAY), key)
     ages = (35, 20, 10, 3, 0)
     for tenant in (a, b):
-        persist(engine, [row(tenant, now - d * DAY) for d in ages for _ in range(150)], None)
+        persist(
+            engine, [request_row(tenant, now - d * DAY) for d in ages for _ in range(150)], None
+        )
     # Two finished jobs of tenant a, 5 days old: one whose output expired yesterday.
     jobs = {}
     with engine.begin() as conn:
@@ -276,7 +248,7 @@ def test_the_sweeper_keeps_retention_and_partitions(database: str) -> None:
         persist(
             engine,
             [
-                row(a, now - 5 * DAY, job_id=job_id, item_index=i, priority="jobs")
+                request_row(a, now - 5 * DAY, job_id=job_id, item_index=i, priority="jobs")
                 for i in range(250)
             ],
             None,
@@ -380,7 +352,7 @@ def test_vectors_are_stored_external_and_rows_kept_in_the_heap(database: str) ->
     rng = np.random.default_rng(19)
     wide = [rng.standard_normal(1024, dtype=np.float32).tobytes() for _ in range(2)]
     now = datetime.now(UTC)
-    old = row(tenant, now, output_vector=wide[0])
+    old = request_row(tenant, now, output_vector=wide[0])
     persist(engine, [old], None)
     with engine.connect() as conn:
         (here,) = conn.execute(
@@ -403,7 +375,7 @@ def test_vectors_are_stored_external_and_rows_kept_in_the_heap(database: str) ->
     fresh = Slot("requests", partition_name("requests", last, DAY), last, last + DAY)
     create_partition(engine, fresh, "received_at")
     assert _storage(engine, fresh.name) == ("e", ["toast_tuple_target=8160"])
-    new = row(tenant, last + timedelta(hours=1), output_vector=wide[1])
+    new = request_row(tenant, last + timedelta(hours=1), output_vector=wide[1])
     assert persist(engine, [new], None) == [new["request_id"]]
     assert _vector(engine, new["request_id"]) == wide[1]
     assert np.array_equal(
