@@ -9,10 +9,13 @@ from pathlib import Path
 import openai
 import psycopg
 import pytest
+from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
 
+from core.config import Settings
 from gristmill.devservices.stack import Services, System, build_system, local_services
-from results.db import libpq_url
+from gristmill.migrate import migrate_database
+from results.db import libpq_url, make_engine
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -57,6 +60,16 @@ def database(services: Services) -> Iterator[str]:
     finally:
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def engine(database: str) -> Iterator[Engine]:
+    """The fresh database migrated to the head, and an engine on it (a module may define
+    an ``engine`` of its own, on the running system's database)."""
+    migrate_database(Settings(database_url=database))
+    eng = make_engine(database, pool_size=2)
+    yield eng
+    eng.dispose()
 
 
 @pytest.fixture(scope="module")

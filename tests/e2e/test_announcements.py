@@ -4,30 +4,18 @@ whoever hears an answer can already read its row; a redelivered write announces 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-import pytest
 from sqlalchemy import Engine
 
-from core.config import Settings
-from gristmill.migrate import migrate_database
 from results import announce
-from results.db import RESULTS_CHANNEL, libpq_url, make_engine, reply_channel
+from results.db import RESULTS_CHANNEL, libpq_url, reply_channel
 from results.schema import RequestRow
 from results.store import write_on
 from results.tenants import create_tenant
 from tests.e2e.rows import request_row
-
-
-@pytest.fixture
-def engine(database: str) -> Iterator[Engine]:
-    migrate_database(Settings(database_url=database))
-    eng = make_engine(database, pool_size=2)
-    yield eng
-    eng.dispose()
 
 
 def sync_row(tenant: str, i: int, reply_to: str | None) -> RequestRow:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -16,10 +15,8 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, text
 
-from core.config import Settings
 from core.vocab import RequestStatus
-from gristmill.migrate import migrate_database
-from results.db import libpq_url, make_async_engine, make_engine
+from results.db import libpq_url, make_async_engine
 from results.job_items import give_new_request_ids
 from results.jobs import job_rows, lock_job, settle, start_attempt
 from results.schema import RequestRow, jobs
@@ -28,14 +25,6 @@ from results.tenants import create_tenant
 from tests.e2e.rows import request_row
 
 ITEMS = 400
-
-
-@pytest.fixture
-def engine(database: str) -> Iterator[Engine]:
-    migrate_database(Settings(database_url=database))
-    eng = make_engine(database, pool_size=2)
-    yield eng
-    eng.dispose()
 
 
 def new_job(engine: Engine, total: int = ITEMS) -> tuple[str, str, list[str]]:
