@@ -10,12 +10,12 @@ from typing import Any
 import psycopg
 from sqlalchemy import Engine
 
+from bench.store.batch_rows import request_row
 from results import announce
 from results.db import RESULTS_CHANNEL, libpq_url, reply_channel
 from results.schema import RequestRow
 from results.store import write_on
 from results.tenants import create_tenant
-from tests.e2e.rows import request_row
 
 
 def sync_row(tenant: str, i: int, reply_to: str | None) -> RequestRow:

@@ -15,6 +15,7 @@ import psycopg
 import pytest
 from sqlalchemy import Engine, text
 
+from bench.store.batch_rows import request_row
 from core.vocab import RequestStatus
 from results.db import libpq_url, make_async_engine
 from results.job_items import give_new_request_ids
@@ -22,7 +23,6 @@ from results.jobs import job_rows, lock_job, settle, start_attempt
 from results.schema import RequestRow, jobs
 from results.store import write_on
 from results.tenants import create_tenant
-from tests.e2e.rows import request_row
 
 ITEMS = 400
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from sqlalchemy import Engine, text
 
+from bench.store.batch_rows import request_row
 from core.config import Settings
 from gristmill.migrate import migrate_database
 from results import store
@@ -29,7 +30,6 @@ from results.schema import RequestRow
 from results.store import persist
 from results.sweeper import Sweeper
 from results.tenants import create_tenant, set_log_retention
-from tests.e2e.rows import request_row
 
 DAY = timedelta(days=1)
 
