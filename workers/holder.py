@@ -64,6 +64,9 @@ class Holder:
         self.models: dict[ModelRef, Model] = {}  # read without the lock (dict reads are atomic)
         self.infos: dict[ModelRef, ModelInfo] = {}
         self._wants: dict[Connection, set[ModelRef]] = {}
+        # Schedulers that went away: a load they queued before leaving is not carried out
+        # (it would make a closed connection hold the version for good).
+        self._gone: set[Connection] = set()
         self._inflight: Counter[ModelRef] = Counter()
         self._lock = threading.Lock()
         self._commands: queue.Queue[tuple[Connection, LoadModel | UnloadModel] | None] = (
@@ -103,6 +106,7 @@ class Holder:
         """That scheduler went away: it wants nothing any more."""
         with self._lock:
             gone = self._wants.pop(conn, set())
+            self._gone.add(conn)
         for ref in gone:
             self._commands.put((conn, UnloadModel(*ref)))
 
@@ -124,6 +128,8 @@ class Holder:
     def _on_load(self, conn: Connection, record: VersionRecord) -> None:
         ref = ModelRef(record.name, record.version)
         with self._lock:
+            if conn in self._gone:
+                return
             self._wants.setdefault(conn, set()).add(ref)
             info = self.infos.get(ref)
         if info is not None and info_matches(record, info):

@@ -86,8 +86,10 @@ def worker_and_two() -> Iterator[tuple[subprocess.Popen[bytes], Endpoint, Endpoi
     try:
         a.accept()  # the worker dials every socket before it reads any of them
         b.accept()
-        a.load()
+        # b first: the ready it waits for is its own load's. a's ask is then answered
+        # from what is loaded; a ready broadcast for b's load may reach a before that.
         b.load()
+        a.load()
         yield worker, a, b
     finally:
         worker.terminate()

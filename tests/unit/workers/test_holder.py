@@ -87,6 +87,18 @@ def test_a_version_stays_while_any_scheduler_wants_it() -> None:
     assert states(sent, a)[-1] == "m@1:unloaded"
 
 
+def test_a_load_queued_by_a_scheduler_that_then_went_away_is_not_carried_out() -> None:
+    h, sent = holder()
+    a, b = Conn("a"), Conn("b")
+    h.attach([a, b])  # type: ignore[list-item]
+    h.command(a, LoadModel(sim("1")))  # type: ignore[arg-type]
+    h.forget(a)  # type: ignore[arg-type]
+    run(h)
+    assert ModelRef("m", "1") not in h.models and sent == []
+    run(h, (b, LoadModel(sim("1"))), (b, UnloadModel("m", "1")))
+    assert ModelRef("m", "1") not in h.models, "a has no hold left to keep it"
+
+
 def test_an_unload_waits_for_the_versions_last_batch() -> None:
     h, _sent = holder()
     a = Conn("a")
