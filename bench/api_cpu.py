@@ -11,7 +11,8 @@ ingest/ was flat), so a change is measured against its baseline on the same mach
 
 Requests go 50 at a time (concurrent callers); five rounds of N, CPU time per request
 of each, and the collector's passes per 1,000 requests. ``FREEZE=1``: ``gc.freeze()``
-after warm-up (start-up objects out of the collector's sight).
+after warm-up (start-up objects out of the collector's sight); ``GEN0=N``: N allocations
+between young collections (the default is 700).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import asyncio
 import gc
 import os
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -35,6 +38,8 @@ from results.tenants import Tenant, hash_key, new_key
 
 
 class Waiter:
+    channel = "gristmill_results_0123456789abcdef"  # this process's reply channel
+
     def __init__(self) -> None:
         self.listening = asyncio.Event()
         self.listening.set()
@@ -92,13 +97,26 @@ def _state(settings: Settings, tenant: Tenant, key: str) -> Any:
         from ingest.acceptance.state import AppState
         from ingest.admission.load_watch import LoadWatch
         from ingest.admission.overload import Overload
-        from ingest.admission.ratelimit import InflightLimiter, SlotLimiter, TenantLimiter
+        from ingest.admission.ratelimit import InflightLimiter, TenantLimiter
+        from ingest.admission.shared_slots import SharedSlots
         from ingest.edge.auth import Authenticator
+        from ingest.edge.db_health import DatabaseHealth
         from ingest.edge.readiness import Readiness
 
+        slots = Path(tempfile.mkdtemp(prefix="gm-apicpu-"))
         extra: dict[str, Any] = {
             "keys": KeyClaims(engine, ttl_h=24),
-            "readiness": Readiness(engine, refresh_s=1, listening=bool, revocations=bool),
+            "readiness": Readiness(
+                engine,
+                refresh_s=1,
+                listening=bool,
+                revocations=bool,
+                health=DatabaseHealth(stale_s=float("inf")),
+            ),
+            **{
+                name: SharedSlots(slots, name, total=1, per_key=1)
+                for name in ("uploads", "follows", "read_streams")
+            },
         }
     except ImportError:  # before: one flat folder
         from ingest.auth import Authenticator  # type: ignore[no-redef]
@@ -113,7 +131,7 @@ def _state(settings: Settings, tenant: Tenant, key: str) -> Any:
         from ingest.routing import RouteTable, Served  # type: ignore[no-redef]
         from ingest.state import AppState  # type: ignore[no-redef]
 
-        extra = {}
+        extra = {"uploads": SlotLimiter(1, 1), "follows": SlotLimiter(1, 1)}
     auth = Authenticator(engine, settings)
     auth.found.put(key, (tenant, hash_key(key)), float("inf"))
     catalog = ModelCatalog(settings, engine)
@@ -135,8 +153,6 @@ def _state(settings: Settings, tenant: Tenant, key: str) -> Any:
         flex_waits=InflightLimiter(settings.max_flex_waits, {}),
         load=LoadWatch(engine, settings, limiter),
         overload=Overload(),
-        uploads=SlotLimiter(1, 1),
-        follows=SlotLimiter(1, 1),
         **extra,
     )
 
@@ -173,6 +189,8 @@ async def main(n: int) -> None:
         async def send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status[0] = message["status"]
+            elif status[0] != 200 and os.environ.get("DEBUG"):
+                print(message.get("body", b"")[:300])
 
         await fast(scope, receive, send)
         return status[0]
@@ -182,6 +200,8 @@ async def main(n: int) -> None:
     if os.environ.get("FREEZE"):
         gc.collect()
         gc.freeze()
+    if os.environ.get("GEN0"):  # a young-collection threshold to compare with the default
+        gc.set_threshold(int(os.environ["GEN0"]), *gc.get_threshold()[1:])
     before = [s["collections"] for s in gc.get_stats()]
     rounds = []
     for _ in range(5):

@@ -85,14 +85,16 @@ def py_spy() -> str:
 
 
 def start_spy(
-    pid: int, out: Path, duration_s: float, subprocesses: bool = False
+    pid: int, out: Path, duration_s: float, subprocesses: bool = False, native: bool = False
 ) -> subprocess.Popen[bytes]:
     argv = [py_spy(), "record", "--pid", str(pid), "--duration", str(int(duration_s))]
     if subprocesses:  # the API: several uvicorn processes under one supervisor
         argv += ["--subprocesses"]
     # --nonblocking: pausing the process at 100 Hz would itself add latency; py-spy's idle
     # detection is weaker then, so known blocking waits are set apart in hot_spots().
-    argv += ["--rate", "100", "--format", "raw", "--nonblocking", "--output", str(out)]
+    # --native (C frames: what the event loop, librdkafka or psycopg spend) must pause it.
+    argv += ["--native"] if native else ["--nonblocking"]
+    argv += ["--rate", "100", "--format", "raw", "--output", str(out)]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -146,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle", type=float, default=10, help="seconds of idle CPU measured first")
     ap.add_argument("--no-spy", action="store_true", help="CPU accounting only")
     ap.add_argument("--keep-raw", action="store_true", help="keep py-spy's raw stacks in --out")
+    ap.add_argument(
+        "--native", action="store_true", help="C frames too (py-spy pauses the processes)"
+    )
     ap.add_argument("--out", type=Path, default=Path("bench-out") / time.strftime("prof-%H%M%S"))
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -171,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                 raw = raw_dir / f"pyspy-{role}.txt"
                 # +2 s: the load processes take ~2 s to start their shared schedule.
                 spies[role] = (
-                    start_spy(roles[role][0][0], raw, args.duration + 2, role == "api"),
+                    start_spy(
+                        roles[role][0][0], raw, args.duration + 2, role == "api", args.native
+                    ),
                     raw,
                 )
         c0, th0 = cpu_by_role(roles), threads_by_role(roles)
