@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import logging
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 
 from core.config import Settings
+from core.gc_tuning import tune_gc
 from core.memory import trim_periodically
 from core.topics import ensure_topics
 from ingest.acceptance.catalog import ModelCatalog
@@ -139,10 +139,10 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
     await waiter.start()
     await auth.start()
     # What start-up made lives as long as the process: frozen out of the collector's
-    # sight, its full passes walk only what requests make. bench/api_cpu.py, same box,
-    # same code with and without: 143-152 against 124 us of CPU a request (decision 49).
-    gc.collect()
-    gc.freeze()
+    # sight, its full passes walk only what requests make (bench/api_cpu.py, same box,
+    # same code with and without: 143-152 against 124 us of CPU a request, decision 49);
+    # young collections are rarer (core/gc_tuning.py).
+    tune_gc()
     background = [
         asyncio.create_task(state.readiness.run()),
         asyncio.create_task(webhook_loop(engine, settings)),

@@ -15,7 +15,7 @@ times and reported as the median:
 * ``loads``: ``orjson.loads`` alone over the same list, the floor ``decode`` cannot go
   below.
 
-``--gc-tuned`` applies the scheduler's GC settings (``scheduler/runtime/gc_tuning.py``) first.
+``--gc-tuned`` applies the scheduler's GC settings (``core/gc_tuning.py``) first.
 
     .venv/bin/python -m bench.store.intake_decode [--model sim] [--runs 7]
 """
@@ -90,7 +90,7 @@ def main() -> None:
     raws = messages(args.model, args.batch * args.batches)
     fetches = [raws[i : i + args.batch] for i in range(0, len(raws), args.batch)]
     if args.gc_tuned:
-        from scheduler.runtime.gc_tuning import tune_gc
+        from core.gc_tuning import tune_gc
 
         tune_gc()
     now = time.time()

@@ -33,6 +33,7 @@ from confluent_kafka import Producer
 
 from core import tracing as core_tracing
 from core.config import Settings
+from core.gc_tuning import tune_gc
 from core.kafka import producer_config
 from core.memory import trim_every
 from core.models.catalog import build_specs, latest
@@ -52,7 +53,6 @@ from scheduler.runtime.batching import BatchingEngine
 from scheduler.runtime.deadletter import DeadLetters
 from scheduler.runtime.engines import RequestEngine
 from scheduler.runtime.feed import Feed
-from scheduler.runtime.gc_tuning import tune_gc
 from scheduler.runtime.generation.engine import GenerationEngine
 from scheduler.runtime.host import CoreHost
 from scheduler.runtime.lane import ConsumerLane, lane_specs
@@ -187,8 +187,8 @@ class SchedulerService:
         # Bursts (a job's results, a rebalance) leave malloc's arenas at their high-water
         # mark; a trim a minute gives the free pages back (core/memory.py).
         self.supervisor.start(trim_every, self.stopping, name="memory")
-        # Start-up is done: fewer, cheaper collections from here (scheduler/runtime/
-        # gc_tuning.py: 26 rather than 40 us of scheduler CPU a persisted row).
+        # Start-up is done: fewer, cheaper collections from here (core/gc_tuning.py:
+        # 26 rather than 40 us of scheduler CPU a persisted row).
         tune_gc()
         for lane in self.lanes:
             lane.start(self.stopping, self.supervisor)

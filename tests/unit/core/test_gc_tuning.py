@@ -1,4 +1,4 @@
-"""The scheduler's collector settings (scheduler/runtime/gc_tuning.py)."""
+"""The request path's collector settings (core/gc_tuning.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from scheduler.runtime.gc_tuning import GEN0_THRESHOLD, tune_gc
+from core.gc_tuning import GEN0_THRESHOLD, tune_gc
 
 
 @pytest.fixture
