@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -75,12 +76,13 @@ def chart(report: dict[str, Any], path: Path) -> None:
     for run in report["runs"]:
         setting = run.get("setting", run.get("arenas"))  # r1's runs say "arenas"
         label = setting if not str(setting).isdigit() else f"MALLOC_ARENA_MAX={setting}"
+        label = re.sub(r"/\S*/(lib\w+\.so[.\d]*)", r"\1", label)  # a preload by its name
         ax.plot(range(len(run["uss_mib"])), run["uss_mib"], marker="o", label=label)
     ax.set_xlabel("job uploads received")
     ax.set_ylabel("API process private memory (MiB)")
     ax.set_title(f"One API process, {report['items']:,}-item JSONL uploads")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
