@@ -63,6 +63,16 @@ def dsn(system: System) -> str:
     return libpq_url(system.services.database_url)
 
 
+def work_mem_mb(system: System) -> float:
+    """The server's ``work_mem`` in MiB: what one sort or hash of a query may hold."""
+    with psycopg.connect(dsn(system), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pg_size_bytes(current_setting('work_mem'))::float / 1048576"
+        ).fetchone()
+    assert row is not None
+    return float(row[0])
+
+
 def side_dsn(system: System) -> str:
     """A database of its own on the same server, for the benchmark's competing writer
     and commit probe (their tables stay out of the system's sizes)."""

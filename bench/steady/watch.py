@@ -177,6 +177,7 @@ class Resources(Sampler):
         self.dsn = dsn
         self.lag = lag
         self._procs: dict[int, psutil.Process] = {}
+        self._spawn: dict[int, bool] = {}  # pid -> a spawned child (read once)
         self._lock = threading.Lock()  # Cpu reads the same processes from its thread
 
     def _proc(self, pid: int) -> psutil.Process:
@@ -184,6 +185,14 @@ class Resources(Sampler):
         if p is None:
             p = self._procs[pid] = psutil.Process(pid)
         return p
+
+    def _spawned(self, p: psutil.Process) -> bool:
+        """A child that multiprocessing spawned to run the parent's code (uvicorn's API
+        processes), not a helper of its own (multiprocessing's resource tracker)."""
+        known = self._spawn.get(p.pid)
+        if known is None:
+            known = self._spawn[p.pid] = any("spawn_main" in a for a in p.cmdline())
+        return known
 
     def processes(self, private: bool | None = None) -> dict[str, dict[str, float]]:
         with self._lock:
@@ -203,11 +212,13 @@ class Resources(Sampler):
                         p = self._proc(p.pid)
                         cpu = p.cpu_times()
                         mem = p.memory_full_info() if private else p.memory_info()
-                        out[name if p.pid == pid else f"{name}/{p.pid}"] = {
+                        entry = out[name if p.pid == pid else f"{name}/{p.pid}"] = {
                             "rss_mb": round(mem.rss / 2**20, 1),
                             "uss_mb": round(getattr(mem, "uss", 0) / 2**20, 1),
                             "cpu_s": round(cpu.user + cpu.system, 2),
                         }
+                        if p.pid != pid and self._spawned(p):
+                            entry["spawned"] = True
         return out
 
     def sample(self, t: float) -> Sample:
