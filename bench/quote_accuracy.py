@@ -245,34 +245,46 @@ def summary(cases: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def draw(report: dict[str, Any], path: Path) -> None:
+    draw_many([report], path)
+
+
+def draw_many(reports: list[dict[str, Any]], path: Path) -> None:
+    """Each report's errors against job size, at submission and at 50%; several reports
+    (a change and its baseline, ``--compare``) on the same axes, labelled by note."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    markers = iter("osD^v<>phx*")
+    for report in reports:
+        for shape, load in [(s, ld) for s in report["shapes"] for ld in report["loads"]]:
+            marker = next(markers, "o")
+            label = f"sim {shape}, {load}"
+            if len(reports) > 1:
+                label += f": {report['note']}"
+            for ax, point in zip(axes, ("at_submission", "at_50pct"), strict=True):
+                cs = [
+                    c
+                    for c in report["cases"]
+                    if c["shape"] == shape and c.get("load") == load and c[point]
+                ]
+                ax.plot(
+                    [c["items"] for c in cs],
+                    [100 * c[point]["error_frac"] for c in cs],
+                    marker=marker,
+                    ls="-",
+                    label=label,
+                )
     for ax, point in zip(axes, ("at_submission", "at_50pct"), strict=True):
-        for (shape, load), marker in zip(
-            [(s, ld) for s in report["shapes"] for ld in report["loads"]], "osD^v<>", strict=False
-        ):
-            cs = [
-                c
-                for c in report["cases"]
-                if c["shape"] == shape and c.get("load") == load and c[point]
-            ]
-            ax.plot(
-                [c["items"] for c in cs],
-                [100 * c[point]["error_frac"] for c in cs],
-                marker=marker,
-                ls="-",
-                label=f"sim {shape}, {load}",
-            )
         ax.axhspan(-10, 10, color="tab:green", alpha=0.12, label="goal at 50%: within 10%")
         ax.axhline(0, color="grey", lw=0.8)
         ax.set(xscale="log", xlabel="job items", title=f"quote {point.replace('_', ' ')}")
     axes[0].set_ylabel("error, % of the remaining time (+: quoted later)")
     axes[1].legend(fontsize=7)
-    fig.suptitle(f"completion-time quotes: --scale {report['scale']:g}, {report['note']}")
+    title = reports[0]["note"] if len(reports) == 1 else "compared"
+    fig.suptitle(f"completion-time quotes: --scale {reports[0]['scale']:g}, {title}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -289,7 +301,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=1, help="jobs per (shape, load, size)")
     ap.add_argument("--note", default="", help="a label for the chart (e.g. the box)")
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
+    ap.add_argument(
+        "--compare", nargs="+", type=Path, help="draw these reports together into --out (a .png)"
+    )
     args = ap.parse_args(argv)
+    if args.compare:
+        draw_many([json.loads(p.read_text()) for p in args.compare], args.out)
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     shapes, loads = args.shapes.split(","), args.loads.split(",")
     sizes = [max(1, round(int(s) * args.scale)) for s in args.sizes.split(",")]

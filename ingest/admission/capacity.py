@@ -55,6 +55,10 @@ RATE_WINDOW_S = 5.0
 # whatever was admitted on the lull's strength expires (simulated: 18% of free's
 # admitted requests at 3x capacity on 20 ms batches of 2, 5% with the long window).
 LONG_RATE_WINDOW_S = 30.0
+# Quotes forecast what the sync classes take over a job's remaining time by their mean
+# rate over as long a past (decision 69): an hour of admissions is kept, in 10 s buckets.
+QUOTE_HISTORY_S = 3600.0
+QUOTE_BUCKET_S = 10.0
 # One-sided 95% point of a normal: admission promises each tier its SLO at p95, so a
 # rate that decides admission is taken this many standard deviations on the safe side:
 # arrivals count as overload only when this far above capacity, and the capacity left
@@ -145,6 +149,21 @@ class RecentAdmissions:
         self._evict(key, q, now)
         return self._total[key] / self.span(now)
 
+    def rate_over(self, key: Hashable, now: float, window_s: float) -> float:
+        """Events/s over the last ``window_s`` (at most the horizon; since counting
+        began, if later), from the bucket that holds its start."""
+        q = self._buckets.get(key)
+        if not q:
+            return 0.0
+        self._evict(key, q, now)
+        from_t = math.floor((now - min(window_s, self.horizon_s)) / self.bucket_s) * self.bucket_s
+        n = 0.0
+        for start, k in reversed(q):
+            if start < from_t:
+                break
+            n += k
+        return n / max(self.bucket_s, now - max(from_t, self.started))
+
 
 def wait_s(ahead: float, load: ModelLoad, drain_s: float, higher_s: float) -> float:
     """Seconds until a request with ``ahead`` requests before it starts, beyond the wait
@@ -208,6 +227,8 @@ class Admission:
         self.admitted = RecentAdmissions(RATE_WINDOW_S)  # by (ref, class[, tenant])
         self.offered = RecentAdmissions(RATE_WINDOW_S)  # by (ref, class): all decided
         self.admitted_long = RecentAdmissions(LONG_RATE_WINDOW_S, bucket_s=1.0)  # (ref, class)
+        # (ref, class), for quotes only: an hour, read over a job's remaining time
+        self.admitted_history = RecentAdmissions(QUOTE_HISTORY_S, bucket_s=QUOTE_BUCKET_S)
         self.refused_at: dict[tuple[str, str], float] = {}  # (ref, class) -> last capacity refusal
         self._rates: dict[tuple[str, str], _Rates] = {}
 
@@ -237,6 +258,7 @@ class Admission:
             self.admitted.add((ref, priority, tenant), now)
             self.admitted.add((ref, priority), now)
             self.admitted_long.add((ref, priority), now)
+            self.admitted_history.add((ref, priority), now)
         elif d.reason in ("capacity", "buffer"):
             self.refused_at[(ref, priority)] = now
         return d

@@ -9,6 +9,7 @@ import math
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -17,6 +18,7 @@ from core.errors import Conflict
 from core.models.spec import ModelSpec
 from core.vocab import PRIORITY_CLASSES, JobStatus, PriorityClass
 from ingest.acceptance.state import AppState
+from ingest.admission.capacity import LONG_RATE_WINDOW_S
 from ingest.jobs.quote import (
     JobPlace,
     Pending,
@@ -35,10 +37,12 @@ log = logging.getLogger(__name__)
 _AHEAD_OF_JOBS = PRIORITY_CLASSES[: PriorityClass.JOBS.rank]
 
 
-def jobs_rate(st: AppState, ref: str) -> float:
-    """Items/s left to the jobs class of a model now: the live workers' capacity less
-    what the classes above take (what every API instance admitted lately, from this
-    instance's counts times the instances, as admission reads it)."""
+def jobs_rate(st: AppState, ref: str, horizon_s: float = 0.0) -> float:
+    """Items/s left to the jobs class of a model: the live workers' capacity less what
+    the classes above take (what every API instance admitted, from this instance's
+    counts times the instances). Over a ``horizon_s`` longer than admission's long
+    window, their mean rate over as long a past (up to an hour); else, as admission
+    reads it, the larger of their rates over its two windows."""
     load = st.load
     view = load.view
     capacity = view.capacity.get(ref) if view is not None else None
@@ -46,10 +50,15 @@ def jobs_rate(st: AppState, ref: str) -> float:
         return 0.0
     now = time.monotonic()
     adm = load.admission
-    taken = sum(
-        max(adm.admitted.rate((ref, c), now), adm.admitted_long.rate((ref, c), now))
-        for c in _AHEAD_OF_JOBS
-    )
+    if horizon_s > LONG_RATE_WINDOW_S:
+        taken = sum(
+            adm.admitted_history.rate_over((ref, c), now, horizon_s) for c in _AHEAD_OF_JOBS
+        )
+    else:
+        taken = sum(
+            max(adm.admitted.rate((ref, c), now), adm.admitted_long.rate((ref, c), now))
+            for c in _AHEAD_OF_JOBS
+        )
     return job_rate(capacity.items_s, taken * max(1, load.limiter.instances))
 
 
@@ -76,8 +85,8 @@ async def job_estimates(
     for j in live:
         by_ref.setdefault((j.model, j.model_version), []).append(j)
     for (model, version), js in by_ref.items():
-        rate = jobs_rate(st, f"{model}@{version}")
-        if rate <= 0:
+        ref = f"{model}@{version}"
+        if jobs_rate(st, ref) <= 0:
             continue
         pending = _pending(await job_backlog.pending_jobs(st.engine, model, version, now))
         for j in js:
@@ -91,7 +100,9 @@ async def job_estimates(
                 done=done,
                 running_s=running_s,
             )
-            out[str(j.job_id)] = _seconds(completion_at(now.timestamp(), rate, place, others))
+            out[str(j.job_id)] = _seconds(
+                completion_at(now.timestamp(), partial(jobs_rate, st, ref), place, others)
+            )
     return out
 
 
@@ -105,11 +116,11 @@ async def new_job_quote(
     """When a job of ``items`` items submitted now would finish, behind all of the
     tenant's unfinished jobs of the model; None while no worker serves it. A flex
     request's 202 is quoted so too (its unanswered inputs: ``flex_quote``)."""
-    rate = jobs_rate(st, spec.ref)
-    if rate <= 0:
+    if jobs_rate(st, spec.ref) <= 0:
         return None
     pending = _pending(await job_backlog.pending_jobs(st.engine, spec.name, spec.version, now))
     place, others = queued_now(tenant.id, float(items), tenant.weight, pending)
+    rate = partial(jobs_rate, st, spec.ref)
     return _seconds(completion_at(now.timestamp(), rate, place, others))
 
 

@@ -3,7 +3,8 @@ is passed in.
 
 1. The rate jobs of a model get: what the live workers serve (the schedulers' load
    reports, ``ModelLoad.items_s``) less what the sync classes above take (they are
-   served first, decision 11).
+   served first, decision 11), that take forecast over the job's remaining time by
+   its mean over as long a past (``completion_at``).
 2. The job's place in the fair queue: job items of one model are shared among
    tenants by weighted deficit round robin (scheduler/core/fairness.py, decision 9),
    which over a job's length is generalized processor sharing. Every backlogged tenant
@@ -18,7 +19,7 @@ No workers serving the model (a rate of zero) gives no quote rather than a wrong
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -132,7 +133,20 @@ def remaining_s(rate: float, place: JobPlace, others: Iterable[Flow]) -> float |
     return (1 - f) * predicted + f * observed
 
 
-def completion_at(now: float, rate: float, place: JobPlace, others: Iterable[Flow]) -> float | None:
-    """The expected completion time (unix seconds), or None without a quote."""
-    left = remaining_s(rate, place, others)
+def completion_at(
+    now: float, rate_over: Callable[[float], float], place: JobPlace, others: Iterable[Flow]
+) -> float | None:
+    """The expected completion time (unix seconds), or None without a quote.
+
+    ``rate_over(h)``: the rate jobs get over the next ``h`` seconds (0: now). The sync
+    classes' take is forecast by its mean over the quote's own horizon: first the
+    time left at the rate jobs get now, then at the rate the mean of as long a past
+    leaves them. Short of knowing the sync traffic's pattern, its mean over the next H
+    seconds is best guessed by its mean over the last H; the rate of the moment, read
+    in a burst or a lull, was off by half under a load that changes every 20 s."""
+    others = list(others)
+    first = remaining_s(rate_over(0.0), place, others)
+    if first is None:
+        return None
+    left = remaining_s(rate_over(first), place, others)
     return None if left is None else now + left

@@ -16,6 +16,7 @@ from ingest.admission.capacity import (
     ORDER_WINDOW_S,
     Admission,
     Decision,
+    RecentAdmissions,
     timeout_floor_ms,
     wait_budget_s,
     wait_s,
@@ -320,3 +321,27 @@ def test_the_timeout_floor_is_a_batch_of_one_and_the_margin(
     shape = ModelLoad(items_s=200, batch=10, batch_ms=single_ms, single_ms=single_ms, workers=2)
     assert timeout_floor_ms(shape, margin_s) == floor
     assert timeout_floor_ms(None, margin_s) == math.ceil(margin_s * 1000)  # nothing reported
+
+
+def test_a_rate_over_a_window_counts_only_that_window() -> None:
+    counts = RecentAdmissions(3600.0, bucket_s=10.0)
+    for t in range(0, 600):  # 10/s for ten minutes, then 1/s for the next ten
+        for k in range(10):
+            counts.add("x", t + k / 10)
+    for t in range(600, 1200):
+        counts.add("x", float(t))
+    now = 1200.0
+    assert counts.rate_over("x", now, 600.0) == pytest.approx(1.0)
+    assert counts.rate_over("x", now, 1200.0) == pytest.approx(5.5)
+    # Longer than counting has run: over what was counted, not diluted by the rest.
+    assert counts.rate_over("x", now, 3000.0) == pytest.approx(5.5)
+    assert counts.rate_over("y", now, 600.0) == 0.0
+
+
+def test_a_rate_over_a_window_is_capped_at_the_horizon() -> None:
+    counts = RecentAdmissions(100.0, bucket_s=10.0)
+    for t in range(0, 300):
+        counts.add("x", float(t) + (0.5 if t >= 200 else 0.0))
+        if t >= 200:
+            counts.add("x", float(t) + 0.6)
+    assert counts.rate_over("x", 300.0, 10_000.0) == pytest.approx(2.0)

@@ -99,11 +99,32 @@ def test_the_rate_left_to_jobs_is_capacity_less_the_sync_take() -> None:
 def test_no_capacity_gives_no_quote() -> None:
     place = JobPlace(0, 1000, 1.0)
     assert remaining_s(0.0, place, []) is None
-    assert completion_at(1_000.0, 0.0, place, [Flow(10, 1.0)]) is None
+    assert completion_at(1_000.0, lambda h: 0.0, place, [Flow(10, 1.0)]) is None
 
 
 def test_a_job_with_nothing_left_is_due_now() -> None:
-    assert completion_at(1_000.0, 50.0, JobPlace(0, 0, 1.0), []) == 1_000.0
+    assert completion_at(1_000.0, lambda h: 50.0, JobPlace(0, 0, 1.0), []) == 1_000.0
+
+
+def test_the_sync_take_is_forecast_by_its_mean_over_the_quotes_horizon() -> None:
+    # Sync takes most of the workers now (jobs get 20/s), but over the last 100 s jobs
+    # got 100/s on average: 10,000 items are quoted at the mean, not at the moment's rate.
+    asked: list[float] = []
+
+    def rate_over(h: float) -> float:
+        asked.append(h)
+        return 20.0 if h == 0 else 100.0
+
+    got = completion_at(0.0, rate_over, JobPlace(0, 10_000, 1.0), [])
+    assert asked == [0.0, 500.0]  # the horizon: what the moment's rate says is left
+    assert got == pytest.approx(100.0)
+
+
+def test_a_steady_take_quotes_as_before() -> None:
+    place, others = JobPlace(200, 1_000, 1.0), [Flow(600, 2.0)]
+    assert completion_at(50.0, lambda h: 80.0, place, others) == pytest.approx(
+        50.0 + remaining_s(80.0, place, others)  # type: ignore[operator]
+    )
 
 
 def test_items_of_the_tenant_ahead_count_wholly_before_the_job() -> None:
