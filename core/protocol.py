@@ -91,6 +91,11 @@ class UnloadModel:
     version: str
 
 
+# What a scheduler asks of a worker about a model version; the worker answers each
+# with ModelStatus.
+ModelCommand = LoadModel | UnloadModel
+
+
 class ModelState(StrEnum):
     LOADING = "loading"  # verifying, loading, warming up
     READY = "ready"  # takes batches

@@ -16,7 +16,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
-from results.schema import metadata, version_key, written_at
+from results.schema import counter, json_object, metadata, version_key, written_at
 
 model_names = Table(
     "model_names",
@@ -35,7 +35,7 @@ model_versions = Table(
     Column("backend", Text, nullable=False),
     Column("artifact", Text, nullable=False, server_default=""),
     Column("sha256", Text, nullable=False, server_default=""),
-    Column("config", JSONB, nullable=False, server_default="{}"),
+    json_object("config"),
     Column("max_batch_size", Integer, nullable=False),
     Column("memory_bytes", BigInteger, nullable=False, server_default="0"),
     Column("state", Text, nullable=False, server_default="staged"),  # a VersionState
@@ -54,7 +54,7 @@ model_audit = Table(
     Column("action", Text, nullable=False),
     Column("name", Text, nullable=False),
     Column("version", Text),
-    Column("detail", JSONB, nullable=False, server_default="{}"),
+    json_object("detail"),
 )
 
 model_readiness = Table(
@@ -62,10 +62,10 @@ model_readiness = Table(
     metadata,
     Column("scheduler_id", Text, primary_key=True),
     *version_key(),
-    Column("ready_workers", Integer, nullable=False, server_default="0"),
-    Column("loading_workers", Integer, nullable=False, server_default="0"),
-    Column("unavailable_workers", Integer, nullable=False, server_default="0"),
-    Column("failed_workers", Integer, nullable=False, server_default="0"),
+    counter("ready_workers"),
+    counter("loading_workers"),
+    counter("unavailable_workers"),
+    counter("failed_workers"),
     Column("error", Text),
     Column("retry_after_s", Float),
     written_at("updated_at"),
@@ -77,8 +77,8 @@ model_curves = Table(
     *version_key(),
     Column("worker_class", Text, primary_key=True),
     Column("max_batch_size", Integer, nullable=False),
-    Column("profile_ms", JSONB, nullable=False, server_default="{}"),
-    Column("workers", Integer, nullable=False, server_default="0"),
+    json_object("profile_ms"),
+    counter("workers"),
     written_at("updated_at"),
 )
 
@@ -92,9 +92,9 @@ model_replays = Table(
     Column("since", DateTime(timezone=True), nullable=False),
     written_at("started_at"),
     Column("finished_at", DateTime(timezone=True)),
-    Column("items", Integer, nullable=False, server_default="0"),
+    counter("items"),
     Column("passed", Boolean),
-    Column("report", JSONB, nullable=False, server_default="{}"),
+    json_object("report"),
 )
 
 # A corpus re-embedded by a new version (migration 0029, decision 68): the migration job

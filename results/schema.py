@@ -40,6 +40,16 @@ def written_at(name: str) -> Column[Any]:
     return Column(name, DateTime(timezone=True), nullable=False, server_default=func.now())
 
 
+def json_object(name: str) -> Column[Any]:
+    """A JSON object, ``{}`` until one is written."""
+    return Column(name, JSONB, nullable=False, server_default="{}")
+
+
+def counter(name: str, type_: type[Integer] = Integer) -> Column[Any]:
+    """A count that starts at 0."""
+    return Column(name, type_, nullable=False, server_default="0")
+
+
 def version_key() -> tuple[Column[Any], Column[Any]]:
     """(name, version): one version of one model, in the key of the registry's tables."""
     return Column("name", Text, primary_key=True), Column("version", Text, primary_key=True)
@@ -85,7 +95,7 @@ models = Table(
     metadata,
     *version_key(),
     Column("max_batch_size", Integer, nullable=False),
-    Column("profile_ms", JSONB, nullable=False, server_default="{}"),
+    json_object("profile_ms"),
     written_at("last_seen_at"),
 )
 
@@ -101,7 +111,7 @@ requests = Table(
     Column("priority", Text, nullable=False),
     Column("model", Text, nullable=False),
     Column("model_version", Text, nullable=False),
-    Column("params", JSONB, nullable=False, server_default="{}"),
+    json_object("params"),
     Column("input", JSONB(none_as_null=True)),  # NULL for job items (kept in job_items)
     Column("status", Text, nullable=False),  # a RequestStatus
     Column("output", JSONB(none_as_null=True)),  # NULL for a vector output
@@ -210,18 +220,15 @@ jobs = Table(
     Column("tenant_id", UUID(as_uuid=False), nullable=False),
     Column("model", Text, nullable=False),
     Column("model_version", Text, nullable=False),
-    Column("params", JSONB, nullable=False, server_default="{}"),
+    json_object("params"),
     Column("metadata", JSONB),
     Column("total_items", Integer, nullable=False),
     Column("submit_state", Text, nullable=False, server_default="submitting"),
     Column(
         "submit_heartbeat_at", DateTime(timezone=True), nullable=False, server_default=func.now()
     ),
-    Column("succeeded", Integer, nullable=False, server_default="0"),
-    Column("failed", Integer, nullable=False, server_default="0"),
-    Column("expired", Integer, nullable=False, server_default="0"),
-    Column("cancelled", Integer, nullable=False, server_default="0"),
-    Column("attempt", Integer, nullable=False, server_default="0"),
+    *(counter(c) for c in JOB_COUNTERS),
+    counter("attempt"),
     written_at("created_at"),
     Column("started_at", DateTime(timezone=True)),
     Column("finished_at", DateTime(timezone=True)),
@@ -231,7 +238,7 @@ jobs = Table(
     Column("body_hash", Text),
     Column("webhook_url", Text),
     Column("webhook_secret", Text),
-    Column("webhook_attempts", Integer, nullable=False, server_default="0"),
+    counter("webhook_attempts"),
     Column("webhook_next_at", DateTime(timezone=True)),
     Column("webhook_delivered_at", DateTime(timezone=True)),
     Column("webhook_error", Text),
@@ -243,7 +250,7 @@ jobs = Table(
     # An incremental job (decision 61): the job it reused results of, and how many of its
     # items took a stored result instead of being computed (fixed at submission).
     Column("base_job_id", UUID(as_uuid=False)),
-    Column("reused", Integer, nullable=False, server_default="0"),
+    counter("reused"),
     Index(
         "jobs_webhook_due",
         "webhook_next_at",
@@ -273,7 +280,7 @@ job_items = Table(
     Column("custom_id", Text),
     Column("input", JSONB, nullable=False),
     Column("request_id", UUID(as_uuid=False), nullable=False),
-    Column("attempt", Integer, nullable=False, server_default="0"),
+    counter("attempt"),
     # sha256 of what decides the item's output (ingest/jobs/incremental.py); NULL for
     # items staged before revision 0022. ``reused``: written by releases before decision
     # 61's amendment only; a reused item is now told by its result row's attempts = 0
@@ -294,7 +301,7 @@ job_counts = Table(
     ),
     Column("attempt", Integer, primary_key=True),
     Column("writer", UUID(as_uuid=False), primary_key=True),
-    *(Column(c, Integer, nullable=False, server_default="0") for c in JOB_COUNTERS),
+    *(counter(c) for c in JOB_COUNTERS),
 )
 
 # A view (migration 0025): a job's counters as they stand, the job row's plus its
@@ -312,22 +319,22 @@ api_instances = Table(
     Column("instance_id", Text, primary_key=True),
     written_at("last_seen_at"),
     # this process's metrics window (core/metrics_window.py), for the dashboard
-    Column("metrics", JSONB, nullable=False, server_default="{}"),
+    json_object("metrics"),
 )
 
 scheduler_load = Table(
     "scheduler_load",
     metadata,
     Column("scheduler_id", Text, primary_key=True),
-    Column("capacity", JSONB, nullable=False, server_default="{}"),
-    Column("backlog", JSONB, nullable=False, server_default="{}"),
-    Column("lag", JSONB, nullable=False, server_default="{}"),
+    json_object("capacity"),
+    json_object("backlog"),
+    json_object("lag"),
     # the largest tenants' queues per model ref and class (results.load.REST: the rest)
-    Column("tenant_backlog", JSONB, nullable=False, server_default="{}"),
+    json_object("tenant_backlog"),
     # this scheduler's metrics window (core/metrics_window.py), for the dashboard
-    Column("metrics", JSONB, nullable=False, server_default="{}"),
+    json_object("metrics"),
     # generation model ref -> its KV cache (core.load_report.KVState), for KV admission
-    Column("kv", JSONB, nullable=False, server_default="{}"),
+    json_object("kv"),
     written_at("updated_at"),
 )
 
@@ -437,10 +444,10 @@ ledger_counts = Table(
     Column("consumer_group", Text, primary_key=True),
     Column("tenant_id", UUID(as_uuid=False), primary_key=True),
     Column("minute", DateTime(timezone=True), primary_key=True),
-    Column("accepted", BigInteger, nullable=False, server_default="0"),
-    Column("terminal", BigInteger, nullable=False, server_default="0"),
-    Column("missing", BigInteger, nullable=False, server_default="0"),
-    Column("duplicate", BigInteger, nullable=False, server_default="0"),
+    counter("accepted", BigInteger),
+    counter("terminal", BigInteger),
+    counter("missing", BigInteger),
+    counter("duplicate", BigInteger),
 )
 
 # Messages read and not yet counted, per partition (replaced at each store): an export's

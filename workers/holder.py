@@ -27,6 +27,7 @@ from core.config import Settings
 from core.models.registry import VersionRecord
 from core.protocol import (
     LoadModel,
+    ModelCommand,
     ModelInfo,
     ModelState,
     ModelStatus,
@@ -69,9 +70,7 @@ class Holder:
         self._gone: set[Connection] = set()
         self._inflight: Counter[ModelRef] = Counter()
         self._lock = threading.Lock()
-        self._commands: queue.Queue[tuple[Connection, LoadModel | UnloadModel] | None] = (
-            queue.Queue()
-        )
+        self._commands: queue.Queue[tuple[Connection, ModelCommand] | None] = queue.Queue()
         self._status: dict[ModelRef, ModelStatus] = {}
 
     # ---- boot ----------------------------------------------------------------------------
@@ -99,7 +98,7 @@ class Holder:
             self._inflight[ref] -= 1
 
     # ---- what reader threads call --------------------------------------------------------
-    def command(self, conn: Connection, msg: LoadModel | UnloadModel) -> None:
+    def command(self, conn: Connection, msg: ModelCommand) -> None:
         self._commands.put((conn, msg))
 
     def forget(self, conn: Connection) -> None:

@@ -51,9 +51,8 @@ from core.protocol import (
     GenStep,
     GenStepResult,
     Hello,
-    LoadModel,
+    ModelCommand,
     ModelStatus,
-    UnloadModel,
     WorkBatch,
     WorkResult,
 )
@@ -372,7 +371,7 @@ def _serve_batches(
                 msg = conn.recv()
             except (EOFError, OSError):
                 msg = None
-            if isinstance(msg, LoadModel | UnloadModel):
+            if isinstance(msg, ModelCommand):
                 holder.command(conn, msg)  # the loader thread carries it out
                 continue
             batch: WorkBatch | GenStep | None = msg

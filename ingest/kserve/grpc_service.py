@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -40,7 +41,11 @@ from ingest.kserve.grpc_wire import (
 )
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+S = TypeVar("S")
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+# A servicer's RPC method: (self, request, context) -> its response.
+Rpc = Callable[[S, Req, grpc.aio.ServicerContext], Awaitable[Resp]]
 GRACE_S = 5.0  # for calls under way when the process stops (uvicorn drains HTTP first)
 
 
@@ -75,15 +80,20 @@ async def _refuse(context: grpc.aio.ServicerContext, exc: Exception, where: str)
     raise AssertionError("context.abort raises")  # grpc is untyped: for the type checker
 
 
-async def _answer(context: grpc.aio.ServicerContext, where: str, make: Awaitable[T]) -> T:
-    """``make``'s answer, or its error as the call's status."""
-    try:
-        return await make
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        await _refuse(context, exc, where)
-        raise  # not reached: _refuse raises
+def _answered(rpc: Rpc[S, Req, Resp]) -> Rpc[S, Req, Resp]:
+    """The RPC method ``rpc`` with any error it raises answered as the call's status."""
+
+    @functools.wraps(rpc)
+    async def answered(self: S, request: Req, context: grpc.aio.ServicerContext) -> Resp:
+        try:
+            return await rpc(self, request, context)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await _refuse(context, exc, rpc.__name__)
+            raise  # not reached: _refuse raises
+
+    return answered
 
 
 def _model(name: str) -> str:
@@ -143,23 +153,15 @@ class KServeGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):
             name=meta["name"], version=meta["version"], extensions=meta["extensions"]
         )
 
+    @_answered
     async def ModelMetadata(
-        self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ModelMetadataResponse:
-        return await _answer(context, "ModelMetadata", self._metadata(request, context))
-
-    async def _metadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
         authorization, model, version = _target(request, context)
         return metadata_response(await answers.metadata_of(self.st, authorization, model, version))
 
+    @_answered
     async def ModelReady(
-        self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ModelReadyResponse:
-        return await _answer(context, "ModelReady", self._ready(request, context))
-
-    async def _ready(
         self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelReadyResponse:
         # Unknown, or no worker serves it now (HTTP's 404 and 503): not ready, as
@@ -171,12 +173,8 @@ class KServeGrpc(service_pb2_grpc.GRPCInferenceServiceServicer):
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=True)
 
+    @_answered
     async def ModelInfer(
-        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ModelInferResponse:
-        return await _answer(context, "ModelInfer", self._infer(request, context))
-
-    async def _infer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         received = time.time()

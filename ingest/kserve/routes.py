@@ -128,6 +128,4 @@ async def infer(
     version: str | None = None,
     idempotency_key: str | None = Header(default=None),
 ) -> Response:
-    st = get_state(request)
-    call = await pipeline.call_of(st, request, tenant, idempotency_key)
-    return await pipeline.serve(st, INFER, call)
+    return await pipeline.serve_route(request, INFER, tenant, idempotency_key)

@@ -38,7 +38,15 @@ from core.models.registry import (
     spec_from_record,
 )
 from core.models.spec import ModelSpec
-from core.protocol import LoadModel, ModelInfo, ModelState, ModelStatus, UnloadModel, info_matches
+from core.protocol import (
+    LoadModel,
+    ModelCommand,
+    ModelInfo,
+    ModelState,
+    ModelStatus,
+    UnloadModel,
+    info_matches,
+)
 from core.vocab import ModelRef
 from scheduler.core.interface import SchedulerInterface
 from scheduler.core.plans import Worker
@@ -53,9 +61,6 @@ class Commandable(Protocol):
 
     @property
     def worker_id(self) -> str: ...
-
-
-Command = LoadModel | UnloadModel
 
 
 @dataclass
@@ -193,13 +198,13 @@ class ModelControl:
                 want(ref, Rank.DEMANDED)
         return [Want(ref, rank, self._bytes(ref)) for ref, rank in ranks.items()]
 
-    def tick(self, now: float) -> list[tuple[Commandable, Command]]:
+    def tick(self, now: float) -> list[tuple[Commandable, ModelCommand]]:
         """Commands for the workers, and what each takes batches of from now on."""
         seen = {k: self.core.worker_stats(h.worker) for k, h in self.held.items()}
         for key in [k for k, st in seen.items() if not st.alive]:
             del self.held[key]
         wants = self.wants()
-        out: list[tuple[Commandable, Command]] = []
+        out: list[tuple[Commandable, ModelCommand]] = []
         for key, h in self.held.items():
             mine = [w for w in wants if h.takes(w.ref[0])]
             out += self._tick_worker(h, seen[key], mine, now)
@@ -207,8 +212,8 @@ class ModelControl:
 
     def _tick_worker(
         self, h: Held, st: WorkerStats, wants: list[Want], now: float
-    ) -> list[tuple[Commandable, Command]]:
-        out: list[tuple[Commandable, Command]] = []
+    ) -> list[tuple[Commandable, ModelCommand]]:
+        out: list[tuple[Commandable, ModelCommand]] = []
         busy = st.busy
         # A version loaded from another build than the registry's (a worker that booted
         # with the built-in one): load the registry's over it.

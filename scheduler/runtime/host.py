@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from core.load_report import LoadReport
 from core.models.readiness import Readiness
 from core.models.registry import VersionRecord
-from core.protocol import Hello, ModelInfo, ModelStatus, WorkResult
+from core.protocol import Hello, ModelCommand, ModelInfo, ModelStatus, WorkResult
 from core.vocab import ModelRef
 from scheduler.core.batcher import Pending
 from scheduler.core.interface import SchedulerInterface
-from scheduler.core.model_control import Command, Commandable, ModelControl
+from scheduler.core.model_control import Commandable, ModelControl
 from scheduler.core.offsets import TopicPartition
 from scheduler.core.plans import InFlight, Lost, Reject, Worker, Write
 from scheduler.core.stats import CoreStats
@@ -37,7 +37,7 @@ from scheduler.core.stats import CoreStats
 POLL_S = 0.25
 
 Curves = dict[tuple[ModelRef, str], tuple[int, dict[int, float], int]]
-Commands = list[tuple[Commandable, Command]]
+Commands = list[tuple[Commandable, ModelCommand]]
 
 
 class CoreHost:

@@ -30,9 +30,8 @@ from core.protocol import (
     GenStep,
     GenStepResult,
     Hello,
-    LoadModel,
+    ModelCommand,
     ModelStatus,
-    UnloadModel,
     WorkBatch,
     WorkResult,
 )
@@ -133,7 +132,7 @@ class WorkerHandle:
         self.send(batch)
         return self.receive(timeout_s)
 
-    def command(self, msg: LoadModel | UnloadModel) -> bool:
+    def command(self, msg: ModelCommand) -> bool:
         """Ask the worker to load or unload a version; False if it is gone."""
         with self._send_lock:
             try:

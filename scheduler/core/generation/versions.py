@@ -25,6 +25,7 @@ from core.models.registry import VersionRecord, VersionState
 from core.protocol import (
     GenerationInfo,
     LoadModel,
+    ModelCommand,
     ModelInfo,
     ModelState,
     ModelStatus,
@@ -35,8 +36,6 @@ from core.protocol import (
 # A version that failed to load is asked for again after this long (s), as the batching
 # workers' residency does (docs/models.md).
 RETRY_FAILED_S = 30.0
-
-Command = LoadModel | UnloadModel
 
 
 class Fate(StrEnum):
@@ -112,10 +111,10 @@ class Versions:
         out = {v for v, r in self.records.items() if r.state is not VersionState.RETIRED}
         return out | {v for v in busy if v in self.records}
 
-    def tick(self, now: float, busy: Iterable[str]) -> list[Command]:
+    def tick(self, now: float, busy: Iterable[str]) -> list[ModelCommand]:
         busy = set(busy)
         want = self.wanted(busy)
-        out: list[Command] = []
+        out: list[ModelCommand] = []
         for v in sorted(want):
             record = self.records[v]
             slot = self.held.get(v)
