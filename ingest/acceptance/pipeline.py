@@ -79,7 +79,7 @@ from ingest.acceptance.service_tier import (
     patience_s,
     plan_service,
 )
-from ingest.acceptance.state import AppState, get_state
+from ingest.acceptance.state import AppState
 from ingest.acceptance.waiters import ARRIVED_AT
 from ingest.admission.policy import (
     check_admission,
@@ -290,14 +290,6 @@ async def serve(st: AppState, door: Door[R], call: Call) -> R:
             st.inflight.release()
         if flex_held:
             st.flex_waits.release()
-
-
-async def serve_route(
-    request: Request, door: Door[R], tenant: Tenant, idempotency_key: str | None
-) -> R:
-    """A FastAPI route's request served by ``door``: ``call_of``, then ``serve``."""
-    st = get_state(request)
-    return await serve(st, door, await call_of(st, request, tenant, idempotency_key))
 
 
 def _admit(

@@ -128,4 +128,6 @@ async def infer(
     version: str | None = None,
     idempotency_key: str | None = Header(default=None),
 ) -> Response:
-    return await pipeline.serve_route(request, INFER, tenant, idempotency_key)
+    st = get_state(request)
+    call = await pipeline.call_of(st, request, tenant, idempotency_key)
+    return await pipeline.serve(st, INFER, call)

@@ -18,7 +18,7 @@ from core.errors import NotFound
 from core.limits import canonical_uuid, shown
 from core.vocab import RequestStatus
 from ingest.acceptance.deferred import deferred_answer
-from ingest.acceptance.pipeline import Call, Order, Outcome, serve_route
+from ingest.acceptance.pipeline import Call, Order, Outcome, call_of, serve
 from ingest.acceptance.service_tier import SERVICE_TIER_HEADER, asked_tier
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
@@ -86,7 +86,8 @@ async def infer(
     request: Request, tenant: Caller, idempotency_key: str | None = Header(default=None)
 ) -> Response:
     # The body is declared in create_app (ingest/app.py), with the caps in force.
-    return await serve_route(request, INFER, tenant, idempotency_key)
+    st = get_state(request)
+    return await serve(st, INFER, await call_of(st, request, tenant, idempotency_key))
 
 
 @router.get(

@@ -26,7 +26,7 @@ from core.models.causal_lm import CausalLMSpec, generation_params
 from core.vocab import RequestStatus, ServiceTier
 from ingest.acceptance.deferred import deferred_answer
 from ingest.acceptance.genai import Meter
-from ingest.acceptance.pipeline import Call, Generation, Order, Outcome, serve_route
+from ingest.acceptance.pipeline import Call, Generation, Order, Outcome, call_of, serve
 from ingest.acceptance.ports import Token, TokenStream
 from ingest.acceptance.service_tier import SERVICE_TIER_HEADER, asked_tier
 from ingest.acceptance.state import AppState, get_state
@@ -161,7 +161,8 @@ async def create_completion(
 ) -> Response:
     """With an ``Idempotency-Key``, a retry of the same body is the same request: its
     stored answer, or its stream from the start (after ``Last-Event-ID`` if sent)."""
-    return await serve_route(request, COMPLETIONS, tenant, idempotency_key)
+    st = get_state(request)
+    return await serve(st, COMPLETIONS, await call_of(st, request, tenant, idempotency_key))
 
 
 async def _sse(

@@ -128,7 +128,9 @@ EMBEDDINGS = EmbeddingsDoor()
 async def embeddings(
     request: Request, tenant: Caller, idempotency_key: str | None = Header(default=None)
 ) -> Response:
-    return await pipeline.serve_route(request, EMBEDDINGS, tenant, idempotency_key)
+    st = get_state(request)
+    call = await pipeline.call_of(st, request, tenant, idempotency_key)
+    return await pipeline.serve(st, EMBEDDINGS, call)
 
 
 def _pending(outcome: Outcome, body: EmbeddingsRequest, prefer: Prefer) -> ORJSONResponse:
