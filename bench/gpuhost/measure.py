@@ -76,12 +76,19 @@ class PgWaits:
     """What PostgreSQL's client backends are doing, sampled every 50 ms while it runs:
     each active backend counts once a sample under its wait event (``Lock:object``,
     ``LWLock:WALWrite``, ``IO:WALSync``...) or ``cpu`` when it waits on nothing. Shares
-    of all samples: where commits queue when the store is the limit."""
+    of all samples: where commits queue when the store is the limit.
+
+    Beside them, the way answers travel (LISTEN/NOTIFY): every second the notification
+    queue's backlog (``pg_notification_queue_usage``: what the slowest listener has yet
+    to read), and the Notify SLRU's page counters over the run (``pg_stat_slru``: pages
+    read back from its files because a listener fell behind its few buffers)."""
 
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self.counts: Counter[str] = Counter()
         self.samples = 0
+        self.queue_mb: list[float] = []
+        self.slru: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="pg-waits")
 
@@ -93,10 +100,17 @@ class PgWaits:
         self._stop.set()
         self._thread.join(5)
 
+    _SLRU = (
+        "SELECT blks_zeroed, blks_hit, blks_read, blks_written FROM pg_stat_slru "
+        "WHERE name = 'Notify'"
+    )
+
     def _loop(self) -> None:
         import psycopg
 
         with contextlib.suppress(Exception), psycopg.connect(self.dsn, autocommit=True) as pg:
+            before = pg.execute(self._SLRU).fetchone()
+            tick = 0
             while not self._stop.wait(0.05):
                 rows = pg.execute(
                     "SELECT wait_event_type, wait_event FROM pg_stat_activity "
@@ -106,13 +120,33 @@ class PgWaits:
                 self.samples += 1
                 for etype, event in rows:
                     self.counts[f"{etype}:{event}" if etype else "cpu"] += 1
+                tick += 1
+                if tick % 20 == 0:
+                    got = pg.execute("SELECT pg_notification_queue_usage()").fetchone()
+                    # The queue's cap is 8 GiB (PostgreSQL 15's QUEUE_MAX_PAGE pages).
+                    self.queue_mb.append(float(got[0]) * 8192 if got else 0.0)
+            after = pg.execute(self._SLRU).fetchone()
+            if before and after:
+                names = ("zeroed", "hit", "read", "written")
+                self.slru = {
+                    n: int(b) - int(a) for n, a, b in zip(names, before, after, strict=True)
+                }
 
     def summary(self, top: int = 8) -> dict[str, Any]:
-        """Mean active backends a sample, and the commonest states' mean backends."""
+        """Mean active backends a sample, and the commonest states' mean backends; the
+        notification queue's backlog (MiB, mean and worst second) and the Notify SLRU's
+        pages over the run (``zeroed``: pages written to, one per 8 KiB of payloads)."""
         n = max(1, self.samples)
+        q = self.queue_mb
         return {
             "active_mean": round(sum(self.counts.values()) / n, 2),
             "by_state": {k: round(v / n, 2) for k, v in self.counts.most_common(top)},
+            "notify_queue_mb": {
+                "mean": round(sum(q) / len(q), 2) if q else None,
+                "max": round(max(q), 2) if q else None,
+                "by_s": [round(x, 2) for x in q],
+            },
+            "notify_slru_pages": self.slru,
         }
 
 

@@ -8,7 +8,8 @@ each rate), ``job.png`` (GPU busy through the job, against the raw ceiling) and
 ``faults.png`` (rows persisted each second, the faults marked), ``generation.png``
 (continuous against static batching: tokens/s and time to first token). Given several runs,
 ``jobs.png``: their jobs side by side (phases, share of the raw ceiling), and
-``syncs.png``: their sync p95 and share answered against the offered rate.
+``syncs.png``: their sync p95 and share answered against the offered rate, and
+``notify.png``: PostgreSQL's notification queue backlog at each run's top rate.
 """
 
 from __future__ import annotations
@@ -198,6 +199,25 @@ def generation_chart(res: dict[str, Any], out: Path, plt: Any) -> None:
     plt.close(fig)
 
 
+def notify_chart(runs: list[tuple[str, dict[str, Any]]], out: Path, plt: Any) -> None:
+    """PostgreSQL's notification queue backlog (what its slowest listener has yet to
+    read) each second of each run's top rate, where the run recorded it: the way the
+    sync answers travel (decision 71)."""
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    for name, res in runs:
+        top = max(res["sync"], key=lambda r: r["offered_rps"])
+        series = top.get("pg_waits", {}).get("notify_queue_mb", {}).get("by_s")
+        if series:
+            label = f"{name} ({top['wire']}, {top['offered_rps']:.0f}/s)"
+            ax.plot(range(1, len(series) + 1), [max(v, 1e-3) for v in series], label=label)
+    ax.set(xlabel="second of the run", ylabel="notify queue backlog, MiB", yscale="log")
+    ax.legend(fontsize=7)
+    fig.suptitle("PostgreSQL's notification queue during sync load")
+    fig.tight_layout()
+    fig.savefig(out / "notify.png", dpi=110)
+    plt.close(fig)
+
+
 def _title(res: dict[str, Any], what: str) -> str:
     gpus = ", ".join(res.get("machine", {}).get("gpus", [])) or "no GPU"
     return f"{what}\n{gpus.split(',')[0]}, {res.get('machine', {}).get('cores')} cores"
@@ -219,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         if any(r.get("job") for _, r in runs):
             jobs_chart([(n, r) for n, r in runs if r.get("job")], args.out, plt)
         if any(r.get("sync") for _, r in runs):
-            syncs_chart([(n, r) for n, r in runs if r.get("sync")], args.out, plt)
+            syncs = [(n, r) for n, r in runs if r.get("sync")]
+            syncs_chart(syncs, args.out, plt)
+            notify_chart(syncs, args.out, plt)
         return 0
     res = json.loads(args.result[0].read_text())
     for key, draw in (

@@ -134,7 +134,10 @@ def sync_scenario(
             log(
                 f"sync {wire} {rate:.0f}/s: {summary['statuses']} {row['refused']} p50/p95/p99 "
                 f"{summary['p50_ms']}/{summary['p95_ms']}/{summary['p99_ms']} ms, "
-                f"wrong {summary['wrong_outputs']}, cores {row['cpu']['cores']}"
+                f"wrong {summary['wrong_outputs']}, cores {row['cpu']['cores']}, answers' "
+                f"notify queue max {row['pg_waits']['notify_queue_mb']['max']} MiB, "
+                f"SLRU pages {row['pg_waits']['notify_slru_pages']}, "
+                f"respond p50 {summary['stages_ms'].get('respond_ms', {}).get('p50')} ms"
             )
             time.sleep(2)
     return rows
