@@ -154,6 +154,7 @@ def write_on(
     batch_rows: Sequence[dict[str, Any]],
     *,
     commit: bool,
+    inline_max: int = announce.INLINE_MAX,
 ) -> list[str]:
     """Upsert rows and announce them on ``pg`` (committing if ``commit``); returns the
     ids that were newly written. ``batch_rows``: the rows of the batches they ran in
@@ -165,7 +166,8 @@ def write_on(
     transaction of their own after it (in the caller's, without ``commit``). Each round
     trip costs a scheduler thread a wait for the server and for the interpreter lock
     after it, so a write of six or eight sequential statements held a persist thread
-    longer than its rows' work did (docs/bench/store.md)."""
+    longer than its rows' work did (docs/bench/store.md). ``inline_max``: the largest
+    answer announced with its payload (``announcements``)."""
     inserted = pg.cursor()
     arrays = column_arrays(request_rows) if request_rows else []
     with pg.pipeline():
@@ -181,7 +183,9 @@ def write_on(
         assert got is not None
         written, persisted_at = got
         new = is_written(request_rows, written)
-        notes = announcements(request_rows, arrays[_OUTPUT], arrays[_VECTOR], new, persisted_at)
+        notes = announcements(
+            request_rows, arrays[_OUTPUT], arrays[_VECTOR], new, persisted_at, inline_max
+        )
         jobs = [
             (r["request_id"], r["job_id"], r["item_index"], r["status"])
             for r, fresh in zip(request_rows, new, strict=True)
@@ -241,8 +245,15 @@ class ResultWriter:
     dropped, and the thread's next write (the persister retries transient faults)
     connects again."""
 
-    def __init__(self, database_url: str, *, connect_timeout_s: int = 10):
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        connect_timeout_s: int = 10,
+        inline_max: int = announce.INLINE_MAX,
+    ):
         self._url = libpq_url(database_url)
+        self._inline_max = inline_max
         self._timeout = connect_timeout_s
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -253,7 +264,7 @@ class ResultWriter:
     ) -> list[str]:
         pg = self._connection()
         try:
-            return write_on(pg, request_rows, batch_rows, commit=True)
+            return write_on(pg, request_rows, batch_rows, commit=True, inline_max=self._inline_max)
         except BaseException:
             self._recover(pg)
             raise
@@ -310,13 +321,14 @@ def announcements(
     vectors: Sequence[bytes | None],
     written: Sequence[bool],
     persisted_at: datetime,
+    inline_max: int = announce.INLINE_MAX,
 ) -> list[tuple[str, str]]:
     """(channel, payload) of every announcement. Every sync request is announced,
     written now or before: a waiter may be waiting on a redelivered request whose first
     row landed while it was not listening. Those written now carry their answer; the
-    others (and answers too large to inline) are announced by id and fetched. Each goes
-    on its row's reply channel, the one API process that waits for it (decision 70),
-    else on the shared channel. Job items have no waiter (job results are read by
+    others (and answers larger than ``inline_max`` bytes) are announced by id and
+    fetched. Each goes on its row's reply channel, the one API process that waits for
+    it (decision 70), else on the shared channel. Job items have no waiter (job results are read by
     polling the job's rows): announcing thousands a second would only keep every API
     instance busy. Pure."""
     answers = announce.Answers(persisted_at)
@@ -326,8 +338,8 @@ def announcements(
         if row["job_id"] is not None:
             continue
         channel = row.get("reply_to", RESULTS_CHANNEL)
-        answer = answers.answer(row, output, vector) if new else None
-        if answer is not None and len(answer) <= announce.INLINE_MAX:
+        answer = answers.answer(row, output, vector) if new and inline_max > 0 else None
+        if answer is not None and len(answer) <= min(inline_max, announce.INLINE_MAX):
             inline.setdefault(channel, []).append(answer)
         else:
             by_id.setdefault(channel, []).append(str(row["request_id"]))

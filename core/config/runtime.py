@@ -44,6 +44,14 @@ class SchedulerSettings(_Concern):
     # (docs/bench/gpu-host.md, r5: 6, 9, 12 writers), so a host with cores to spare
     # for PostgreSQL may give each scheduler more.
     persist_threads: int = Field(3, ge=2)
+    # Sync answers up to this many bytes travel inside their announcement (NOTIFY), so
+    # the API answers without a query; larger ones are announced by id and fetched in
+    # one query per announcement. 0 (the default) announces every answer by id: each
+    # listening API process's PostgreSQL backend reads every payload in the server's
+    # one notification queue, whichever channel it names, and at 10,000 embedding
+    # answers a second inline payloads made that queue the host's limit (decision 71).
+    # At most results/announce.py's INLINE_MAX (3,000).
+    announce_inline_max_bytes: int = Field(0, ge=0, le=3000)
 
 
 class WorkerSettings(_Concern):

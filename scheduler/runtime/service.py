@@ -112,7 +112,9 @@ class SchedulerService:
         self.host = CoreHost(core, control=self.control)
         self.db = make_engine(settings.database_url, pool_size=5)
         self.producer = Producer(producer_config(settings))
-        self.writer = ResultWriter(settings.database_url)
+        self.writer = ResultWriter(
+            settings.database_url, inline_max=settings.announce_inline_max_bytes
+        )
         self.persister = Persister(
             metrics.timed_store(self.writer),
             DeadLetters(self.producer, dead_letter_topic(settings)),

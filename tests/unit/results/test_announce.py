@@ -110,6 +110,24 @@ def test_an_embedding_rides_inline_as_its_stored_bytes() -> None:
     assert len(payload.encode()) < announce.INLINE_MAX + 100
 
 
+def test_answers_over_the_inline_limit_are_announced_by_id() -> None:
+    """The scheduler's announce_inline_max_bytes: a vector answer (about 2,200 bytes)
+    over it goes by id, a small one under it still inline; 0 sends every answer by id."""
+    vec = from_floats([0.25] * 384)
+    small, embedding = row(7), row(8)
+    notes = announcements(
+        [small, embedding], ['"label"', None], [None, vec], [True, True], T0, 1000
+    )
+    [(_, payload)] = notes
+    rows, ids = announce.parse(payload)
+    assert [r["request_id"] for r in rows] == [small["request_id"]]
+    assert ids == [embedding["request_id"]]
+    [(_, payload)] = announcements(
+        [small, embedding], ['"label"', None], [None, vec], [True, True], T0, 0
+    )
+    assert announce.parse(payload) == ([], [small["request_id"], embedding["request_id"]])
+
+
 def test_two_embeddings_share_a_payload_and_a_batch_stays_under_the_cap() -> None:
     rs = [row(100 + i) for i in range(256)]
     vec = from_floats([0.5] * 384)
