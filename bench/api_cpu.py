@@ -45,7 +45,7 @@ class Waiter:
         self.listening.set()
         self.waiting: dict[str, asyncio.Future[Any]] = {}
 
-    def register(self, rid: str) -> asyncio.Future[Any]:
+    def register(self, rid: str, received_at: float | None = None) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.waiting[rid] = fut
         return fut

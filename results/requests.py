@@ -75,10 +75,29 @@ def answer_row(mapping: Any) -> AnswerRow:
     return cast(AnswerRow, dict(mapping))
 
 
-async def fetch_answers(engine: AsyncEngine, ids: Sequence[str]) -> list[AnswerRow]:
-    """The finished rows among ``ids`` (canonical UUID text), in no particular order."""
+# The same with the requests' receipt times bounded: the log is partitioned by
+# received_at, and an id alone is looked up in the index of every partition (30 days'
+# worth and those made ahead), where a window prunes the lookup to the one or two the
+# waiting requests were received in.
+_BY_IDS_RECEIVED = _BY_IDS.where(
+    requests.c.received_at >= bindparam("lo"), requests.c.received_at <= bindparam("hi")
+)
+
+
+async def fetch_answers(
+    engine: AsyncEngine,
+    ids: Sequence[str],
+    received: tuple[datetime, datetime] | None = None,
+) -> list[AnswerRow]:
+    """The finished rows among ``ids`` (canonical UUID text), in no particular order.
+    ``received``: bounds every one of them was received within, when the caller knows
+    them (the partitions to look in)."""
     async with engine.connect() as conn:
-        return await answers_in(conn, ids)
+        if received is None:
+            return await answers_in(conn, ids)
+        lo, hi = received
+        rows = await conn.execute(_BY_IDS_RECEIVED, {"ids": list(ids), "lo": lo, "hi": hi})
+        return [answer_row(r._mapping) for r in rows]
 
 
 async def answers_in(conn: AsyncConnection, ids: Sequence[str]) -> list[AnswerRow]:

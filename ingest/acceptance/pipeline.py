@@ -384,8 +384,8 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
         annotate(ids[0], spec.ref, tenant.tier, genai.span_attributes(order, msgs))
     futs: list[asyncio.Future[AnswerRow]] = []
     try:
-        for rid in ids:
-            futs.append(st.waiter.register(rid))
+        for rid, m in zip(ids, msgs, strict=True):
+            futs.append(st.waiter.register(rid, m.received_at))
         send = True
         pending: Sequence[int] = range(n)
         if retry and claim is not None:

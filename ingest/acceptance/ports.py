@@ -67,9 +67,12 @@ class Waiter(Protocol):
     listening: asyncio.Event  # set while results can reach this instance
     channel: str  # where this process hears its requests' answers (a message's reply_to)
 
-    def register(self, request_id: str) -> asyncio.Future[AnswerRow]:
+    def register(
+        self, request_id: str, received_at: float | None = None
+    ) -> asyncio.Future[AnswerRow]:
         """Before producing, so a fast result cannot slip past; raises ``Unavailable``
-        (503) while no result could reach this instance."""
+        (503) while no result could reach this instance. ``received_at``: its message's
+        time (epoch s), which narrows the fetch of its row."""
         ...
 
     def discard(self, request_id: str) -> None: ...

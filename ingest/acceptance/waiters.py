@@ -37,9 +37,10 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Final
+from datetime import UTC, datetime
+from typing import Final, cast
 
 import psycopg
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -65,6 +66,20 @@ class _Wait:
     fut: asyncio.Future[AnswerRow]
     since: float  # monotonic: when the first holder registered
     holders: int = 1
+    received_at: float | None = None  # epoch s: the request log's partition key
+
+
+def received_window(times: Iterable[float | None]) -> tuple[datetime, datetime] | None:
+    """Bounds of the receipt times of requests to fetch (with a second's slack either
+    side), or None when any is unknown: the fetch then looks in every partition. Pure."""
+    known = list(times)
+    if not known or any(t is None for t in known):
+        return None
+    ts = cast(list[float], known)
+    return (
+        datetime.fromtimestamp(min(ts) - 1.0, UTC),
+        datetime.fromtimestamp(max(ts) + 1.0, UTC),
+    )
 
 
 class ResultWaiter:
@@ -96,8 +111,11 @@ class ResultWaiter:
         await self.streams.stop()
         await stop(self._tasks)
 
-    def register(self, request_id: str) -> asyncio.Future[AnswerRow]:
-        """Register before producing, so a fast result cannot slip past."""
+    def register(
+        self, request_id: str, received_at: float | None = None
+    ) -> asyncio.Future[AnswerRow]:
+        """Register before producing, so a fast result cannot slip past. ``received_at``:
+        the time its message carries (epoch s), which bounds the fetch to its partition."""
         if not self.listening.is_set():
             raise Unavailable(
                 "results cannot be delivered right now: the database is unreachable",
@@ -109,7 +127,7 @@ class ResultWaiter:
             entry.holders += 1  # shared: answered for every holder, or already
             return entry.fut
         fut: asyncio.Future[AnswerRow] = asyncio.get_running_loop().create_future()
-        self._waiting[request_id] = _Wait(fut, time.monotonic())
+        self._waiting[request_id] = _Wait(fut, time.monotonic(), received_at=received_at)
         return fut
 
     def discard(self, request_id: str) -> None:
@@ -125,7 +143,9 @@ class ResultWaiter:
         return entry is not None and not entry.fut.done()
 
     async def fetch(self, ids: list[str]) -> list[AnswerRow]:
-        return await fetch_answers(self.engine, ids)
+        waits = [self._waiting.get(i) for i in ids]
+        window = received_window(None if w is None else w.received_at for w in waits)
+        return await fetch_answers(self.engine, ids, window)
 
     async def progress(self, request_id: str, tenant_id: str) -> generation.Progress:
         return await generation.progress(self.engine, request_id, tenant_id)

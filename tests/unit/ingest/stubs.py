@@ -122,7 +122,9 @@ class StubWaiter:
         self.changed = asyncio.Condition()
         self.streams_closed = 0
 
-    def register(self, request_id: str) -> asyncio.Future[AnswerRow]:
+    def register(
+        self, request_id: str, received_at: float | None = None
+    ) -> asyncio.Future[AnswerRow]:
         if not self.listening.is_set():
             raise Unavailable("results cannot be delivered right now (stub)", reason="results")
         fut = self.waiting.get(request_id)

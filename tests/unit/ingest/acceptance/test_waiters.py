@@ -14,10 +14,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ingest.acceptance.waiters import ResultWaiter
+from ingest.acceptance import waiters
+from ingest.acceptance.waiters import ResultWaiter, received_window
 from results import announce
 from tests.unit.json_strategies import json_values
 
@@ -184,3 +186,40 @@ def test_no_payload_stops_the_listener(text: str, junk: Any, field: str, value: 
         assert fut.done() or rid in w._heard or field == "request_id"
 
     asyncio.run(go())
+
+
+def test_a_fetch_is_bounded_by_the_waiting_requests_receipt_times() -> None:
+    """The request log is partitioned by received_at: a fetch names the window its ids
+    were received in (a second's slack either side), so PostgreSQL looks in one
+    partition instead of all of them; an id whose time is unknown widens it to all."""
+    t = T0.timestamp()
+    assert received_window([t + 5, t, t + 2]) == (
+        T0 - timedelta(seconds=1),
+        T0 + timedelta(seconds=6),
+    )
+    assert received_window([t, None]) is None
+    assert received_window([]) is None
+
+
+def test_the_waiter_fetches_within_the_window_of_what_it_registered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[Any] = []
+
+    async def fetch(engine: Any, ids: list[str], received: Any = None) -> list[Any]:
+        asked.append(received)
+        return []
+
+    monkeypatch.setattr(waiters, "fetch_answers", fetch)
+
+    async def go() -> None:
+        w = waiter()
+        a, b, c = (str(uuid.uuid4()) for _ in range(3))
+        w.register(a, T0.timestamp())
+        w.register(b, T0.timestamp() + 3)
+        w.register(c)  # no time known: a retry found by another process, say
+        await w.fetch([a, b])
+        await w.fetch([a, c])
+
+    asyncio.run(go())
+    assert asked == [(T0 - timedelta(seconds=1), T0 + timedelta(seconds=4)), None]
