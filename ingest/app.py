@@ -10,7 +10,6 @@ from typing import Any
 
 from fastapi import FastAPI, Header, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import ORJSONResponse
 from starlette.types import ASGIApp
 
 from core import __version__
@@ -20,6 +19,7 @@ from ingest.acceptance.state import get_state
 from ingest.edge.auth import AuthGate
 from ingest.edge.error_shapes import ERROR_RESPONSES
 from ingest.edge.http import BodyLimit, ErrorGuard, install_error_handlers
+from ingest.edge.json_response import ORJSONResponse
 from ingest.edge.refusal_log import RefusalLog
 from ingest.edge.tracing import traced
 from ingest.fast_path import InferFastPath

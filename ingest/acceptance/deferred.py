@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi.responses import ORJSONResponse
-
 from ingest.acceptance.pipeline import Outcome
+from ingest.edge.json_response import ORJSONResponse
 
 # The quote in unix seconds, as the body's ``estimated_completion_at``.
 COMPLETION_HEADER = "Gristmill-Estimated-Completion-At"

@@ -28,7 +28,6 @@ import uuid
 import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse
 from sqlalchemy.exc import (
     DBAPIError,
     InterfaceError,
@@ -51,6 +50,7 @@ from core.errors import (
 from core.limits import shown
 from ingest.edge.error_shapes import Shape, error_body, shape_for
 from ingest.edge.error_shapes import body as shaped_body
+from ingest.edge.json_response import ORJSONResponse
 from ingest.edge.refusal_counts import note_refusal
 from ingest.edge.refusal_log import LogBudget
 

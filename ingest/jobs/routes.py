@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.responses import ORJSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from core.errors import InvalidInput, NotFound, PayloadTooLarge
 from core.limits import ascii_decimal, canonical_uuid, shown
@@ -22,6 +22,7 @@ from ingest.acceptance.idempotency import check_key
 from ingest.acceptance.prefer import parse_prefer
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
+from ingest.edge.json_response import ORJSONResponse
 from ingest.jobs import estimates
 from ingest.jobs import quota as job_quota
 from ingest.jobs.limits import HeldStream, acquire, check_reads, hold_stream, slot

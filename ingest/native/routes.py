@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import ORJSONResponse
 from starlette.responses import Response
 
 from core.errors import NotFound
@@ -23,6 +22,7 @@ from ingest.acceptance.service_tier import SERVICE_TIER_HEADER, asked_tier
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.error_shapes import ERROR_RESPONSES
+from ingest.edge.json_response import ORJSONResponse
 from ingest.jobs.limits import check_reads
 from ingest.native.wire import InferAnswer, RequestRecord, accept, parse_infer, result_body
 from results.requests import fetch_request

@@ -16,7 +16,6 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import ORJSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from core.errors import InvalidInput, NotFound
@@ -28,6 +27,7 @@ from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.bodies import json_object
 from ingest.edge.error_shapes import Shape, declared
+from ingest.edge.json_response import ORJSONResponse
 from ingest.jobs import estimates
 from ingest.jobs import quota as job_quota
 from ingest.jobs.limits import slot

@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import ORJSONResponse
 from starlette.responses import Response
 
 from core.errors import InvalidInput, NotFound
@@ -33,6 +32,7 @@ from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.bodies import parse_body
 from ingest.edge.error_shapes import Shape, declared
+from ingest.edge.json_response import ORJSONResponse
 from ingest.jobs.limits import HeldStream, check_reads, hold_stream
 from ingest.openai.completion_wire import (
     ID_PREFIX,

@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Header, Request
-from fastapi.responses import ORJSONResponse
 from starlette.responses import Response
 
 from core.errors import InvalidInput, NotFound
@@ -32,6 +31,7 @@ from ingest.acceptance.service_tier import SERVICE_TIER_HEADER, asked_tier
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.error_shapes import Shape, declared
+from ingest.edge.json_response import ORJSONResponse
 from ingest.jobs.limits import check_reads
 from ingest.openai.partial import (
     missing_of,

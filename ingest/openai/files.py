@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import ORJSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from starlette.datastructures import UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 
@@ -29,6 +29,7 @@ from core.vocab import ItemStatus
 from ingest.acceptance.state import AppState, get_state
 from ingest.edge.auth import Caller
 from ingest.edge.error_shapes import Shape, declared
+from ingest.edge.json_response import ORJSONResponse
 from ingest.jobs.limits import HeldStream, hold_stream, slot
 from ingest.jobs.routes import reader
 from ingest.jobs.schemas import parse_index

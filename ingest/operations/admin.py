@@ -15,13 +15,13 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import ORJSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.models import lifecycle
 from core.models.reembed import Corpus, Migration, corpus_of
 from core.models.registry import VersionRecord, new_record
 from ingest.acceptance.state import get_state
+from ingest.edge.json_response import ORJSONResponse
 from ingest.jobs.incremental import reembed_maker
 from ingest.operations.admin_auth import require_admin
 from results import modelregistry, reembed

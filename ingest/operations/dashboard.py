@@ -17,10 +17,11 @@ from importlib import resources
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import ORJSONResponse, Response
+from fastapi.responses import Response
 
 from core.errors import Unavailable
 from ingest.acceptance.state import get_state
+from ingest.edge.json_response import ORJSONResponse
 from ingest.operations.admin_auth import require_admin
 from ingest.operations.dashboard_summary import Published, summarize
 from ingest.operations.metrics import read_job_gauges
