@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from core.errors import DeadlineExceeded, InvalidInput, ModelError, Unavailable
+from core.ids import derived_uuid7, time_ordered
 from core.models.spec import ModelSpec
 from core.shed import shed_retry_after_s
 from core.vocab import RequestStatus
@@ -46,8 +47,13 @@ def raise_if_unsuccessful(row: AnswerRow, field: str = "input") -> None:
 
 def item_request_id(first: str, index: int) -> str:
     """Input ``index``'s request id, from input 0's (which an Idempotency-Key claims):
-    every retry of the request names the same rows."""
-    return first if index == 0 else str(uuid.uuid5(uuid.UUID(first), str(index)))
+    every retry of the request names the same rows. A time-ordered first id (decision
+    72) gives ids with its time; one made before that, a UUIDv5 as it always did."""
+    if index == 0:
+        return first
+    if time_ordered(first):
+        return derived_uuid7(first, str(index))
+    return str(uuid.uuid5(uuid.UUID(first), str(index)))
 
 
 def default_timeout_ms(slo_ms: int, n: int, max_batch: int, max_timeout_ms: int) -> int:

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -49,6 +48,7 @@ from starlette.requests import Request
 from core import tracing
 from core.config import Settings
 from core.errors import DeadlineExceeded, Unavailable
+from core.ids import uuid7
 from core.messages import RequestMessage, body_hash
 from core.models.spec import ModelSpec
 from core.topics import request_topic
@@ -331,7 +331,8 @@ async def run(st: AppState, call: Call, order: Order) -> Outcome:
     limit_headers[ECHO_HEADER] = service.served
     prefer = parse_prefer(call.header_values(b"prefer")) if service.flex else NO_PREFERENCE
     order.wait_s = patience_s(service, order.wait_s, prefer, s.flex_wait_ms / 1000, order.may_wait)
-    first, claim, use = str(uuid.uuid4()), None, None
+    # Ordered by receipt (decision 72): new rows land on the request log index's edge.
+    first, claim, use = uuid7(int(call.received * 1000)), None, None
     if key is not None:
         what = order.inputs if order.many else order.inputs[0]
         sent = order.params if order.sent is None else order.sent

@@ -11,6 +11,7 @@ import pytest
 
 from core.config import Settings
 from core.errors import DeadlineExceeded, InvalidInput, RateLimited, Unavailable
+from core.ids import time_ordered, uuid7
 from core.load_report import LoadReport
 from core.models.sim import SimSpec
 from core.shed import shed_error
@@ -35,6 +36,22 @@ def test_ids_derive_from_the_first_stably_and_distinctly() -> None:
     assert ids[0] == first and len(set(ids)) == 3
     assert all(str(uuid.UUID(i)) == i for i in ids)  # canonical: /v1/requests/{id} finds them
     assert item_request_id(str(uuid.uuid4()), 1) != ids[1]
+
+
+def test_an_order_of_many_inputs_names_time_ordered_rows_beside_its_first() -> None:
+    first = uuid7(1_796_000_000_000)
+    ids = [item_request_id(first, i) for i in range(64)]
+    assert ids[0] == first
+    assert len(set(ids)) == 64
+    assert all(time_ordered(i) and i[:13] == first[:13] for i in ids)
+
+
+def test_a_request_first_made_with_a_random_id_keeps_its_item_ids() -> None:
+    # A retry, after an upgrade, of a request accepted before decision 72 must name the
+    # rows its first attempt did.
+    first = str(uuid.uuid4())
+    assert item_request_id(first, 3) == str(uuid.uuid5(uuid.UUID(first), "3"))
+    assert item_request_id(first, 0) == first
 
 
 def test_validate_each_names_the_input() -> None:
