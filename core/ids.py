@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Callable
 
 _MS = (1 << 48) - 1
 _RAND_A = (1 << 12) - 1
@@ -44,10 +45,34 @@ def time_ordered(request_id: str) -> bool:
     return len(request_id) == 36 and request_id[14] == "7"
 
 
+def _ms_of(first: str) -> int:
+    return int(first[:8] + first[9:13], 16)
+
+
+def indexed_uuid7(first: str, salt: str) -> Callable[[int], str]:
+    """Ids for the items of ``first`` (a v7 id: a job's) by their index: the time of
+    ``first``, then the index in the 32 bits after the version (so a job's rows go to
+    its index's edge in item order), then 42 bits of SHA-1 of ``first``, ``salt`` (an
+    attempt) and the index, so two jobs of one millisecond, or two attempts of an item,
+    still differ. Reproducible: a retry names the same rows."""
+    time_text = first[:14] + "7"  # the job's time and the version, as text
+    prefix = hashlib.sha1(f"{first}\x00{salt}\x00".encode())
+
+    def item_id(index: int) -> str:
+        h = prefix.copy()
+        h.update(str(index).encode())
+        tail = int.from_bytes(h.digest()[:6]) >> 6  # 42 bits
+        i = index & 0xFFFF_FFFF
+        y = f"{_VARIANT | (i & 0xFFFFF) << 42 | tail:016x}"
+        return f"{time_text}{i >> 20:03x}-{y[:4]}-{y[4:]}"
+
+    return item_id
+
+
 def derived_uuid7(first: str, salt: str) -> str:
     """A v7 id for ``salt`` under ``first`` (a v7 id): the same time as ``first``, and
     74 bits of SHA-1 of both, so that it is reproducible (a retry names the same row)
     and lands beside ``first`` in the index."""
-    ms = int(first[:8] + first[9:13], 16)
+    ms = _ms_of(first)
     digest = hashlib.sha1(f"{first}\x00{salt}".encode()).digest()
     return _compose(ms, int.from_bytes(digest[:10]))

@@ -10,7 +10,6 @@ Errors are in OpenAI's shape (ingest/edge/error_shapes.py).
 from __future__ import annotations
 
 import asyncio
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,6 +18,7 @@ from fastapi import APIRouter, Header, Request
 from pydantic import BaseModel, ConfigDict
 
 from core.errors import InvalidInput, NotFound
+from core.ids import uuid7
 from core.limits import shown
 from core.models.causal_lm import CausalLMSpec
 from core.models.spec import ModelSpec
@@ -200,7 +200,7 @@ async def create_batch(
     if body.base_batch_id is not None:
         bw.job_id_for(body.base_batch_id)  # 404 unless it looks like one of ours, early
     await job_quota.refuse_if_in_debt(st.engine, st.settings, tenant)
-    job_id = str(uuid.uuid4())
+    job_id = uuid7()  # its items' ids follow its time (decision 72)
     async with slot(st.uploads, tenant.id, "uploads"):
         bs, items = await _stage_file(st, tenant, f.file_id, body.endpoint, job_id)
         try:

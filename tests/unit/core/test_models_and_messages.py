@@ -8,6 +8,7 @@ import pytest
 
 from core.config import Settings
 from core.errors import InvalidInput
+from core.ids import uuid7
 from core.messages import RequestMessage, body_hash, job_item_request_id, job_item_request_ids
 from core.models.catalog import build_specs, latest
 from core.models.sim import SimSpec, sim_output
@@ -53,7 +54,7 @@ def test_latest_version_is_numeric_aware() -> None:
     assert latest({"2": a, "10": b}) is b
 
 
-def test_job_item_request_ids_are_uuid5_of_job_index_and_attempt() -> None:
+def test_a_job_made_before_decision_72_keeps_uuid5_item_ids() -> None:
     ns = uuid.UUID("0b5c0f7e-4f3a-4a39-9c53-6f0c3f6e2a11")
     for job in ("j", str(uuid.uuid4())):
         for attempt in (0, 1, 12):
@@ -68,6 +69,16 @@ def test_job_item_request_id_is_stable_per_job_index_and_attempt() -> None:
     assert job_item_request_id("j", 3) != job_item_request_id("j", 4)
     assert job_item_request_id("j", 3, 1) != job_item_request_id("j", 3, 0)
     assert job_item_request_id("j", 3) != job_item_request_id("k", 3)
+
+
+def test_a_time_ordered_job_names_its_items_in_index_order_under_its_time() -> None:
+    job = uuid7(1_796_000_000_000)
+    for attempt in (0, 1):
+        ids = [job_item_request_id(job, i, attempt) for i in (0, 1, 2, 999, 999_999, 2**20)]
+        assert ids == sorted(ids)
+        assert all(uuid.UUID(i).version == 7 and i[:13] == job[:13] for i in ids)
+    assert job_item_request_id(job, 5, 1) != job_item_request_id(job, 5, 0)
+    assert job_item_request_id(job, 5) == job_item_request_ids(job)(5)
 
 
 def test_body_hash_ignores_key_order() -> None:
