@@ -306,43 +306,34 @@ def write_chart(report: Report, path: Path, title: str) -> None:
     ax.axhline(report.thresholds.min_agreement * 100, color="grey", ls="--", lw=0.8)
     ax.set(title=f"agreement ({report.mode})", ylabel="% of compared requests", ylim=(0, 105))
     ax.set_xticks(list(xs), names)
-    ax = axes[1]
-    w = 0.4
-    ax.bar(
-        [x - w / 2 for x in xs],
+
+    def side_by_side(
+        ax: Any, recorded: list[float], candidate: list[float], color: str, **labels: str
+    ) -> None:
+        """Each tier's recorded bar (grey) beside the candidate's."""
+        w = 0.4
+        ax.bar([x - w / 2 for x in xs], recorded, w, label="recorded", color="tab:grey")
+        ax.bar([x + w / 2 for x in xs], candidate, w, label="candidate", color=color)
+        ax.set(**labels)
+        ax.set_xticks(list(xs), names)
+        ax.legend()
+
+    side_by_side(
+        axes[1],
         [g.row()["original_error_rate"] * 100 for g in groups],
-        w,
-        label="recorded",
-        color="tab:grey",
-    )
-    ax.bar(
-        [x + w / 2 for x in xs],
         [g.row()["candidate_error_rate"] * 100 for g in groups],
-        w,
-        label="candidate",
-        color="tab:red",
+        "tab:red",
+        title="errors",
+        ylabel="% of requests",
     )
-    ax.set(title="errors", ylabel="% of requests")
-    ax.set_xticks(list(xs), names)
-    ax.legend()
-    ax = axes[2]
-    ax.bar(
-        [x - w / 2 for x in xs],
+    side_by_side(
+        axes[2],
         [g.latency(95)[0] for g in groups],
-        w,
-        label="recorded",
-        color="tab:grey",
-    )
-    ax.bar(
-        [x + w / 2 for x in xs],
         [g.latency(95)[1] for g in groups],
-        w,
-        label="candidate",
-        color="tab:green",
+        "tab:green",
+        title="p95 model latency (batch compute)",
+        ylabel="ms",
     )
-    ax.set(title="p95 model latency (batch compute)", ylabel="ms")
-    ax.set_xticks(list(xs), names)
-    ax.legend()
     verdict = "passed" if report.passed else "failed"
     fig.suptitle(f"{title}: {verdict}")
     fig.tight_layout()

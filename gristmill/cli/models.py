@@ -12,12 +12,16 @@ import getpass
 import json
 import math
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
 from core.config import load_settings
+
+if TYPE_CHECKING:
+    from core.models.lifecycle import Change, ModelVersions
 
 app = typer.Typer(help="Model versions: register, canary, promote, roll back, replay.")
 
@@ -59,6 +63,14 @@ def _show_change(change: Any) -> None:
         for v, (s, share) in change.states.items()
     )
     typer.echo(f"{change.action}: {moves}")
+
+
+def _apply(name: str, decide: Callable[[ModelVersions], Change]) -> None:
+    """One lifecycle decision on ``name``'s versions, written and audited in one
+    transaction, then shown."""
+    from results import modelregistry
+
+    _show_change(_run(lambda conn: modelregistry.apply(conn, name, decide, _actor())))
 
 
 @app.command("list")
@@ -167,15 +179,9 @@ def canary(
 ) -> None:
     """Send a share of the model's unpinned traffic to this version (sticky per tenant)."""
     from core.models import lifecycle
-    from results import modelregistry
 
     name, version = _versioned(ref)
-    change = _run(
-        lambda conn: modelregistry.apply(
-            conn, name, lambda m: lifecycle.canary(m, version, share), _actor()
-        )
-    )
-    _show_change(change)
+    _apply(name, lambda m: lifecycle.canary(m, version, share))
 
 
 _TENANT = typer.Option(None, "--corpus-tenant", help="re-embed this tenant's corpus with it")
@@ -314,15 +320,9 @@ def rollback(
     """Put the previous live version back, or withdraw a canary."""
     from core.models import lifecycle
     from core.models.registry import parse_ref
-    from results import modelregistry
 
     name, version = parse_ref(ref)
-    change = _run(
-        lambda conn: modelregistry.apply(
-            conn, name, lambda m: lifecycle.rollback(m, version or None), _actor()
-        )
-    )
-    _show_change(change)
+    _apply(name, lambda m: lifecycle.rollback(m, version or None))
 
 
 @app.command()

@@ -45,13 +45,6 @@ from results.job_submission import (
 )
 from results.tenants import Tenant
 
-_FIRST_PAGE_ROWS = 100  # item rows read for Kafka in the first page of a publish
-_PAGE_BYTES = 4 << 20  # later pages are sized to about this many bytes of messages
-_QUEUE_KIB = 16 << 10  # 16 MiB: a local broker keeps up with far less in flight
-_HEARTBEAT_S = 2.0  # a publishing job's heartbeat, well inside submit_stale_s
-# How long the items produced by one publish may take to be acknowledged by Kafka.
-_PUBLISH_ACK_S = 120.0
-
 
 @dataclass
 class Submission:

@@ -107,26 +107,14 @@ def raise_for(row: AnswerRow) -> None:
 def completion_body(
     rid: str, created: int, model: str, row_output: dict[str, Any]
 ) -> dict[str, Any]:
-    prompt, done = row_output["prompt_tokens"], row_output["completion_tokens"]
-    return {
-        "id": ID_PREFIX + rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "text": row_output["text"],
-                "index": 0,
-                "logprobs": None,
-                "finish_reason": row_output["finish_reason"],
-            }
-        ],
-        "usage": {
-            "prompt_tokens": prompt,
-            "completion_tokens": done,
-            "total_tokens": prompt + done,
-        },
-    }
+    # OpenAI's answer is a stream's chunk object holding the whole text, with the usage.
+    text, reason = row_output["text"], row_output["finish_reason"]
+    return {**chunk(rid, created, model, text, reason), "usage": _token_usage(row_output)}
+
+
+def _token_usage(row_output: dict[str, Any]) -> dict[str, int]:
+    p, c = row_output["prompt_tokens"], row_output["completion_tokens"]
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
 
 
 # ---- a stream's events --------------------------------------------------------------------
@@ -171,13 +159,6 @@ async def ending(
             yield event(i, chunk(rid, created, model, piece, None))
     yield event(len(offsets), chunk(rid, created, model, text[pos:], out["finish_reason"]))
     if usage:
-        p, c = out["prompt_tokens"], out["completion_tokens"]
-        yield event(
-            None,
-            {
-                **chunk(rid, created, model, "", None),
-                "choices": [],
-                "usage": {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c},
-            },
-        )
+        last = {**chunk(rid, created, model, "", None), "choices": [], "usage": _token_usage(out)}
+        yield event(None, last)
     yield b"data: [DONE]\n\n"
