@@ -34,6 +34,7 @@ from ingest.jobs.pacing import Pacer, target_lag_ms
 from ingest.jobs.publisher import JobPublisher
 from ingest.jobs.webhooks import webhook_loop
 from ingest.operations.metrics import job_gauges_loop, publish_loop
+from ingest.operations.stalls import StallWatch
 from results.db import make_async_engine, make_bulk_engine
 from results.durability import refusal
 
@@ -155,6 +156,8 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         asyncio.create_task(state.catalog.run()),
         asyncio.create_task(trim_periodically()),  # malloc's free pages back (core/memory.py)
     ]
+    if settings.loop_stall_log_ms > 0:
+        background.append(asyncio.create_task(StallWatch(settings.loop_stall_log_ms).run()))
     try:
         yield state
     finally:

@@ -23,6 +23,9 @@ class ObservabilitySettings(_Concern):
     otlp_traces_endpoint: str = ""
     # Requests that come without a sampled traceparent are traced with this probability.
     trace_sample_ratio: float = Field(1.0, ge=0, le=1)
+    # An API process logs what its event loop was running whenever the loop runs no
+    # timer for longer than this (ingest/operations/stalls.py); 0: off.
+    loop_stall_log_ms: float = Field(0.0, ge=0)
 
 
 class LedgerSettings(_Concern):
