@@ -11,8 +11,9 @@ docs/bench/gpu-host.md), and from the host's cores and GPUs:
    Kafka and PostgreSQL share the host, the cores they take per request.
 3. The sync rate those cores carry: cores / (API + scheduler CPU per request) at the
    target utilization (a process kept busier than that queues: latency grows past it).
-4. API processes for that rate, at least one. Each uvicorn process is one event loop
-   (one core at most).
+4. API processes for that rate, at least one, each kept at most ``api_busy`` of a core:
+   a uvicorn process is one event loop, and its answers queue behind its own work well
+   before the core is full (measured: ``HostCosts``).
 5. Schedulers: per GPU enough to feed its batches (``feeders_per_gpu``), and enough
    for the sync rate's CPU within the cores the API leaves.
 
@@ -30,11 +31,16 @@ from typing import Any
 class HostCosts:
     """CPU milliseconds per sync request by process kind, and what one process feeds.
 
-    Defaults: the whole system on one H200 host at 6,000-10,000 sync req/s
-    (issue 28's measurement; bench/gpuhost rewrites them from its own runs)."""
+    Defaults: the whole system on one H200 host, 16 cores, at 10,000-12,500 sync req/s
+    (docs/bench/gpu-host.md r14: API 0.54-0.67 ms, schedulers 0.13-0.18, Kafka
+    0.11-0.19, PostgreSQL 0.07-0.20 a request, by run)."""
 
-    api_ms: float = 0.74
-    scheduler_ms: float = 0.105
+    api_ms: float = 0.6
+    # The share of a core one API process may be kept busy. r14: 11 processes at 0.62 of
+    # a core each answered all of 12,500 req/s; 8 at 0.73 held 10,000 req/s once warm
+    # but turned away up to a tenth of it on a fresh start, and more past it.
+    api_busy: float = 0.6
+    scheduler_ms: float = 0.15
     kafka_ms: float = 0.15  # counted only where the brokers share the host
     postgres_ms: float = 0.15  # likewise the database
     worker_cores: float = 1.0  # a GPU worker's own CPU: packing, launching, results
@@ -51,8 +57,10 @@ class HostCosts:
             raise ValueError(f"unknown cost fields: {', '.join(sorted(unknown))}")
         costs = cls(**data)
         for name, value in asdict(costs).items():
-            if value < 0 or (name in ("api_ms", "scheduler_ms") and value <= 0):
+            if value < 0 or (name in ("api_ms", "scheduler_ms", "api_busy") and value <= 0):
                 raise ValueError(f"{name} must be positive, got {value}")
+        if costs.api_busy > 1:
+            raise ValueError(f"api_busy is a share of one core, at most 1, got {costs.api_busy}")
         return costs
 
 
@@ -114,8 +122,11 @@ def shape_host(
         + f": {rate:,.0f} sync req/s at {utilization:.0%} busy"
     )
     if api_processes is None:
-        api_processes = max(1, math.ceil(rate * c.api_ms / 1000 / utilization))
-        reasons.append(f"{api_processes} API process(es) at {c.api_ms} ms of CPU a request")
+        api_processes = max(1, math.ceil(rate * c.api_ms / 1000 / c.api_busy))
+        reasons.append(
+            f"{api_processes} API process(es) at {c.api_ms} ms of CPU a request, "
+            f"each at most {c.api_busy:.0%} busy"
+        )
     else:
         reasons.append(f"{api_processes} API process(es), as asked")
     if schedulers is None:
@@ -134,7 +145,7 @@ def shape_host(
     else:
         reasons.append(f"{schedulers} scheduler(s), as asked")
     capacity = min(
-        api_processes * utilization * 1000 / c.api_ms,
+        api_processes * c.api_busy * 1000 / c.api_ms,
         schedulers * utilization * 1000 / c.scheduler_ms,
     )
     return HostShape(api_processes, schedulers, workers, gpus, round(capacity), reasons)

@@ -323,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--loadgen-cores", type=int, default=3)
     ap.add_argument("--schedulers", type=int, default=0, help="0: as gristmill host shapes it")
+    ap.add_argument("--api-processes", type=int, default=0, help="0: as gristmill host shapes it")
     ap.add_argument("--workers-per-gpu", type=int, default=1)
     ap.add_argument(
         "--pg-conf",

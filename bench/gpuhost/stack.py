@@ -50,6 +50,7 @@ class Stack:
         # beside it when a scenario generates (run.py).
         self.models = MODEL
         self.schedulers = 0
+        self.api_processes = 0
         self._launches = 0
         self.extra_env: dict[str, str] = {}  # settings a scenario needs, over the defaults
 
@@ -61,9 +62,11 @@ class Stack:
             gpus,
             colocated=True,
             reserve_cores=self.args.loadgen_cores,
+            api_processes=self.args.api_processes or None,
             schedulers=self.args.schedulers or None,
             workers_per_gpu=self.args.workers_per_gpu,
         )
+        self.api_processes = shape.api_processes
         partitions = partitions_for(shape.schedulers, minimum=self.args.partitions)
         log(f"shape: {shape}")
         self.kafka = KafkaCluster(
@@ -138,6 +141,7 @@ class Stack:
             sys.executable, "-m", "gristmill", "host", "--models", self.models, "--colocated",
             "--reserve-cores", str(self.args.loadgen_cores), "--port", str(port),
             "--run-dir", str(run_dir), "--schedulers", str(self.schedulers),
+            "--api-processes", str(self.api_processes),
             "--workers-per-gpu", str(self.args.workers_per_gpu),
         ]  # fmt: skip
         self.host = subprocess.Popen(

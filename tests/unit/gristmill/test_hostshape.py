@@ -15,8 +15,21 @@ def test_a_gpu_host_gets_a_worker_per_gpu_and_feeders_for_each() -> None:
     s = shape_host(16, 1, colocated=True, reserve_cores=3)
     assert s.workers == 1
     assert s.schedulers == 6  # HostCosts.feeders_per_gpu
-    assert 6 <= s.api_processes <= 10
-    assert s.api_processes + s.schedulers + s.workers <= 16
+    assert 8 <= s.api_processes <= 12
+    # The CPU the shape's processes use at the rate it carries fits in the host's cores.
+    c = HostCosts()
+    used = s.sync_capacity_rps * (c.api_ms + c.scheduler_ms + c.kafka_ms + c.postgres_ms) / 1000
+    assert used + s.workers * c.worker_cores + 3 <= 16
+
+
+def test_no_api_process_is_planned_busier_than_its_share_of_a_core() -> None:
+    for cores, gpus in ((8, 1), (16, 1), (32, 2), (64, 4)):
+        s = shape_host(cores, gpus, colocated=True)
+        c = HostCosts()
+        assert s.sync_capacity_rps * c.api_ms / 1000 <= s.api_processes * c.api_busy + 1e-9
+    calm = shape_host(16, 1, HostCosts(api_busy=0.5))
+    busy = shape_host(16, 1, HostCosts(api_busy=0.9))
+    assert calm.api_processes > busy.api_processes
 
 
 def test_more_cores_more_api_processes_and_never_fewer() -> None:
@@ -82,6 +95,8 @@ def test_costs_from_a_measurement_file_are_checked() -> None:
         HostCosts.from_dict({"apims": 0.3})
     with pytest.raises(ValueError, match="api_ms must be positive"):
         HostCosts.from_dict({"api_ms": 0})
+    with pytest.raises(ValueError, match="api_busy is a share of one core"):
+        HostCosts.from_dict({"api_busy": 1.5})
 
 
 @pytest.mark.parametrize(
