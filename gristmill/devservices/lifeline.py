@@ -303,11 +303,7 @@ class Lifeline:
     def _after_fork_in_child(self) -> None:
         # The parent's watchdog watches the parent; this child must not keep it alive.
         self._lock = threading.Lock()
-        if self._pipe is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._pipe)
-        self._pipe = None
-        self._proc = None
+        self._reset()  # closes only this child's copy of the pipe's write end
         self._held = {}
         self._record = None
 
