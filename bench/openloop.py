@@ -186,6 +186,10 @@ class LoadResult:
     latency_all: Any  # every answer, errors included
     send_lag: Any  # actual send minus intended send (µs): the client's own lateness
     send_lag_by_s: list[float]  # the latest send of each second of the schedule (ms)
+    # Each second of the schedule's requests (by when they were due): answered 200, and
+    # not (refused, late, failed), so a run's bad minute shows when it began and ended.
+    ok_by_s: list[int]
+    failed_by_s: list[int]
     stages: dict[str, Any]  # stage -> HdrHistogram (µs), Gristmill's timings only
     statuses: Counter[str]
     retry_after: int  # shed answers (429/503) that carried Retry-After
@@ -237,6 +241,8 @@ class LoadResult:
             # When the client fell behind, if it did: a start-up burst shows in the first
             # seconds, a starved client anywhere.
             "send_lag_worst_by_s_ms": [round(v, 1) for v in self.send_lag_by_s],
+            "ok_by_s": self.ok_by_s,
+            "failed_by_s": self.failed_by_s,
             "client_processes": self.processes,
             "client_cpu_s": round(self.client_cpu_s, 2),
             "client_cpu_cores": round(self.client_cpu_s / self.window_s, 2),
@@ -277,6 +283,8 @@ def run_load(spec: LoadSpec, processes: int = 2) -> LoadResult:
         latency_all=new_hist(),
         send_lag=new_hist(),
         send_lag_by_s=[max(v) for v in zip(*(p["send_lag_by_s"] for p in parts), strict=True)],
+        ok_by_s=[sum(v) for v in zip(*(p["ok_by_s"] for p in parts), strict=True)],
+        failed_by_s=[sum(v) for v in zip(*(p["failed_by_s"] for p in parts), strict=True)],
         stages={name: new_hist() for name in STAGES + DERIVED},
         statuses=Counter(),
         retry_after=0,
@@ -373,6 +381,8 @@ async def _drive(spec: LoadSpec, index: int, n: int, start: float, check: Any) -
 
     lat, lat_all, lag = new_hist(), new_hist(), new_hist()
     lag_by_s: list[float] = [0.0] * (int(spec.duration_s) + 1)  # the worst send each second
+    ok_by_s = [0] * len(lag_by_s)
+    failed_by_s = [0] * len(lag_by_s)
     stages = {name: new_hist() for name in STAGES + DERIVED}
     statuses: Counter[str] = Counter()
     acc = {"retry_after": 0, "wrong": 0, "batch_sum": 0, "batch_n": 0}
@@ -416,6 +426,7 @@ async def _drive(spec: LoadSpec, index: int, n: int, start: float, check: Any) -
         last_done = max(last_done, done)
         ms = (done - due) * 1000
         statuses[key] += 1
+        (ok_by_s if key == "200" else failed_by_s)[second] += 1
         rec(lat_all, ms)
         if body is None:
             return
@@ -446,6 +457,7 @@ async def _drive(spec: LoadSpec, index: int, n: int, start: float, check: Any) -
                 await asyncio.sleep(wait)
             if len(tasks) >= spec.max_inflight:
                 statuses["client_overflow"] += 1
+                failed_by_s[min(len(failed_by_s) - 1, int(due - start))] += 1
                 continue
             task = asyncio.create_task(one(j, due))
             tasks.add(task)
@@ -458,6 +470,8 @@ async def _drive(spec: LoadSpec, index: int, n: int, start: float, check: Any) -
         "latency_all": lat_all.encode(),
         "send_lag": lag.encode(),
         "send_lag_by_s": lag_by_s,
+        "ok_by_s": ok_by_s,
+        "failed_by_s": failed_by_s,
         "stages": {k: h.encode() for k, h in stages.items()},
         "statuses": dict(statuses),
         "last_done": last_done,
