@@ -92,3 +92,6 @@ def test_a_run_gets_every_answer_and_records_lateness_by_second(sim_server: _Sim
     assert got["wrong_outputs"] == 0
     assert len(got["send_lag_worst_by_s_ms"]) == 3  # seconds 0, 1 and the last send's
     assert all(v >= 0 for v in got["send_lag_worst_by_s_ms"])
+    # Every request counted in the second it was due: 100 in each of the two.
+    assert got["ok_by_s"][:2] == [100, 100] and sum(got["ok_by_s"]) == 200
+    assert sum(got["failed_by_s"]) == 0
