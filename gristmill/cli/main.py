@@ -82,6 +82,7 @@ def api(
     import uvicorn
 
     from core.memory import limit_arenas
+    from gristmill.api_processes import serve
 
     # uvicorn's processes read their settings from the environment: the gRPC service
     # listens where they are told to.
@@ -95,17 +96,20 @@ def api(
     # its metrics to a directory that /metrics reads whole, emptied at every start.
     os.environ.update(multiprocess_env(Path(os.environ.get(MULTIPROC_ENV) or _metrics_dir())))
     limit_arenas()  # before uvicorn spawns its processes: they inherit the environment
-    uvicorn.run(
+    config = uvicorn.Config(
         "ingest.main:app",
         host=host or settings.api_host,
         port=port or settings.api_port,
-        workers=workers or settings.api_processes,
         # X-Forwarded-For/-Proto only from the configured proxies (TLS ends at them).
         proxy_headers=True,
         forwarded_allow_ips=settings.forwarded_allow_ips,
         log_level="warning",
         access_log=False,
     )
+    # Each process on a socket of its own, so connections spread evenly (decision 73).
+    code = serve(config, workers or settings.api_processes, own_sockets=settings.api_own_sockets)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
