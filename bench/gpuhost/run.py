@@ -359,6 +359,13 @@ def main(argv: list[str] | None = None) -> int:
     if "generation" in scenarios:
         stack.models = f"{MODEL},{LM}"
         stack.extra_env = stack_env(args)
+    if args.job_parts > 2 and not os.environ.get("GRISTMILL_MAX_UPLOADS_PER_TENANT"):
+        # A key may stage 2 uploads at once on an instance by default: the parts of a
+        # job submitted in parallel would otherwise wait out 429s (r12 and r14 did).
+        parts = str(args.job_parts)
+        stack.extra_env |= {"GRISTMILL_MAX_UPLOADS_PER_TENANT": parts}
+        if args.job_parts > 8:
+            stack.extra_env["GRISTMILL_MAX_UPLOADS"] = parts
     try:
         if set(scenarios) - {"generation"}:  # the embedding model's inputs and ceiling
             result.update(build_corpora(work, args))
