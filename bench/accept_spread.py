@@ -98,12 +98,10 @@ def measure(mode: str, processes: int, connections: int, waves: int) -> dict[str
     port = free_port(HOST)
     procs: list[Any] = []
     if mode == "shared":
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "bench.accept_spread:pid_app", "--host", HOST,
-                 "--port", str(port), "--workers", str(processes), "--log-level", "warning"],
-            )  # fmt: skip
-        )
+        app = "bench.accept_spread:pid_app"
+        argv = [sys.executable, "-m", "uvicorn", app, "--host", HOST, "--port", str(port)]
+        argv += ["--workers", str(processes), "--log-level", "warning"]
+        procs.append(subprocess.Popen(argv))
     else:
         ctx = mp.get_context("spawn")
         procs += [ctx.Process(target=_reuseport_process, args=(port,)) for _ in range(processes)]

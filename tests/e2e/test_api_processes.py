@@ -30,9 +30,9 @@ def _owners(port: int, pids: set[int]) -> collections.Counter[int]:
     """Established connections to ``port`` by the API process that holds them."""
     got: collections.Counter[int] = collections.Counter()
     for c in psutil.net_connections(kind="tcp"):
-        if c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port == port:
-            if c.pid in pids:
-                got[c.pid] += 1
+        ours = c.laddr and c.laddr.port == port and c.pid in pids
+        if ours and c.status == psutil.CONN_ESTABLISHED:
+            got[c.pid] += 1
     return got
 
 
