@@ -35,6 +35,8 @@ from multiprocessing.process import BaseProcess
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 
+from gristmill.devservices.ports import port_free
+
 log = logging.getLogger(__name__)
 
 # A process that exits sooner than this after its start is restarted after a pause
@@ -47,14 +49,7 @@ def address_in_use(host: str, port: int) -> bool:
     """True if another server listens on host:port. Checked before binding with
     SO_REUSEPORT, which would otherwise quietly share the port with a server of the
     same user instead of failing as a plain bind does."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return True
-    return False
+    return not port_free(port, host)
 
 
 def reuseport_sockets(host: str, port: int, n: int, backlog: int) -> list[socket.socket]:

@@ -1,4 +1,5 @@
-"""Small TCP port helpers for the throwaway dev/test servers."""
+"""Small TCP port helpers for the throwaway dev/test servers, and for `gristmill api`'s
+check that its port is free (gristmill/api_processes.py)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def wait_for_port(host: str, port: int, timeout_s: float) -> None:
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
     """True if a server could listen on host:port now (bound as uvicorn binds it, with
     SO_REUSEADDR, so a port in TIME_WAIT counts as free)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
