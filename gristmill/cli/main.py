@@ -106,7 +106,7 @@ def api(
         log_level="warning",
         access_log=False,
     )
-    # Each process on a socket of its own, so connections spread evenly (decision 73).
+    # GRISTMILL_API_OWN_SOCKETS: each process on a socket of its own (decision 73).
     code = serve(config, workers or settings.api_processes, own_sockets=settings.api_own_sockets)
     if code:
         raise typer.Exit(code)
