@@ -85,7 +85,6 @@ class _Slot:
     started_at: float = 0.0
     pause_s: float = 0.0
     restart_at: float = 0.0
-    restarts: int = 0
 
 
 class ApiProcesses:
@@ -124,7 +123,6 @@ class ApiProcesses:
                 quick = now - slot.started_at < QUICK_EXIT_S
                 slot.pause_s = min(RESTART_PAUSE_MAX_S, max(0.5, slot.pause_s * 2)) if quick else 0
                 slot.restart_at = now + slot.pause_s
-                slot.restarts += 1
                 slot.process = None
                 log.warning(
                     "API process %s exited (code %s); restarting in %.1f s",
