@@ -8,7 +8,6 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,15 +82,6 @@ class Prometheus:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
-
-
-def eventually(read: Callable[[], Any], ok: Callable[[Any], bool], timeout_s: float = 30) -> Any:
-    deadline = time.time() + timeout_s
-    value = read()
-    while not ok(value) and time.time() < deadline:
-        time.sleep(0.5)
-        value = read()
-    return value
 
 
 def settled(prom: Prometheus, promql: str) -> float:

@@ -29,6 +29,7 @@ from websockets.sync.client import ClientConnection, connect
 from gristmill.devservices.stack import Services, System, build_system
 from results.db import make_engine
 from results.tenants import create_tenant, issue_key, set_plan
+from tests.e2e.waits import eventually
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(
@@ -129,15 +130,6 @@ class Browser:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
-
-
-def eventually(read: Callable[[], Any], ok: Callable[[Any], bool], timeout_s: float = 30) -> Any:
-    deadline = time.time() + timeout_s
-    value = read()
-    while not ok(value) and time.time() < deadline:
-        time.sleep(0.25)
-        value = read()
-    return value
 
 
 # ---- the system ----------------------------------------------------------------------------

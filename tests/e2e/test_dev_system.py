@@ -34,7 +34,8 @@ import pytest
 
 from gristmill.devservices import free_port
 from tests.e2e.devrun import REPO, Dev
-from tests.e2e.prom import MISSING, Prometheus, eventually, settled
+from tests.e2e.prom import MISSING, Prometheus, settled
+from tests.e2e.waits import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -26,9 +26,19 @@ from gristmill.devservices.stack import System
 from results.db import make_engine
 from results.schema import requests
 from results.tenants import create_tenant, issue_key, set_plan
+from tests.e2e.waits import eventually
 
 MODEL = "all-minilm-l6-v2"
 DIM = 384
+
+
+def listeners(port: int) -> set[int]:
+    """The processes listening on ``port``."""
+    return {
+        x.pid
+        for x in psutil.net_connections("tcp")
+        if x.laddr and x.laddr.port == port and x.status == psutil.CONN_LISTEN and x.pid
+    }
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +52,8 @@ def grpc_url(system: System) -> Iterator[str]:
     c = tg.InferenceServerClient(f"127.0.0.1:{port}")
     assert c.is_server_live()
     c.close()
-    listening = {
-        x.pid
-        for x in psutil.net_connections("tcp")
-        if x.laddr and x.laddr.port == port and x.status == psutil.CONN_LISTEN
-    }
+    # Serving means one process answered; the other may still be in its start-up.
+    listening = eventually(lambda: listeners(port), lambda pids: len(pids) == 2, timeout_s=60)
     assert len(listening) == 2, listening
     yield f"127.0.0.1:{port}"
     system.stop("api-grpc")

@@ -24,7 +24,8 @@ from gristmill.devservices import free_port
 from gristmill.devservices.stack import Services, System, build_system
 from results.db import make_engine
 from results.tenants import create_tenant, issue_key, set_plan
-from tests.e2e.prom import MISSING, Prometheus, eventually, settled
+from tests.e2e.prom import MISSING, Prometheus, settled
+from tests.e2e.waits import eventually
 
 
 # ---- an OTLP/HTTP traces endpoint ------------------------------------------------------
