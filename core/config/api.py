@@ -27,8 +27,8 @@ class ApiSettings(_Concern):
     # event loop saturates a core near 1,000 req/s (docs/bench/README.md).
     api_processes: int = Field(2, ge=1)
     # Each API process accepts on a socket of its own (SO_REUSEPORT, Linux), so the
-    # kernel spreads connections evenly; false: uvicorn's one shared socket. Off until it
-    # is measured on a GPU host (decision 73).
+    # kernel spreads connections evenly; false: uvicorn's one shared socket. Off: on a GPU
+    # host it was no better (decision 73, r15).
     api_own_sockets: bool = False
     max_body_bytes: int = Field(1_000_000, gt=0)
     # A request's deadline when the caller gives no timeout_ms and its tier has no SLO
