@@ -12,6 +12,15 @@ from the first byte sent to the 202. The API's ``gristmill_job_submit_seconds`` 
 run's phases: stage (read, validate, write the temp file), record (the COPY, the budget
 and the job row) and publish (every item into Kafka). With ``--baseline-tree`` each run
 is done against both APIs in turn, on the same services, so both see the same machine.
+With ``--publish-compare`` the two APIs are this checkout's with its jobs published in a
+child process (decision 74) and in threads of the API process itself
+(``GRISTMILL_JOB_PUBLISH_PROCESSES=0``); with ``--beside-rps R`` each upload has sync
+``/v1/infer`` requests at R a second going to the same API process (open loop, from a
+process of their own), for ``--lead-s`` seconds alone before it and through it, and the
+report gives their latency alone and while the upload ran:
+
+    python -m bench.job_upload --items 200000 --runs 3 --publish-compare --beside-rps 100
+
 Writes JSON under ``--out``.
 """
 
@@ -19,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -32,6 +43,7 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.openloop import run_in_child, run_open_loop
 from gristmill.devservices.stack import System, build_system, local_services
 
 CHUNK = 1 << 20
@@ -90,9 +102,72 @@ def upload(url: str, key: str, path: Path, n: int) -> dict[str, Any]:
     }
 
 
+def _beside(url: str, key: str, rate: float, seconds: float) -> dict[str, Any]:
+    """Sync requests at ``rate`` for ``seconds`` (in a child process): when the load
+    began (epoch s) and each request's (intended start s, latency ms, status)."""
+
+    async def load() -> dict[str, Any]:
+        began = time.time()
+        res = await run_open_loop(
+            url=f"{url}/v1/infer",
+            headers={"Authorization": f"Bearer {key}"},
+            rate=rate,
+            count=int(rate * seconds),
+            make_body=lambda i: {"model": "sim", "input": f"beside {i}"},
+        )
+        return {
+            "began": began,
+            "samples": [(x.intended, x.latency_ms, x.status) for x in res.samples],
+        }
+
+    return run_in_child(load())
+
+
+def _window(samples: list[tuple[float, float, int]], lo: float, hi: float) -> dict[str, Any]:
+    inside = [(lat, st) for t, lat, st in samples if lo <= t < hi]
+    ok = sorted(lat for lat, st in inside if st == 200)
+
+    def q(p: float) -> float:
+        return round(ok[min(len(ok) - 1, int(p * len(ok)))], 1) if ok else float("nan")
+
+    return {
+        "requests": len(inside),
+        "not_200": sum(1 for _, st in inside if st != 200),
+        "p50_ms": q(0.5),
+        "p95_ms": q(0.95),
+        "p99_ms": q(0.99),
+    }
+
+
+def upload_beside(
+    url: str, key: str, path: Path, n: int, rate: float, lead_s: float, expect_s: float
+) -> dict[str, Any]:
+    """An upload with sync requests beside it: their latency alone (the ``lead_s`` before
+    the upload) and while the upload ran (from its first byte to its 202)."""
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        load = pool.submit(_beside, url, key, rate, lead_s + 1.5 * expect_s + 2)
+        time.sleep(lead_s)
+        began = time.time()
+        r = upload(url, key, path, n)
+        ended = time.time()
+        got = load.result()
+    lead_from = got["began"]
+    r["sync_alone"] = _window(got["samples"], 1.0, began - lead_from)  # past the first second
+    r["sync_beside"] = _window(got["samples"], began - lead_from, ended - lead_from)
+    return r
+
+
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     rates = sorted(r["items_per_s"] for r in runs)
+    sync = {
+        f"{w}_{k}_median": round(statistics.median(r[w][k] for r in runs), 1)
+        for w in ("sync_alone", "sync_beside")
+        for k in ("p50_ms", "p95_ms", "not_200")
+        if all(w in r for r in runs)
+    }
     return {
+        **sync,
         "runs": runs,
         "items_per_s_median": round(statistics.median(rates)),
         "items_per_s_min": rates[0],
@@ -110,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--scheduler", action="store_true", help="run the items meanwhile")
     ap.add_argument("--baseline-tree", type=Path, help="a checkout whose API is the baseline")
+    ap.add_argument(
+        "--publish-compare", action="store_true", help="publishing in a child against threads"
+    )
+    ap.add_argument("--beside-rps", type=float, default=0.0, help="sync requests beside each")
+    ap.add_argument("--lead-s", type=float, default=5.0, help="of sync alone before each upload")
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     a = ap.parse_args(argv)
     with ExitStack() as stack:
@@ -119,9 +199,17 @@ def main(argv: list[str] | None = None) -> int:
             services, work, extra_env={"GRISTMILL_MAX_JOB_ITEMS": str(max(a.items, 1_000_000))}
         )
         stack.callback(system.close)
-        if a.scheduler:
+        if a.scheduler or a.beside_rps:
             system.start_scheduler(workers=2, models="sim")
-        apis = {"new": system.start_api("api")}
+        if a.publish_compare:
+            apis = {
+                "processes": system.start_api("api"),
+                "threads": system.start_api(
+                    "api-threads", env={"GRISTMILL_JOB_PUBLISH_PROCESSES": "0"}
+                ),
+            }
+        else:
+            apis = {"new": system.start_api("api")}
         if a.baseline_tree:
             base = str(a.baseline_tree.resolve())
             apis["baseline"] = system.start_api(
@@ -131,15 +219,25 @@ def main(argv: list[str] | None = None) -> int:
         size = write_jsonl(src, a.items, a.line_bytes)
         print(f"{a.items} items, {size / 1e6:.0f} MB ({size / a.items:.0f} bytes a line)")
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in apis}
+        key = system.keys["enterprise"]
+        expect_s = 0.0
+        if a.beside_rps:  # the load's length: an upload's time, unloaded, once
+            system.url = next(iter(apis.values()))
+            system.wait_until_serving("sim")
+            expect_s = max(upload(url, key, src, a.items)["seconds"] for url in apis.values())
         for run in range(a.runs):
             for name, url in apis.items():
-                r = upload(url, system.keys["enterprise"], src, a.items)
+                if a.beside_rps:
+                    r = upload_beside(url, key, src, a.items, a.beside_rps, a.lead_s, expect_s)
+                else:
+                    r = upload(url, key, src, a.items)
                 results[name].append(r)
                 print(f"run {run + 1} {name}: {r}", flush=True)
         report = {
             "items": a.items,
             "bytes": size,
-            "scheduler": a.scheduler,
+            "scheduler": a.scheduler or bool(a.beside_rps),
+            "beside_rps": a.beside_rps,
             "cpus": os.cpu_count(),
             **{name: summary(runs) for name, runs in results.items()},
         }

@@ -108,6 +108,7 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         jobs=JobPublisher(
             settings,
             Pacer(lambda: overload.lag.lag_ms, target_lag_ms(settings.loop_lag_shed_ms)),
+            processes=settings.job_publish_processes,
         ),
         auth=auth,
         catalog=ModelCatalog(
