@@ -14,7 +14,7 @@ and the job row) and publish (every item into Kafka). With ``--baseline-tree`` e
 is done against both APIs in turn, on the same services, so both see the same machine.
 With ``--publish-compare`` the two APIs are this checkout's with its jobs published in a
 child process (decision 74) and in threads of the API process itself
-(``GRISTMILL_JOB_PUBLISH_PROCESSES=0``); with ``--beside-rps R`` each upload has sync
+(``GRISTMILL_JOB_PUBLISH_PROCESS=false``); with ``--beside-rps R`` each upload has sync
 ``/v1/infer`` requests at R a second going to the same API process (open loop, from a
 process of their own), for ``--lead-s`` seconds alone before it and through it, and the
 report gives their latency alone and while the upload ran:
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             apis = {
                 "processes": system.start_api("api"),
                 "threads": system.start_api(
-                    "api-threads", env={"GRISTMILL_JOB_PUBLISH_PROCESSES": "0"}
+                    "api-threads", env={"GRISTMILL_JOB_PUBLISH_PROCESS": "false"}
                 ),
             }
         else:

@@ -108,7 +108,7 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
         jobs=JobPublisher(
             settings,
             Pacer(lambda: overload.lag.lag_ms, target_lag_ms(settings.loop_lag_shed_ms)),
-            processes=settings.job_publish_processes,
+            child=settings.job_publish_process,
         ),
         auth=auth,
         catalog=ModelCatalog(

@@ -35,10 +35,10 @@ class JobSettings(_Concern):
     # each holds a temp file of up to max_job_bytes and one line in memory (decision 26).
     max_uploads: int = Field(8, ge=1)
     max_uploads_per_tenant: int = Field(2, ge=1)
-    # Child processes of each API process that put jobs' items in Kafka, at a lower CPU
-    # priority than the sync requests it serves (decision 74); 0: threads of the API
-    # process itself, paced by its event loop's lag (ingest/jobs/pacing.py).
-    job_publish_processes: int = Field(1, ge=0)
+    # Jobs' items are put in Kafka by a child process of each API process, at a lower CPU
+    # priority than the sync requests it serves (decision 74); false: by threads of the
+    # API process itself, paced by its event loop's lag (ingest/jobs/pacing.py).
+    job_publish_process: bool = True
     # An upload whose client sends nothing for this long is answered 408 (seconds), and
     # so is one that, past that time, averages under upload_min_bytes_per_s (a trickle
     # holding a slot; 16 KiB/s is a poor mobile link).

@@ -26,7 +26,7 @@ from core.vocab import PriorityClass
 from ingest.acceptance.message import JobItems
 from ingest.acceptance.ports import StagedItems
 from ingest.jobs.pacing import PUBLISH_SLICE, Pacer
-from ingest.jobs.publish_processes import PublishProcesses, StagedRef
+from ingest.jobs.publish_process import PublishProcess, StagedRef
 from ingest.jobs.upload import Item, Staged
 from results.db import make_engine
 from results.job_items import unsent_page
@@ -72,12 +72,13 @@ class JobPublisher:
     (thread-safe) and a small PostgreSQL pool; each waits only for its own messages'
     acknowledgements, so a million-item job never holds up a small one."""
 
-    def __init__(self, settings: Settings, pacer: Pacer | None = None, processes: int = 0):
+    def __init__(self, settings: Settings, pacer: Pacer | None = None, child: bool = False):
         self.settings = settings
         # Publishing gives way to the instance's sync requests (ingest/jobs/pacing.py).
         self.pacer = pacer
-        # Or, better, publishes run in child processes (decision 74); 0: in threads here.
-        self.processes = PublishProcesses(settings, processes) if processes > 0 else None
+        # ``child``: publishes run in a child process (decision 74), these threads only
+        # when it cannot take one.
+        self.child = PublishProcess(settings) if child else None
         workers = settings.max_uploads + 2  # uploads' publishes, a retry, the stale finisher
         self.engine = make_engine(settings.database_url, pool_size=workers)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="job-publish")
@@ -100,14 +101,13 @@ class JobPublisher:
     async def publish(self, job_id: str, staged: StagedItems | None = None) -> int:
         """``staged``: the new job's staged file, read instead of its rows."""
         loop = asyncio.get_running_loop()
-        if self.processes is not None:
+        if self.child is not None:
             ref = StagedRef.of(staged) if isinstance(staged, Staged) else None
             if staged is None or ref is not None:
                 try:
-                    return await asyncio.wrap_future(self.processes.submit(job_id, ref))
-                except BrokenProcessPool:  # a child died: this publish runs here instead
+                    return await asyncio.wrap_future(self.child.submit(job_id, ref))
+                except BrokenProcessPool:  # the child died: this publish runs here instead
                     log.warning("job %s: its publishing process died; publishing here", job_id)
-                    self.processes.discard()
         return await loop.run_in_executor(
             self._executor, lambda: self.publish_sync(job_id, staged=staged)
         )
@@ -227,8 +227,8 @@ class JobPublisher:
             )
 
     def close(self) -> None:
-        if self.processes is not None:
-            self.processes.close()
+        if self.child is not None:
+            self.child.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._producer.flush(10)
         self.engine.dispose()

@@ -12,7 +12,7 @@ import orjson
 import psutil
 
 from gristmill.devservices.stack import System
-from ingest.jobs.publish_processes import NICE
+from ingest.jobs.publish_process import NICE
 from tests.e2e.test_jobs import all_results, wait_done
 from tests.e2e.waits import eventually
 

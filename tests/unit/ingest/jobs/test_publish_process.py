@@ -10,7 +10,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import orjson
 
-from ingest.jobs.publish_processes import StagedRef
+from ingest.jobs.publish_process import StagedRef
 from ingest.jobs.upload import Item, Staged
 from tests.unit.ingest.jobs.test_upload import stager
 
