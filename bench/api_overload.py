@@ -10,11 +10,12 @@ limit on the API process can (the way a Kubernetes CPU limit holds a pod): Linux
 quota on a cgroup (v1 ``cpu`` or v2), ``--cpu`` cores over a 10 ms period. Workers are a
 fast ``sim`` (far above the API's rate), so only the API can be the limit.
 
-It measures the API's CPU a request at a low rate, takes ``--cpu`` over it as the API's
-capacity, then offers ``--factors`` times that for ``--seconds`` each, open loop, in
-bench.overload's tier mix (70% free, 25% paid, 5% enterprise, rate limits out of the
-way). Per factor and tier: answered a second (goodput), refused (by reason), late (504)
-against admitted, latency percentiles. JSON and a chart go to ``--out``.
+It measures the API's CPU at two low rates (what a request adds, what the process
+spends anyway), takes what ``--cpu`` leaves as the API's capacity, then offers
+``--factors`` times that for ``--seconds`` each, open loop, in bench.overload's tier mix
+(70% free, 25% paid, 5% enterprise, rate limits out of the way). Per factor and tier:
+answered a second (goodput), refused (by reason), late (504) against admitted, latency
+percentiles. JSON and a chart go to ``--out``.
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from typing import Any
 
 import psutil
 
-from bench.openloop import RunResult
-from bench.overload import MIX, offer, refusal_reasons, tier_tenants
+from bench.openloop import LoadSpec, RunResult, run_load
+from bench.overload import offer, refusal_reasons, tier_tenants
 from bench.system import sim_system
+from gristmill.devservices.stack import System
 
 PERIOD_US = 10_000  # short, so the quota's pauses are short as well
 
@@ -83,16 +85,57 @@ def row(tier: str, r: RunResult, seconds: float) -> dict[str, Any]:
     }
 
 
+def pooled(
+    system: System, tenants: dict[str, tuple[str, str]], rate: float, seconds: float, conns: int
+) -> dict[str, Any]:
+    """The paid tenant alone through bench.openloop's raw client: at most ``conns``
+    requests in flight (a client's connection pool); what finds none free is counted as
+    the client's overflow, not sent."""
+    spec = LoadSpec(
+        url=f"{system.url}/v1/infer",
+        headers={"Authorization": f"Bearer {tenants['paid'][1]}"},
+        rate=rate,
+        duration_s=seconds,
+        tag=f"pooled-{time.monotonic_ns()}",
+        max_inflight=max(1, conns // 2),
+        client="raw",
+    )
+    res = run_load(spec, processes=2).summary()
+    st = res["statuses"]
+    ok, late = st.get("200", 0), st.get("504", 0)
+    return {
+        "tier": "paid",
+        "offered": res["requests"],
+        "served_200": ok,
+        "late_504": late,
+        "refused_503": st.get("503", 0),
+        "client_overflow": st.get("client_overflow", 0),
+        "statuses": st,
+        "admitted": ok + late,
+        "late_of_admitted": round(late / max(1, ok + late), 4),
+        "answered_per_s": round(ok / seconds, 1),
+        "p50_ms": res["p50_ms"],
+        "p95_ms": res["p95_ms"],
+        "p95_all_ms": res["p95_all_ms"],
+        "refusals": {k: v for k, v in st.items() if k != "200"},
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cpu", type=float, default=0.3, help="cores the API process may use")
     ap.add_argument("--factors", default="0.7,1.5,3", help="offered load / the API's capacity")
     ap.add_argument("--seconds", type=float, default=20)
-    ap.add_argument("--probe-rps", type=float, default=50, help="rate the CPU a request is read at")
+    ap.add_argument("--probe-rps", type=float, default=50, help="the CPU is read at this and 3x")
+    ap.add_argument(
+        "--connections", type=int, default=0, help="a client pool of this many (0: unbounded)"
+    )
+    ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the system")
     ap.add_argument("--out", type=Path, default=Path("bench-out"))
     a = ap.parse_args(argv)
     env = {"GRISTMILL_SIM_BATCH_MS": "2", "GRISTMILL_SIM_MAX_BATCH": "512"}
-    report: dict[str, Any] = {"cpu": a.cpu, "seconds": a.seconds, "mix": MIX, "runs": []}
+    env |= dict(x.split("=", 1) for x in a.env)
+    report: dict[str, Any] = {"cpu": a.cpu, "seconds": a.seconds, "env": a.env, "runs": []}
     with ExitStack() as stack:
         system = sim_system(stack, "gm-apiover-", workers=2, extra_env=env)
         tenants = tier_tenants(system)
@@ -101,20 +144,36 @@ def main(argv: list[str] | None = None) -> int:
         stack.callback(limit.close)
         limit.add(api)
         time.sleep(3)  # load reports reach the API
-        c0 = cpu_s(api)
-        probe = asyncio.run(offer(system, tenants, a.probe_rps, 10))
-        served = sum(len(r.ok) for r in probe.values())
-        ms_per_request = (cpu_s(api) - c0) * 1000 / max(1, served)
-        capacity = a.cpu * 1000 / ms_per_request
-        report |= {"api_ms_per_request": round(ms_per_request, 3), "capacity_rps": capacity}
-        print(f"API: {ms_per_request:.2f} ms of CPU a request; {a.cpu} cores: {capacity:.0f} req/s")
+        # Its CPU at two rates: what a request adds (the slope) and what the process
+        # spends anyway (background tasks, timers), which a low rate alone would charge
+        # to its few requests.
+        cores = []
+        for rate in (a.probe_rps, 3 * a.probe_rps):
+            c0, t0 = cpu_s(api), time.monotonic()
+            asyncio.run(offer(system, tenants, rate, 8))
+            cores.append((cpu_s(api) - c0) / (time.monotonic() - t0))
+        ms_per_request = max(0.01, (cores[1] - cores[0]) * 1000 / (2 * a.probe_rps))
+        idle = max(0.0, cores[0] - a.probe_rps * ms_per_request / 1000)
+        capacity = (a.cpu - idle) * 1000 / ms_per_request
+        report |= {
+            "api_ms_per_request": round(ms_per_request, 3),
+            "api_idle_cores": round(idle, 3),
+            "capacity_rps": round(capacity, 1),
+        }
+        print(
+            f"API: {ms_per_request:.2f} ms of CPU a request, {idle:.2f} cores anyway; "
+            f"{a.cpu} cores: {capacity:.0f} req/s"
+        )
         for factor in (float(x) for x in a.factors.split(",")):
             rate = factor * capacity
             time.sleep(5)  # the last run's leftovers drain
             c0, t0 = cpu_s(api), time.monotonic()
-            results = asyncio.run(offer(system, tenants, rate, a.seconds))
+            if a.connections:
+                rows = [pooled(system, tenants, rate, a.seconds, a.connections)]
+            else:
+                results = asyncio.run(offer(system, tenants, rate, a.seconds))
+                rows = [row(t, r, a.seconds) for t, r in results.items()]
             used = (cpu_s(api) - c0) / (time.monotonic() - t0)
-            rows = [row(t, r, a.seconds) for t, r in results.items()]
             run = {
                 "factor": factor,
                 "offered_rps": round(rate, 1),
@@ -155,7 +214,7 @@ def chart(report: dict[str, Any], path: Path) -> None:
     ax.axhline(report["capacity_rps"], color="grey", lw=0.8, label="API capacity (CPU)")
     ax.set(xlabel="offered requests/s", ylabel="requests/s")
     ax.legend(fontsize=7)
-    for tier in MIX:
+    for tier in sorted({t["tier"] for r in runs for t in r["tiers"]}):
         bx.plot(
             x,
             [
