@@ -13,7 +13,7 @@ the event loop never waits for the lock behind it. The child runs each publish i
 thread of its own, as the API process did, so a million-item job never holds up a small
 one, with its own producer and database pool; a new job's staged file is read through
 ``/proc/<pid>/fd`` (the file has no name). When its API process is gone the child
-finishes the publishes it holds and exits.
+finishes the publishes it holds and exits; when it exits, it ends the child.
 """
 
 from __future__ import annotations
@@ -135,6 +135,9 @@ class PublishProcess:
 
     def submit(self, job_id: str, staged: StagedRef | None) -> Future[int]:
         fut: Future[int] = Future()
+        # Running from the start: a caller that stops waiting (its client went away)
+        # cannot cancel it, so the reply always finds it settable, as a thread's would.
+        fut.set_running_or_notify_cancel()
         with self._lock:
             if self._conn is None:
                 self._start()
@@ -151,9 +154,11 @@ class PublishProcess:
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         ours, theirs = ctx.Pipe()
-        # Not a daemon: an API process that stops leaves the child its publishes to finish.
+        # A daemon: an API process that exits ends it (a publish it held is finished by the
+        # stale-submission finisher) rather than wait for it; one killed outright cannot,
+        # and the child then finishes what it holds and exits on its own.
         self._proc = ctx.Process(
-            target=_serve, args=(theirs, self.settings), name="gristmill-job-publish"
+            target=_serve, args=(theirs, self.settings), name="gristmill-job-publish", daemon=True
         )
         self._proc.start()
         theirs.close()

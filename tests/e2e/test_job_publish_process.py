@@ -59,3 +59,29 @@ def test_a_child_process_publishes_and_dies_with_its_api(system: System) -> None
         "the publishing child outlived its API"
     )
     system.stop("api-publish")
+
+
+def test_each_process_of_gristmill_api_publishes_from_a_child(system: System) -> None:
+    """`gristmill api --workers 2`: its processes (children of the launcher) may have
+    children of their own, and a job sent to either is published by one."""
+    url = system.start_api("api-publish-2", processes=2, cli=True)
+    body = b"".join(orjson.dumps({"input": f"two {i}"}) + b"\n" for i in range(500))
+    jobs = []
+    for _ in range(4):  # over a few connections, so both processes likely take one
+        with httpx.Client() as client:
+            r = client.post(
+                f"{url}/v1/jobs?model=sim",
+                content=body,
+                headers={**system.headers(), "Content-Type": "application/x-ndjson"},
+                timeout=120,
+            )
+        assert r.status_code == 202, r.text
+        jobs.append(r.json()["job_id"])
+    for job_id in jobs:
+        assert wait_done(system, job_id)["counts"]["succeeded"] == 500
+    launcher = psutil.Process(system.procs["api-publish-2"].pid)
+    children = [p for proc in launcher.children() for p in publishers(proc.pid)]
+    assert 1 <= len(children) <= 2 and all(c.nice() == os.nice(0) + NICE for c in children)
+    log = (system.workdir / "api-publish-2.log").read_text()
+    assert "publishing here" not in log and "Traceback" not in log, log[-2000:]
+    system.stop("api-publish-2")
