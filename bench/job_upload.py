@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             system.start_scheduler(workers=2, models="sim")
         if a.publish_compare:
             apis = {
-                "processes": system.start_api("api"),
+                "processes": system.start_api("api", env={"GRISTMILL_JOB_PUBLISH_PROCESS": "true"}),
                 "threads": system.start_api(
                     "api-threads", env={"GRISTMILL_JOB_PUBLISH_PROCESS": "false"}
                 ),

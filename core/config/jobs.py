@@ -35,10 +35,12 @@ class JobSettings(_Concern):
     # each holds a temp file of up to max_job_bytes and one line in memory (decision 26).
     max_uploads: int = Field(8, ge=1)
     max_uploads_per_tenant: int = Field(2, ge=1)
-    # Jobs' items are put in Kafka by a child process of each API process, at a lower CPU
-    # priority than the sync requests it serves (decision 74); false: by threads of the
-    # API process itself, paced by its event loop's lag (ingest/jobs/pacing.py).
-    job_publish_process: bool = True
+    # True: jobs' items are put in Kafka by a child process of each API process, at a
+    # lower CPU priority than the sync requests it serves (decision 74); false: by
+    # threads of the API process itself, paced by its event loop's lag
+    # (ingest/jobs/pacing.py). Off until measured on a host with cores to spare: on the
+    # 2-core box a fresh system's first seconds were slower with it.
+    job_publish_process: bool = False
     # An upload whose client sends nothing for this long is answered 408 (seconds), and
     # so is one that, past that time, averages under upload_min_bytes_per_s (a trickle
     # holding a slot; 16 KiB/s is a poor mobile link).

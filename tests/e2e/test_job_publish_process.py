@@ -17,6 +17,7 @@ from tests.e2e.test_jobs import all_results, wait_done
 from tests.e2e.waits import eventually
 
 ITEMS = 3000
+CHILD = {"GRISTMILL_JOB_PUBLISH_PROCESS": "true"}  # off by default until measured
 
 
 def publishers(api: int) -> list[psutil.Process]:
@@ -33,7 +34,7 @@ def alive(p: psutil.Process) -> bool:
 
 
 def test_a_child_process_publishes_and_dies_with_its_api(system: System) -> None:
-    url = system.start_api("api-publish")
+    url = system.start_api("api-publish", env=CHILD)
     api = system.procs["api-publish"].pid
     assert publishers(api) == []  # started by the first job, not before
     body = b"".join(orjson.dumps({"input": f"line {i}"}) + b"\n" for i in range(ITEMS))
@@ -64,7 +65,7 @@ def test_a_child_process_publishes_and_dies_with_its_api(system: System) -> None
 def test_each_process_of_gristmill_api_publishes_from_a_child(system: System) -> None:
     """`gristmill api --workers 2`: its processes (children of the launcher) may have
     children of their own, and a job sent to either is published by one."""
-    url = system.start_api("api-publish-2", processes=2, cli=True)
+    url = system.start_api("api-publish-2", processes=2, cli=True, env=CHILD)
     body = b"".join(orjson.dumps({"input": f"two {i}"}) + b"\n" for i in range(500))
     jobs = []
     for _ in range(4):  # over a few connections, so both processes likely take one
