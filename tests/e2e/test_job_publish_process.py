@@ -26,6 +26,19 @@ def publishers(api: int) -> list[psutil.Process]:
     return [k for k in kids if "resource_tracker" not in " ".join(k.cmdline())]
 
 
+def upload(system: System, url: str, n: int, tag: str) -> str:
+    """A JSONL job of ``n`` items for ``sim``, on a new connection; its id."""
+    body = b"".join(orjson.dumps({"input": f"{tag} {i}"}) + b"\n" for i in range(n))
+    r = httpx.post(
+        f"{url}/v1/jobs?model=sim",
+        content=body,
+        headers={**system.headers(), "Content-Type": "application/x-ndjson"},
+        timeout=120,
+    )
+    assert r.status_code == 202, r.text
+    return str(r.json()["job_id"])
+
+
 def alive(p: psutil.Process) -> bool:
     try:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
@@ -37,15 +50,7 @@ def test_a_child_process_publishes_and_dies_with_its_api(system: System) -> None
     url = system.start_api("api-publish", env=CHILD)
     api = system.procs["api-publish"].pid
     assert publishers(api) == []  # started by the first job, not before
-    body = b"".join(orjson.dumps({"input": f"line {i}"}) + b"\n" for i in range(ITEMS))
-    r = httpx.post(
-        f"{url}/v1/jobs?model=sim",
-        content=body,
-        headers={**system.headers(), "Content-Type": "application/x-ndjson"},
-        timeout=120,
-    )
-    assert r.status_code == 202, r.text
-    job_id = r.json()["job_id"]
+    job_id = upload(system, url, ITEMS, "line")
     done = wait_done(system, job_id)
     assert done["status"] == "completed" and done["counts"]["succeeded"] == ITEMS
     assert [x["index"] for x in all_results(system, job_id)] == list(range(ITEMS))
@@ -66,18 +71,8 @@ def test_each_process_of_gristmill_api_publishes_from_a_child(system: System) ->
     """`gristmill api --workers 2`: its processes (children of the launcher) may have
     children of their own, and a job sent to either is published by one."""
     url = system.start_api("api-publish-2", processes=2, cli=True, env=CHILD)
-    body = b"".join(orjson.dumps({"input": f"two {i}"}) + b"\n" for i in range(500))
-    jobs = []
-    for _ in range(4):  # over a few connections, so both processes likely take one
-        with httpx.Client() as client:
-            r = client.post(
-                f"{url}/v1/jobs?model=sim",
-                content=body,
-                headers={**system.headers(), "Content-Type": "application/x-ndjson"},
-                timeout=120,
-            )
-        assert r.status_code == 202, r.text
-        jobs.append(r.json()["job_id"])
+    # Each on a connection of its own, so both processes likely take one.
+    jobs = [upload(system, url, 500, "two") for _ in range(4)]
     for job_id in jobs:
         assert wait_done(system, job_id)["counts"]["succeeded"] == 500
     launcher = psutil.Process(system.procs["api-publish-2"].pid)
