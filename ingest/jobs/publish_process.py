@@ -127,10 +127,6 @@ class PublishProcess:
         self._conn: Connection | None = None
         self._proc: Any = None
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
-
     def submit(self, job_id: str, staged: StagedRef | None) -> Future[int]:
         fut: Future[int] = Future()
         # Running from the start: a caller that stops waiting (its client went away)
@@ -189,7 +185,8 @@ class PublishProcess:
             fut.set_exception(BrokenProcessPool("the publishing process ended"))
 
     def close(self) -> None:
-        """The child finishes what it holds, then exits (its pipe's end is closed)."""
+        """Ends the pipe: the child finishes what it holds and exits (unless this
+        process's own exit ends it first)."""
         with self._lock:
             conn, self._conn = self._conn, None
         if conn is not None:

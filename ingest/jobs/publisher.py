@@ -106,8 +106,12 @@ class JobPublisher:
             if staged is None or ref is not None:
                 try:
                     return await asyncio.wrap_future(self.child.submit(job_id, ref))
-                except BrokenProcessPool:  # the child died: this publish runs here instead
-                    log.warning("job %s: its publishing process died; publishing here", job_id)
+                except (BrokenProcessPool, OSError) as exc:  # the child died, or could not
+                    # open the staged file: this publish runs here instead (items sent
+                    # twice still make one result each)
+                    log.warning(
+                        "job %s: not published by its child (%s); publishing here", job_id, exc
+                    )
         return await loop.run_in_executor(
             self._executor, lambda: self.publish_sync(job_id, staged=staged)
         )
