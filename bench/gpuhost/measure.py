@@ -248,10 +248,11 @@ def _top(counts: dict[str, int], total: int, n: int = 25) -> list[tuple[str, flo
     return [(f, round(c / total, 3)) for f, c in ranked]
 
 
-def profile(pids: dict[str, int], seconds: float) -> dict[str, Any]:
+def profile(pids: dict[str, int], seconds: float, gil: bool = False) -> dict[str, Any]:
     """py-spy samples of one process of each kind: the functions holding the most
     samples (own time, and with what they call), so a saturated process shows where its
-    CPU goes."""
+    CPU goes. ``gil``: only the thread holding the interpreter lock is sampled, which
+    shows what a process bound by its lock spends the lock on."""
     spy = shutil.which("py-spy")
     if spy is None:
         return {"error": "py-spy not found"}
@@ -261,7 +262,8 @@ def profile(pids: dict[str, int], seconds: float) -> dict[str, Any]:
         procs[kind] = (
             subprocess.Popen(
                 [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
-                 "--rate", "200", "--format", "raw", "--nonblocking", "--output", str(raw)],
+                 "--rate", "200", "--format", "raw", "--nonblocking", "--output", str(raw),
+                 *(["--gil"] if gil else [])],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             ),
             raw,

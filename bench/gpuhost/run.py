@@ -150,6 +150,7 @@ def job_scenario(
     ceiling: dict[str, Any],
     beside: Callable[[], dict[str, Any]] | None = None,
     spy: bool = False,
+    gil: bool = False,
     parts: int = 1,
 ) -> dict[str, Any]:
     """The job file submitted whole, or as ``parts`` jobs of consecutive items submitted
@@ -182,7 +183,9 @@ def job_scenario(
         def spy_both() -> None:
             spied["intake"] = profile({"api": cpu.busiest("api")}, 10.0)
             time.sleep(5.0)
-            spied["flow"] = profile({k: cpu.busiest(k) for k in ("scheduler", "worker")}, 10.0)
+            spied["flow"] = profile(
+                {k: cpu.busiest(k) for k in ("scheduler", "worker")}, 10.0, gil=gil
+            )
 
         timer = threading.Timer(3.0, spy_both)
         timer.start()
@@ -332,6 +335,11 @@ def main(argv: list[str] | None = None) -> int:
         help="PostgreSQL sized for the host (gristmill/devservices/pg_sizing.py) or its defaults",
     )
     ap.add_argument("--profile", action="store_true", help="py-spy at the top rate and in the job")
+    ap.add_argument(
+        "--profile-gil",
+        action="store_true",
+        help="the job's flow profiled with py-spy --gil: what holds each interpreter lock",
+    )
     ap.add_argument("--fault-at", default="20,50,80", help="seconds: worker, scheduler, API")
     ap.add_argument("--fault-seconds", type=float, default=110.0, help="sync load under faults")
     ap.add_argument("--gen-streams", default="64,256", help="concurrent completion streams")
@@ -386,7 +394,13 @@ def main(argv: list[str] | None = None) -> int:
             save()
         if "job" in scenarios:
             result["job"] = job_scenario(
-                stack, work, gpu, result["ceiling"], spy=args.profile, parts=args.job_parts
+                stack,
+                work,
+                gpu,
+                result["ceiling"],
+                spy=args.profile or args.profile_gil,
+                gil=args.profile_gil,
+                parts=args.job_parts,
             )
             save()
         if "mixed" in scenarios:
