@@ -132,6 +132,38 @@ def test_job_items_answer_the_stored_vectors(system: System, engine: Engine) -> 
         assert line["output"] == np.frombuffer(stored[line["index"]], dtype="<f4").tolist()
 
 
+def test_a_job_item_is_embedded_as_the_same_text_sent_alone(system: System) -> None:
+    """The scheduler tokenizes a job's texts as it reads them (decision 0075), the API a
+    sync request's: the same text gets the same vector either way."""
+    texts = ["Crème brûlée, naïve café.", "job and sync agree " * 40, "short"]
+    r = httpx.post(
+        f"{system.url}/v1/jobs",
+        headers=system.headers(),
+        json={"model": EMBED, "items": [{"input": t} for t in texts]},
+        timeout=30,
+    )
+    assert r.status_code == 202, r.text
+    job_id = r.json()["job_id"]
+    wait_for(
+        lambda: httpx.get(f"{system.url}/v1/jobs/{job_id}", headers=system.headers()).json()[
+            "finished_at"
+        ],
+        120,
+    )
+    res = httpx.get(f"{system.url}/v1/jobs/{job_id}/results", headers=system.headers())
+    by_job = {x["index"]: x["output"] for x in map(orjson.loads, res.content.splitlines()) if x}
+    for i, t in enumerate(texts):
+        alone = httpx.post(
+            f"{system.url}/v1/embeddings",
+            headers=system.headers(),
+            json={"model": EMBED, "input": t},
+            timeout=30,
+        )
+        assert alone.status_code == 200, alone.text
+        vector = alone.json()["data"][0]["embedding"]
+        np.testing.assert_allclose(by_job[i], vector, atol=1e-5)
+
+
 def refused(engine: Engine, status: int, reason: str, tenant: str | None) -> int:
     with engine.connect() as conn:
         return int(
