@@ -38,8 +38,8 @@ class JobSettings(_Concern):
     # True: jobs' items are put in Kafka by a child process of each API process, at a
     # lower CPU priority than the sync requests it serves (decision 74); false: by
     # threads of the API process itself, paced by its event loop's lag
-    # (ingest/jobs/pacing.py). Off until measured on a host with cores to spare: on the
-    # 2-core box a fresh system's first seconds were slower with it.
+    # (ingest/jobs/pacing.py). Off: on a GPU host the sync answers beside a job were no
+    # faster with it (r16), and on the 2-core box a fresh system's first seconds slower.
     job_publish_process: bool = False
     # An upload whose client sends nothing for this long is answered 408 (seconds), and
     # so is one that, past that time, averages under upload_min_bytes_per_s (a trickle
