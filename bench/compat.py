@@ -34,6 +34,7 @@ import aiohttp
 import orjson
 import psutil
 
+from bench.openloop import percentile
 from bench.system import sim_system
 from gristmill.devservices.stack import System
 
@@ -79,8 +80,7 @@ async def measured(
 
 
 def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return round(s[min(len(s) - 1, round(q / 100 * (len(s) - 1)))], 1) if s else float("nan")
+    return round(percentile(xs, q), 1)
 
 
 async def run_variant(

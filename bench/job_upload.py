@@ -43,7 +43,7 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.openloop import run_in_child, run_open_loop
+from bench.openloop import percentile, run_in_child, run_open_loop
 from gristmill.devservices.stack import System, build_system, local_services
 
 CHUNK = 1 << 20
@@ -125,17 +125,11 @@ def _beside(url: str, key: str, rate: float, seconds: float) -> dict[str, Any]:
 
 def _window(samples: list[tuple[float, float, int]], lo: float, hi: float) -> dict[str, Any]:
     inside = [(lat, st) for t, lat, st in samples if lo <= t < hi]
-    ok = sorted(lat for lat, st in inside if st == 200)
-
-    def q(p: float) -> float:
-        return round(ok[min(len(ok) - 1, int(p * len(ok)))], 1) if ok else float("nan")
-
+    ok = [lat for lat, st in inside if st == 200]
     return {
         "requests": len(inside),
-        "not_200": sum(1 for _, st in inside if st != 200),
-        "p50_ms": q(0.5),
-        "p95_ms": q(0.95),
-        "p99_ms": q(0.99),
+        "not_200": len(inside) - len(ok),
+        **{f"p{q}_ms": round(percentile(ok, q), 1) for q in (50, 95, 99)},
     }
 
 

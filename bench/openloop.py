@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +18,15 @@ import aiohttp
 import orjson
 
 from bench.rawhttp import HttpError, RawPool
+
+
+def percentile(xs: Iterable[float], q: float) -> float:
+    """The nearest-rank ``q`` percentile (0-100) of ``xs``, nan for none: the one
+    definition every benchmark table here uses."""
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
 @dataclass
@@ -44,11 +53,7 @@ class RunResult:
         return dict(Counter(s.status for s in self.samples))
 
     def percentile(self, q: float, only_ok: bool = True) -> float:
-        xs = sorted(s.latency_ms for s in (self.ok if only_ok else self.samples))
-        if not xs:
-            return float("nan")
-        k = min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))
-        return xs[k]
+        return percentile((s.latency_ms for s in (self.ok if only_ok else self.samples)), q)
 
     def outcomes(self) -> dict[str, Any]:
         """Answers by kind and latency percentiles of the served ones (one table row)."""

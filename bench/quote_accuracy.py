@@ -39,6 +39,7 @@ from typing import Any
 import aiohttp
 from gristmill_client import Client
 
+from bench.openloop import percentile
 from bench.overload import WORKERS, capacity
 from bench.system import sim_system
 from gristmill.devservices.stack import System
@@ -127,8 +128,8 @@ class SyncLoad:
     def p95_ms(self, t0: float = 0.0, t1: float = float("inf")) -> dict[str, Any]:
         """The answers intended in [t0, t1): p50/p95 of the 200s, counts by status."""
         xs = [s for s in self.samples if t0 <= s[0] < t1]
-        ok = sorted(s[1] for s in xs if s[2] == 200)
-        pct = (lambda q: round(ok[min(len(ok) - 1, round(q * (len(ok) - 1)))], 1)) if ok else None
+        ok = [s[1] for s in xs if s[2] == 200]
+        pct = (lambda q: round(percentile(ok, 100 * q), 1)) if ok else None
         statuses: dict[str, int] = {}
         for s in xs:
             statuses[str(s[2])] = statuses.get(str(s[2]), 0) + 1

@@ -5,6 +5,7 @@ every answer back, each checked, with the worst send of each second recorded."""
 from __future__ import annotations
 
 import asyncio
+import math
 import multiprocessing as mp
 import threading
 import time
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from bench.openloop import START_LEAD_S, LoadSpec, StartGate, run_load
+from bench.openloop import START_LEAD_S, LoadSpec, StartGate, percentile, run_load
 from core.models.sim import sim_output
 
 
@@ -95,3 +96,11 @@ def test_a_run_gets_every_answer_and_records_lateness_by_second(sim_server: _Sim
     # Every request counted in the second it was due: 100 in each of the two.
     assert got["ok_by_s"][:2] == [100, 100] and sum(got["ok_by_s"]) == 200
     assert sum(got["failed_by_s"]) == 0
+
+
+def test_the_one_percentile_is_nearest_rank_and_nan_for_nothing() -> None:
+    assert math.isnan(percentile([], 50))
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([float(x) for x in range(101)], 95) == 95.0
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([1.0, 2.0], 100) == 2.0 and percentile([1.0, 2.0], 0) == 1.0
