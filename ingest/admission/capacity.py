@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from core.bucket_counts import BucketCounts
 from core.vocab import PRIORITY_CLASSES, PriorityClass
 from ingest.admission.view import LoadView, ModelLoad, queued_ahead
 
@@ -86,26 +87,21 @@ class Decision:
 ADMIT = Decision(True)
 
 
-class RecentAdmissions:
-    """Events counted in time buckets per key (requests admitted or offered lately),
-    kept for ``horizon_s``, with a running total per key so a rate over the whole
-    horizon costs no scan.
+class RecentAdmissions(BucketCounts):
+    """Requests admitted or offered lately, counted per key (core/bucket_counts.py).
 
     The schedulers' reports are up to half a second old when a request is decided;
     what was admitted since is not in them yet. Without counting it, a burst is
     admitted at full speed until the view catches up and overshoots many times over."""
 
     def __init__(self, horizon_s: float = 5.0, bucket_s: float = 0.1):
-        self.horizon_s = horizon_s
-        self.bucket_s = bucket_s
-        self._buckets: dict[Hashable, deque[list[float]]] = {}
-        self._total: dict[Hashable, float] = {}
+        super().__init__(horizon_s, bucket_s)
         self.started = math.inf  # the first event counted (any key)
 
     def add(self, key: Hashable, now: float) -> None:
         if now < self.started:
             self.started = now
-        start = math.floor(now / self.bucket_s) * self.bucket_s
+        start = self._start(now)
         q = self._buckets.get(key)
         if q is None:
             q = self._buckets[key] = deque()
@@ -117,37 +113,18 @@ class RecentAdmissions:
         q.append([start, 1])
         self._evict(key, q, now)
 
-    def _evict(self, key: Hashable, q: deque[list[float]], now: float) -> None:
-        oldest = now - self.horizon_s
-        while q and q[0][0] < oldest:
-            self._total[key] -= q.popleft()[1]
-
     def since(self, key: Hashable, t: float) -> int:
         """Counted at or after ``t`` (to a bucket's precision: rounds up, conservative)."""
         q = self._buckets.get(key)
         if not q:
             return 0
-        floor_t = math.floor(t / self.bucket_s) * self.bucket_s
-        n = 0.0
-        for start, k in reversed(q):
-            if start < floor_t:
-                break
-            n += k
-        return int(n)
+        return int(_counted_from(q, self._start(t)))
 
     def span(self, now: float) -> float:
         """The time a rate is measured over: from the oldest bucket still kept (or the
         first event, when counting began later: a rate is not diluted at start)."""
         kept_from = math.ceil((now - self.horizon_s) / self.bucket_s) * self.bucket_s
         return max(self.bucket_s, now - max(kept_from, self.started))
-
-    def rate(self, key: Hashable, now: float) -> float:
-        """Events/s over the horizon (or since counting began, if later)."""
-        q = self._buckets.get(key)
-        if not q:
-            return 0.0
-        self._evict(key, q, now)
-        return self._total[key] / self.span(now)
 
     def rate_over(self, key: Hashable, now: float, window_s: float) -> float:
         """Events/s over the last ``window_s`` (at most the horizon; since counting
@@ -156,13 +133,18 @@ class RecentAdmissions:
         if not q:
             return 0.0
         self._evict(key, q, now)
-        from_t = math.floor((now - min(window_s, self.horizon_s)) / self.bucket_s) * self.bucket_s
-        n = 0.0
-        for start, k in reversed(q):
-            if start < from_t:
-                break
-            n += k
-        return n / max(self.bucket_s, now - max(from_t, self.started))
+        from_t = self._start(now - min(window_s, self.horizon_s))
+        return _counted_from(q, from_t) / max(self.bucket_s, now - max(from_t, self.started))
+
+
+def _counted_from(q: deque[list[float]], from_t: float) -> float:
+    """The counts of the buckets that start at ``from_t`` or later (newest last in ``q``)."""
+    n = 0.0
+    for start, k in reversed(q):
+        if start < from_t:
+            break
+        n += k
+    return n
 
 
 def wait_s(ahead: float, load: ModelLoad, drain_s: float, higher_s: float) -> float:

@@ -25,6 +25,8 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
+from core.bucket_counts import BucketCounts
+
 # Arrivals are counted over this window (two report periods of every scheduler and the
 # admission's own window, decision 24: what the API decides on and what sheds agree).
 RATE_WINDOW_S = 5.0
@@ -42,38 +44,23 @@ LOW_Z = 1.645
 NO_CAPACITY_RETRY_S = 5.0
 
 
-class Arrivals:
-    """Requests queued per key (model, rank), counted in buckets over ``window_s``."""
+class Arrivals(BucketCounts):
+    """Requests queued per key (model, rank), counted in buckets over ``window_s``
+    (core/bucket_counts.py). A rate is over the whole window, even while counting is
+    younger (a burst, or a backlog read again after a rebalance, is not a rate to expect
+    for the seconds to come; reading it low only sheds less)."""
 
     def __init__(self, window_s: float = RATE_WINDOW_S, bucket_s: float = BUCKET_S):
-        self.window_s = window_s
-        self.bucket_s = bucket_s
-        self._buckets: dict[Hashable, deque[list[float]]] = {}
-        self._total: dict[Hashable, float] = {}
+        super().__init__(window_s, bucket_s)
 
     def add(self, key: Hashable, now: float, n: int = 1) -> None:
-        start = math.floor(now / self.bucket_s) * self.bucket_s
+        start = self._start(now)
         q = self._buckets.setdefault(key, deque())
         self._total[key] = self._total.get(key, 0.0) + n
-        if q and q[-1][0] >= start:
+        if q and q[-1][0] >= start:  # an earlier consumed time counts in the newest bucket
             q[-1][1] += n
         else:
             q.append([start, n])
-
-    def span(self, now: float) -> float:
-        """What a rate is measured over: the whole window, even while counting is younger
-        (a burst, or a backlog read again after a rebalance, is not a rate to expect for
-        the seconds to come; reading it low only sheds less)."""
-        return self.window_s
-
-    def rate(self, key: Hashable, now: float) -> float:
-        q = self._buckets.get(key)
-        if not q:
-            return 0.0
-        oldest = now - self.window_s
-        while q and q[0][0] < oldest:
-            self._total[key] -= q.popleft()[1]
-        return self._total[key] / self.span(now)
 
 
 def left_rate(items_s: float, above_s: float, span_s: float) -> float:
