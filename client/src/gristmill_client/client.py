@@ -161,6 +161,16 @@ def _infer_request(
     return _dumps(payload), _headers(idempotency_key, "application/json")
 
 
+def _waited_out(job: dict[str, Any], job_id: str, deadline: float | None) -> bool:
+    """Whether ``wait`` is over: the job finished (True), or ``deadline`` (monotonic)
+    passed first (TimeoutError). The poll loop of both clients."""
+    if job["status"] in FINISHED and job["finished_at"]:
+        return True
+    if deadline is not None and time.monotonic() > deadline:
+        raise TimeoutError(f"job {job_id} is still {job['status']}")
+    return False
+
+
 def _headers(idempotency_key: str | None, content_type: str) -> dict[str, str]:
     # Always send a key, so a retried request is never computed twice (nor a job made twice).
     return {"Idempotency-Key": idempotency_key or str(uuid.uuid4()), "Content-Type": content_type}
@@ -288,10 +298,8 @@ class Client(_Base[httpx.Client]):
             j = self.job(job_id)
             if on_progress:
                 on_progress(j)
-            if j["status"] in FINISHED and j["finished_at"]:
+            if _waited_out(j, job_id, deadline):
                 return j
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} is still {j['status']}")
             time.sleep(poll_s)
 
     def iter_results(self, job_id: str, *, follow: bool = False) -> Iterator[dict[str, Any]]:
@@ -385,10 +393,8 @@ class AsyncClient(_Base[httpx.AsyncClient]):
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             j = await self.job(job_id)
-            if j["status"] in FINISHED and j["finished_at"]:
+            if _waited_out(j, job_id, deadline):
                 return j
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {job_id} is still {j['status']}")
             await asyncio.sleep(poll_s)
 
     async def iter_results(
