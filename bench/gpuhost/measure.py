@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -248,11 +249,68 @@ def _top(counts: dict[str, int], total: int, n: int = 25) -> list[tuple[str, flo
     return [(f, round(c / total, 3)) for f, c in ranked]
 
 
-def profile(pids: dict[str, int], seconds: float, gil: bool = False) -> dict[str, Any]:
-    """py-spy samples of one process of each kind: the functions holding the most
-    samples (own time, and with what they call), so a saturated process shows where its
-    CPU goes. ``gil``: only the thread holding the interpreter lock is sampled, which
-    shows what a process bound by its lock spends the lock on."""
+# py-spy's flags for each way of sampling (``profile``'s ``mode``).
+SPY_MODES = {
+    "cpu": [],  # the threads on a CPU: where a saturated process spends its cores
+    "gil": ["--gil"],  # the thread holding the interpreter lock: what a lock-bound one does
+    "threads": ["--idle", "--threads"],  # every thread, waiting too: a serial path's waits
+}
+
+
+def _frame(f: str) -> str:
+    return f.split(" (")[0] + " " + f.rsplit("/", 1)[-1]
+
+
+def thread_group(name: str) -> str:
+    """A thread's name without its number (``read-3`` -> ``read``): one row per role."""
+    head, sep, tail = name.rpartition("-")
+    return head if sep and tail.isdigit() else name
+
+
+def summarize_spy(lines: Iterable[str], by_thread: bool = False) -> dict[str, Any]:
+    """py-spy ``raw`` lines (a stack, then its count) as the frames holding the most
+    samples (own, and with what they call). ``by_thread`` (lines recorded with
+    ``--threads``): the same per thread role, each with its share of all samples."""
+    groups: dict[str, tuple[dict[str, int], dict[str, int], list[int]]] = {}
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        n = int(count)
+        parts = stack.split(";")
+        key = ""
+        if by_thread and parts and parts[0].startswith("thread ("):
+            key = thread_group(parts[0].partition(": ")[2] or parts[0])
+            parts = parts[1:]
+        if not parts:
+            continue
+        own, inclusive, total = groups.setdefault(key, ({}, {}, [0]))
+        frames = [_frame(f) for f in parts]
+        total[0] += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for f in set(frames):
+            inclusive[f] = inclusive.get(f, 0) + n
+    everything = sum(t[0] for _, _, t in groups.values())
+    if not everything:
+        return {}
+
+    def one(own: dict[str, int], inclusive: dict[str, int], total: int) -> dict[str, Any]:
+        return {"samples": total, "own": _top(own, total), "inclusive": _top(inclusive, total)}
+
+    if not by_thread:
+        return one(*groups[""][:2], everything)
+    return {
+        "samples": everything,
+        "threads": {
+            k: {"share": round(t[0] / everything, 3), **one(o, i, t[0])}
+            for k, (o, i, t) in sorted(groups.items(), key=lambda kv: -kv[1][2][0])
+        },
+    }
+
+
+def profile(pids: dict[str, int], seconds: float, mode: str = "cpu") -> dict[str, Any]:
+    """py-spy samples of one process of each kind, summarized by ``summarize_spy``;
+    ``mode`` picks what is sampled (``SPY_MODES``)."""
     spy = shutil.which("py-spy")
     if spy is None:
         return {"error": "py-spy not found"}
@@ -263,7 +321,7 @@ def profile(pids: dict[str, int], seconds: float, gil: bool = False) -> dict[str
             subprocess.Popen(
                 [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)),
                  "--rate", "200", "--format", "raw", "--nonblocking", "--output", str(raw),
-                 *(["--gil"] if gil else [])],
+                 *SPY_MODES[mode]],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             ),
             raw,
@@ -271,26 +329,9 @@ def profile(pids: dict[str, int], seconds: float, gil: bool = False) -> dict[str
     out: dict[str, Any] = {}
     for kind, (proc, raw) in procs.items():
         proc.wait(seconds + 30)
-        own: dict[str, int] = {}
-        inclusive: dict[str, int] = {}
-        total = 0
-        for line in raw.read_text(errors="replace").splitlines():
-            stack, _, count = line.rpartition(" ")
-            if not count.isdigit():
-                continue
-            n = int(count)
-            frames = [f.split(" (")[0] + " " + f.rsplit("/", 1)[-1] for f in stack.split(";")]
-            total += n
-            own[frames[-1]] = own.get(frames[-1], 0) + n
-            for f in set(frames):
-                inclusive[f] = inclusive.get(f, 0) + n
-
-        if total:
-            out[kind] = {
-                "samples": total,
-                "own": _top(own, total),
-                "inclusive": _top(inclusive, total),
-            }
+        got = summarize_spy(raw.read_text(errors="replace").splitlines(), mode == "threads")
+        if got:
+            out[kind] = got
         raw.unlink(missing_ok=True)
     return out
 

@@ -54,6 +54,7 @@ from bench.gpuhost.faults import faults_scenario
 from bench.gpuhost.generation import generation_scenario, stack_env
 from bench.gpuhost.genload import LM
 from bench.gpuhost.measure import (
+    SPY_MODES,
     GpuBusy,
     PgWaits,
     cpu_delta,
@@ -150,7 +151,7 @@ def job_scenario(
     ceiling: dict[str, Any],
     beside: Callable[[], dict[str, Any]] | None = None,
     spy: bool = False,
-    gil: bool = False,
+    spy_mode: str = "cpu",
     parts: int = 1,
 ) -> dict[str, Any]:
     """The job file submitted whole, or as ``parts`` jobs of consecutive items submitted
@@ -184,7 +185,7 @@ def job_scenario(
             spied["intake"] = profile({"api": cpu.busiest("api")}, 10.0)
             time.sleep(5.0)
             spied["flow"] = profile(
-                {k: cpu.busiest(k) for k in ("scheduler", "worker")}, 10.0, gil=gil
+                {k: cpu.busiest(k) for k in ("scheduler", "worker")}, 10.0, spy_mode
             )
 
         timer = threading.Timer(3.0, spy_both)
@@ -336,9 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--profile", action="store_true", help="py-spy at the top rate and in the job")
     ap.add_argument(
-        "--profile-gil",
-        action="store_true",
-        help="the job's flow profiled with py-spy --gil: what holds each interpreter lock",
+        "--profile-mode",
+        choices=sorted(SPY_MODES),
+        default="cpu",
+        help="with --profile, how the job's flow is sampled: the threads on a CPU, the "
+        "thread holding the interpreter lock (gil), or every thread waiting too (threads)",
     )
     ap.add_argument("--fault-at", default="20,50,80", help="seconds: worker, scheduler, API")
     ap.add_argument("--fault-seconds", type=float, default=110.0, help="sync load under faults")
@@ -398,8 +401,8 @@ def main(argv: list[str] | None = None) -> int:
                 work,
                 gpu,
                 result["ceiling"],
-                spy=args.profile or args.profile_gil,
-                gil=args.profile_gil,
+                spy=args.profile,
+                spy_mode=args.profile_mode,
                 parts=args.job_parts,
             )
             save()
