@@ -12,8 +12,8 @@ thread launches them in arrival order (``Model.launch``: a GPU model packs a bat
 and enqueues its work behind the running one); a finisher thread waits for each
 launched batch in turn (``Model.finish``) and sends its result. So the device
 computes one batch at a time, in order, while the host prepares the next ones and
-ships the last one's result; at most ``MAX_LAUNCHED`` batches are launched and
-unfinished, the rest wait in the queue (and go back unrun on a stop). A batch
+ships the last one's result; at most ``worker_max_launched`` (3) batches are launched
+and unfinished, the rest wait in the queue (and go back unrun on a stop). A batch
 that a model computed outright in ``launch`` (CPU models, sim) has its result sent
 before the next batch is launched: if the next one kills the process, the scheduler
 blames that one, not a batch that had already finished.
@@ -65,12 +65,6 @@ from workers.models.loader import boot_records, load_record
 
 REDIAL_S = 0.5  # how often a worker looks for a scheduler that went away
 log = logging.getLogger(__name__)
-
-# Batches launched and not yet finished: the running one and up to two queued behind
-# it. One scheduler sends at most two at a time (decision 0012); a worker serving
-# several (decision 0014) keeps one more on the device so that a late launch (its
-# threads share one GIL) does not leave the GPU idle.
-MAX_LAUNCHED = 3
 
 
 @dataclass
@@ -334,6 +328,7 @@ def serve(
             send,
             DeviceSampler(settings.cuda_visible_devices),
             dial_again if redial else None,
+            max_launched=settings.worker_max_launched,
         )
     finally:
         holder.stop()
@@ -348,6 +343,8 @@ def _serve_batches(
     send: Callable[[Connection, WorkResult | GenStepResult | ModelStatus], None],
     gpu: DeviceSampler | None = None,
     redial: Callable[[Connection], Connection | None] | None = None,
+    *,
+    max_launched: int = 3,
 ) -> None:
     """Read batches in a thread per scheduler, launch them here in arrival order, finish
     them and send each result to its scheduler in a second thread. ``redial``: a lost
@@ -358,7 +355,11 @@ def _serve_batches(
     # (scheduler, batch, what the batch's Model.prepare started as it arrived)
     incoming: queue.Queue[tuple[Connection, WorkBatch | GenStep | None, Any]] = queue.Queue()
     launched: queue.Queue[_Started | None] = queue.Queue()
-    slots = threading.Semaphore(MAX_LAUNCHED)
+    # Batches launched and not yet finished: the running one and those queued behind it.
+    # One scheduler sends at most two at a time (decision 0012); a worker serving several
+    # (decision 0014) keeps one more on the device by default, so that a late launch (its
+    # threads share one GIL) does not leave the GPU idle.
+    slots = threading.Semaphore(max_launched)
     unsent = [0]  # launched batches whose result is not sent yet
     sent = threading.Condition()
     serving = set(conns)  # schedulers still there (guarded by ``sent``)

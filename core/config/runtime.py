@@ -65,6 +65,10 @@ class WorkerSettings(_Concern):
     worker_socket: str = ""
     # Benchmarks: the model's per-batch measurements (CUDA events on) in every result.
     worker_stats: bool = False
+    # Batches a worker keeps launched and unfinished (the running one and those queued
+    # on the device behind it): how far its host side may run ahead of the device
+    # while the result of an earlier batch is still being sent (workers/process.py).
+    worker_max_launched: int = Field(3, ge=1)
     # Set by the scheduler that spawns a worker (scheduler/runtime/workerpool.py): the key it
     # proves itself with (hex) and the scheduler's pid (the worker dies with it).
     worker_authkey: str = Field("", repr=False)
