@@ -15,7 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from core.config import Settings
 from core.gc_tuning import tune_gc
 from core.memory import trim_periodically
-from core.topics import ensure_topics
+from core.topics import all_request_topics, ensure_topics
 from ingest.acceptance.catalog import ModelCatalog
 from ingest.acceptance.idempotency import KeyClaims
 from ingest.acceptance.producer import AsyncProducer
@@ -99,10 +99,11 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
     # Every sign of the database feeds one judgement (ingest/edge/db_health.py): the
     # probe, the load watch's heartbeat commits, the result announcements heard.
     health = DatabaseHealth(stale_s=settings.load_report_stale_s)
+    producer = AsyncProducer(settings, timeout_ms=settings.produce_timeout_ms)
     state = AppState(
         settings=settings,
         engine=engine,
-        producer=AsyncProducer(settings, timeout_ms=settings.produce_timeout_ms),
+        producer=producer,
         waiter=waiter,
         keys=KeyClaims(engine, ttl_h=settings.idempotency_ttl_h),
         jobs=JobPublisher(
@@ -138,6 +139,9 @@ async def live_services(settings: Settings) -> AsyncIterator[AppState]:
     state.load.health = health
     state.catalog.health = health
     waiter.on_heard = health.heard
+    # The request topics' leaders learned before the first request, not on it: a fresh
+    # system's first second of sync requests paid up to a quarter second more to produce.
+    await asyncio.to_thread(producer.warm, all_request_topics(settings), 5.0)
     await waiter.start()
     await auth.start()
     # What start-up made lives as long as the process: frozen out of the collector's

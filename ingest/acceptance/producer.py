@@ -40,6 +40,9 @@ class AsyncProducer:
                 "linger.ms": 5,  # a few ms of batching halves the broker work per request
                 "message.timeout.ms": timeout_ms,
                 "compression.type": "lz4",
+                # Connected to every broker from the start, not on the first message
+                # for each (see ``warm``).
+                "enable.sparse.connections": False,
                 "error_cb": self._on_error,
             },
         )
@@ -131,6 +134,16 @@ class AsyncProducer:
         out = await fut
         metrics.produced(time.monotonic() - started)
         return out
+
+    def warm(self, topics: list[str], timeout_s: float) -> None:
+        """Learn ``topics``' partitions and leaders before the first request: a fresh
+        process otherwise pays for that on its first messages (blocking, in a thread)."""
+        for topic in topics:
+            try:
+                self._producer.list_topics(topic=topic, timeout=timeout_s)
+            except KafkaException as exc:  # Kafka not there yet: the first message learns
+                log.info("Kafka metadata for %s not read at start: %s", topic, exc)
+                return
 
     def close(self) -> None:
         self._producer.flush(5)
