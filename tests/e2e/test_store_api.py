@@ -100,8 +100,8 @@ def test_a_json_output_is_unchanged(system: System, engine: Engine) -> None:
     assert vector is None
 
 
-def test_job_items_answer_the_stored_vectors(system: System, engine: Engine) -> None:
-    items = [{"custom_id": f"e{i}", "input": f"job sentence {i}"} for i in range(5)]
+def job_results(system: System, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Submit ``items`` to the embedding model as a job, wait for it, read its results."""
     r = httpx.post(
         f"{system.url}/v1/jobs",
         headers=system.headers(),
@@ -115,9 +115,14 @@ def test_job_items_answer_the_stored_vectors(system: System, engine: Engine) -> 
         j = httpx.get(f"{system.url}/v1/jobs/{job_id}", headers=system.headers()).json()
         return j if j["finished_at"] else None
 
-    assert wait_for(finished, 120)["counts"]["succeeded"] == 5
+    assert wait_for(finished, 120)["counts"]["succeeded"] == len(items)
     res = httpx.get(f"{system.url}/v1/jobs/{job_id}/results", headers=system.headers())
-    lines = [orjson.loads(x) for x in res.content.splitlines() if x]
+    return [{"job_id": job_id, **orjson.loads(x)} for x in res.content.splitlines() if x]
+
+
+def test_job_items_answer_the_stored_vectors(system: System, engine: Engine) -> None:
+    items = [{"custom_id": f"e{i}", "input": f"job sentence {i}"} for i in range(5)]
+    lines = job_results(system, items)
     with engine.connect() as conn:
         stored = dict(
             conn.execute(
@@ -125,7 +130,7 @@ def test_job_items_answer_the_stored_vectors(system: System, engine: Engine) -> 
                     "SELECT item_index, output_vector FROM requests WHERE job_id = :j "
                     "ORDER BY item_index"
                 ),
-                {"j": job_id},
+                {"j": lines[0]["job_id"]},
             ).all()
         )
     for line in lines:
@@ -133,25 +138,10 @@ def test_job_items_answer_the_stored_vectors(system: System, engine: Engine) -> 
 
 
 def test_a_job_item_is_embedded_as_the_same_text_sent_alone(system: System) -> None:
-    """The scheduler tokenizes a job's texts as it reads them (decision 0075), the API a
-    sync request's: the same text gets the same vector either way."""
+    """A job's texts are tokenized on the worker's side (decision 60), a sync request's
+    by the API (decision 52): the same text gets the same vector either way."""
     texts = ["Crème brûlée, naïve café.", "job and sync agree " * 40, "short"]
-    r = httpx.post(
-        f"{system.url}/v1/jobs",
-        headers=system.headers(),
-        json={"model": EMBED, "items": [{"input": t} for t in texts]},
-        timeout=30,
-    )
-    assert r.status_code == 202, r.text
-    job_id = r.json()["job_id"]
-    wait_for(
-        lambda: httpx.get(f"{system.url}/v1/jobs/{job_id}", headers=system.headers()).json()[
-            "finished_at"
-        ],
-        120,
-    )
-    res = httpx.get(f"{system.url}/v1/jobs/{job_id}/results", headers=system.headers())
-    by_job = {x["index"]: x["output"] for x in map(orjson.loads, res.content.splitlines()) if x}
+    by_job = {x["index"]: x["output"] for x in job_results(system, [{"input": t} for t in texts])}
     for i, t in enumerate(texts):
         alone = httpx.post(
             f"{system.url}/v1/embeddings",
