@@ -14,6 +14,10 @@ thread of its own, as the API process did, so a million-item job never holds up 
 one, with its own producer and database pool; a new job's staged file is read through
 ``/proc/<pid>/fd`` (the file has no name). When its API process is gone the child
 finishes the publishes it holds and exits; when it exits, it ends the child.
+
+Given the API process's pacer, the child paces by that process's event-loop lag, as
+its threads would (ingest/jobs/pacing.py): the lag is mirrored into a shared value
+every ``LAG_MIRROR_S``. Unpaced, it publishes as fast as its cores let it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import logging
 import multiprocessing
 import os
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.config import Settings
+from ingest.jobs.pacing import Pacer
 
 if TYPE_CHECKING:
     from ingest.jobs.upload import Staged
@@ -40,6 +46,9 @@ log = logging.getLogger(__name__)
 
 # How much lower than the API's own the publishing process's CPU priority is.
 NICE = 10
+# How often the API process's loop lag is copied to its paced child (s): well inside a
+# publish slice (ingest/jobs/pacing.py PUBLISH_SLICE, ~10 ms of work).
+LAG_MIRROR_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -83,13 +92,15 @@ def _publish(job_id: str, staged: StagedRef | None) -> int:
 _publisher: Any = None  # the child's JobPublisher
 
 
-def _serve(conn: Connection, settings: Settings) -> None:
+def _serve(conn: Connection, settings: Settings, lag: Any = None, target_ms: float = 0.0) -> None:
     """The child: each (id, job, staged file) received is published in a thread; its
-    count, or the exception it raised, is sent back. Ends when the API process is gone."""
+    count, or the exception it raised, is sent back. Ends when the API process is gone.
+    ``lag``: the API process's loop lag (a shared double, ms) to pace by, or None."""
     global _publisher
     from ingest.jobs.publisher import JobPublisher
 
-    _publisher = JobPublisher(settings)
+    pacer = Pacer(lambda: float(lag.value), target_ms) if lag is not None else None
+    _publisher = JobPublisher(settings, pacer)
     sending = threading.Lock()
     pool = ThreadPoolExecutor(settings.max_uploads + 2, thread_name_prefix="job-publish")
 
@@ -119,13 +130,16 @@ def _serve(conn: Connection, settings: Settings) -> None:
 class PublishProcess:
     """The API process's publishing child, started when the first job is sent."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, pacer: Pacer | None = None):
+        """``pacer``: the API process's, whose lag the child then paces by."""
         self.settings = settings
+        self.pacer = pacer
         self._lock = threading.Lock()
         self._tasks = itertools.count()
         self._waiting: dict[int, Future[int]] = {}
         self._conn: Connection | None = None
         self._proc: Any = None
+        self._lag: Any = None  # the shared lag the paced child reads (ms)
 
     def submit(self, job_id: str, staged: StagedRef | None) -> Future[int]:
         fut: Future[int] = Future()
@@ -148,11 +162,16 @@ class PublishProcess:
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")
         ours, theirs = ctx.Pipe()
+        lag = self._lag = ctx.Value("d", 0.0, lock=False) if self.pacer is not None else None
+        target_ms = self.pacer.target_ms if self.pacer is not None else 0.0
         # A daemon: an API process that exits ends it (a publish it held is finished by the
         # stale-submission finisher) rather than wait for it; one killed outright cannot,
         # and the child then finishes what it holds and exits on its own.
         self._proc = ctx.Process(
-            target=_serve, args=(theirs, self.settings), name="gristmill-job-publish", daemon=True
+            target=_serve,
+            args=(theirs, self.settings, lag, target_ms),
+            name="gristmill-job-publish",
+            daemon=True,
         )
         self._proc.start()
         # Lowered from here, at once: its start-up (an interpreter and its imports) is
@@ -164,6 +183,16 @@ class PublishProcess:
         theirs.close()
         self._conn = ours
         threading.Thread(target=self._replies, args=(ours,), daemon=True).start()
+        if lag is not None and self.pacer is not None:
+            threading.Thread(
+                target=self._mirror, args=(ours, lag, self.pacer), name="lag-mirror", daemon=True
+            ).start()
+
+    def _mirror(self, conn: Connection, lag: Any, pacer: Pacer) -> None:
+        """Copy this process's loop lag to the child while it is the one serving."""
+        while self._conn is conn:
+            lag.value = pacer.lag_ms()
+            time.sleep(LAG_MIRROR_S)
 
     def _replies(self, conn: Connection) -> None:
         while True:

@@ -78,7 +78,7 @@ class JobPublisher:
         self.pacer = pacer
         # ``child``: publishes run in a child process (decision 74), these threads only
         # when it cannot take one.
-        self.child = PublishProcess(settings) if child else None
+        self.child = PublishProcess(settings, pacer) if child else None
         workers = settings.max_uploads + 2  # uploads' publishes, a retry, the stale finisher
         self.engine = make_engine(settings.database_url, pool_size=workers)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="job-publish")

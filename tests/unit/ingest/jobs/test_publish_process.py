@@ -4,13 +4,18 @@ path, it reads back as the same items, and one that has no path is kept in-proce
 from __future__ import annotations
 
 import io
+import itertools
 import multiprocessing
 import pickle
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 import orjson
 
-from ingest.jobs.publish_process import StagedRef
+from core.config import Settings
+from gristmill.devservices.ports import free_port
+from ingest.jobs.pacing import Pacer
+from ingest.jobs.publish_process import LAG_MIRROR_S, PublishProcess, StagedRef
 from ingest.jobs.upload import Item, Staged
 from tests.unit.ingest.jobs.test_upload import stager
 
@@ -62,3 +67,37 @@ def test_reused_items_stay_left_out() -> None:
     ref = StagedRef.of(staged)
     assert ref is not None
     assert [i for i, *_ in read_back(ref)] == [0, 2, 4, 5, 6, 7, 8, 9]
+
+
+def test_a_paced_child_sees_its_api_process_lag_until_it_is_closed() -> None:
+    """The child paces by the lag its API process mirrors into shared memory."""
+    lags = iter(itertools.chain([40.0, 80.0], itertools.repeat(120.0)))
+    pacer = Pacer(lambda: next(lags), target_ms=25.0)
+    closed_port = f"127.0.0.1:{free_port()}"
+    settings = Settings(
+        kafka_bootstrap=closed_port,
+        database_url=f"postgresql+psycopg://gm@{closed_port}/gm",
+    )
+    child = PublishProcess(settings, pacer)
+    child.submit("not-a-job", None)  # starts the child; this publish fails, unread
+    try:
+        deadline = time.monotonic() + 10
+        while child._lag.value != 120.0:
+            assert time.monotonic() < deadline, "the lag was never mirrored"
+            time.sleep(0.01)
+    finally:
+        child.close()
+    time.sleep(5 * LAG_MIRROR_S)
+    child._lag.value = -1.0
+    time.sleep(5 * LAG_MIRROR_S)
+    assert child._lag.value == -1.0  # closed: nothing writes it any more
+
+
+def test_an_unpaced_child_shares_no_lag() -> None:
+    settings = Settings(kafka_bootstrap=f"127.0.0.1:{free_port()}")
+    child = PublishProcess(settings)
+    child.submit("not-a-job", None)
+    try:
+        assert child._lag is None
+    finally:
+        child.close()
