@@ -198,7 +198,9 @@ class PublishProcess:
         while True:
             try:
                 task, ok, value = conn.recv()
-            except (EOFError, OSError):
+            # TypeError: ``close`` closed this end while the read waited (multiprocessing
+            # then reads from a handle that is None); the pipe has ended either way.
+            except (EOFError, OSError, TypeError):
                 break
             with self._lock:
                 fut = self._waiting.pop(task, None)

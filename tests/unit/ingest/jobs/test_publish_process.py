@@ -79,7 +79,7 @@ def test_a_paced_child_sees_its_api_process_lag_until_it_is_closed() -> None:
         database_url=f"postgresql+psycopg://gm@{closed_port}/gm",
     )
     child = PublishProcess(settings, pacer)
-    child.submit("not-a-job", None)  # starts the child; this publish fails, unread
+    held = child.submit("not-a-job", None)  # starts the child
     try:
         deadline = time.monotonic() + 10
         while child._lag.value != 120.0:
@@ -91,13 +91,16 @@ def test_a_paced_child_sees_its_api_process_lag_until_it_is_closed() -> None:
     child._lag.value = -1.0
     time.sleep(5 * LAG_MIRROR_S)
     assert child._lag.value == -1.0  # closed: nothing writes it any more
+    # What the child held when it was closed is settled, not left waiting.
+    assert held.exception(timeout=10) is not None
 
 
 def test_an_unpaced_child_shares_no_lag() -> None:
     settings = Settings(kafka_bootstrap=f"127.0.0.1:{free_port()}")
     child = PublishProcess(settings)
-    child.submit("not-a-job", None)
+    held = child.submit("not-a-job", None)
     try:
         assert child._lag is None
     finally:
         child.close()
+    assert held.exception(timeout=10) is not None
