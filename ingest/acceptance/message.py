@@ -9,6 +9,7 @@ front door's request becomes one with ``request_message``; a job's items with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,3 +124,45 @@ class JobItems:
             job_attempt=job_attempt,
             weight=self.weight,
         )
+
+    def encoder(self) -> Callable[[int, str | bytes, str, int], bytes]:
+        """``message(...).encode()`` made faster for a million items: the message's bytes
+        written once with a marker in each of the four fields that differ from item to
+        item, then every item's bytes joined from those pieces (about a fifth of the
+        cost of building and writing the message; the bytes are the same)."""
+        marks = (b'"@@request_id@@"', b'"@@input@@"', b"987654321987654", b"876543210876")
+        probe = RequestMessage(
+            request_id="@@request_id@@",
+            tenant_id=self.tenant_id,
+            priority=PriorityClass.JOBS,
+            model=self.model,
+            version=self.version,
+            input=orjson.Fragment(marks[1]),
+            params=self.params,
+            deadline=self.deadline,
+            received_at=self.received_at,
+            job_id=self.job_id,
+            item_index=int(marks[2]),
+            job_attempt=int(marks[3]),
+            weight=self.weight,
+        ).encode()
+        pieces, rest = [], probe
+        for mark in marks:
+            before, found, rest = rest.partition(mark)
+            if not found or mark in rest or mark in before:
+                # A shared field happens to hold a marker: the slow way, still right.
+                return lambda index, value, request_id, attempt: self.message(
+                    index, value, request_id, attempt
+                ).encode()
+            pieces.append(before)
+        a, b, c, d = pieces
+        e = rest
+
+        def encode(index: int, value: str | bytes, request_id: str, attempt: int) -> bytes:
+            raw = value.encode() if isinstance(value, str) else value
+            return b"".join(
+                (a, b'"', request_id.encode(), b'"', b, raw, c, b"%d" % index, d,
+                 b"%d" % attempt, e)
+            )  # fmt: skip
+
+        return encode

@@ -20,7 +20,6 @@ from core.config import Settings
 from core.errors import Unavailable
 from core.kafka import producer_config
 from core.memory import trim
-from core.messages import RequestMessage
 from core.topics import request_topic
 from core.vocab import PriorityClass
 from ingest.acceptance.message import JobItems
@@ -172,6 +171,7 @@ class JobPublisher:
         Appends each page's bytes to ``sizes`` (what sizes the next page read)."""
         topic = request_topic(self.settings, PriorityClass.JOBS)
         acks = _Deliveries()
+        encode = items.encoder()
         sent = 0
         beat = sliced = time.monotonic()
         for page in pages:
@@ -182,8 +182,8 @@ class JobPublisher:
                     now = time.monotonic()
                     time.sleep(self.pacer.after(now - sliced))  # no GIL held meanwhile
                     sliced = time.monotonic()
-                msg = items.message(index, value, request_id, job_attempt)
-                page_bytes += self._produce(topic, msg, acks)
+                raw = encode(index, value, request_id, job_attempt)
+                page_bytes += self._produce(topic, request_id, raw, acks)
                 sent += 1
             self._producer.poll(0)
             if progress:
@@ -207,14 +207,11 @@ class JobPublisher:
                 yield page
                 width = max(100, min(10_000, _PAGE_BYTES * len(page) // max(1, sizes[-1])))
 
-    def _produce(self, topic: str, msg: RequestMessage, acks: _Deliveries) -> int:
+    def _produce(self, topic: str, key: str, value: bytes, acks: _Deliveries) -> int:
         """Produce one message (waiting while the producer's queue is full); its size."""
-        value = msg.encode()
         while True:
             try:
-                self._producer.produce(
-                    topic, value=value, key=msg.request_id, on_delivery=acks.on_delivery
-                )
+                self._producer.produce(topic, value=value, key=key, on_delivery=acks.on_delivery)
                 return len(value)
             except BufferError:  # the producer's queue is full: let it drain
                 self._producer.poll(0.05)
