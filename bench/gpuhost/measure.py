@@ -382,3 +382,41 @@ def tokenizer_costs(texts: dict[str, list[str]], model_dir: str) -> dict[str, An
         }
         out[name]["texts"] = len(xs)
     return out
+
+
+# A sync request's stages in the request log, as bench/stages.py names them, and the
+# whole of its way through the service (accepted until its row was committed).
+SYNC_SPANS = {
+    "queue": "consumed_at - received_at",
+    "batch_wait": "batched_at - consumed_at",
+    "dispatch": "compute_start_at - batched_at",
+    "compute": "compute_end_at - compute_start_at",
+    "persist": "persisted_at - compute_end_at",
+    "server": "persisted_at - received_at",
+}
+
+
+def sync_stages_by_second(conn: Any, t0: float, t1: float) -> list[dict[str, Any]]:
+    """Per second of a sync load (by when the API received each request): how many
+    requests the log holds, how many have their row committed, and each stage's p50 and
+    p99 (ms). A second where answers came late shows which stage took the time: the
+    trip through Kafka (``queue``), the batcher, the worker, or the commit."""
+    cols = ", ".join(
+        f"percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP "
+        f"(ORDER BY extract(epoch FROM {span}) * 1000) FILTER (WHERE {span} IS NOT NULL)"
+        for span in SYNC_SPANS.values()
+    )
+    rows = conn.execute(
+        "SELECT floor(extract(epoch FROM received_at) - %s)::int AS s, count(*), "
+        f"count(persisted_at), {cols} FROM requests WHERE job_id IS NULL "
+        "AND received_at >= to_timestamp(%s) AND received_at < to_timestamp(%s) "
+        "GROUP BY 1 ORDER BY 1",
+        (t0, t0, t1),
+    ).fetchall()
+    out = []
+    for s, n, persisted, *spans in rows:
+        entry: dict[str, Any] = {"s": s, "requests": n, "persisted": persisted}
+        for name, pcts in zip(SYNC_SPANS, spans, strict=True):
+            entry[name] = [round(float(x), 1) for x in pcts] if pcts else None
+        out.append(entry)
+    return out

@@ -60,6 +60,7 @@ from bench.gpuhost.measure import (
     cpu_delta,
     machine,
     profile,
+    sync_stages_by_second,
     tokenizer_costs,
 )
 from bench.gpuhost.stack import Stack, log
@@ -449,7 +450,15 @@ def _sync_at(stack: Stack, work: Path, args: argparse.Namespace, rate: float) ->
         wire="infer",
         client="raw",
     )
-    return run_load(spec, processes=3).summary()
+    import psycopg
+
+    t0 = time.time()
+    summary = run_load(spec, processes=3).summary()
+    t1 = time.time()
+    time.sleep(2.0)  # the last answers' rows committed
+    with psycopg.connect(stack.dsn(), autocommit=True) as conn:
+        summary["stages_by_s"] = sync_stages_by_second(conn, t0, t1)
+    return summary
 
 
 if __name__ == "__main__":
