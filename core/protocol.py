@@ -128,6 +128,9 @@ class WorkBatch:
     token_ids: bool = False
     # W3C trace context of the scheduler's batch span (core/tracing.py), when traced.
     traceparent: str | None = None
+    # The earliest deadline of its inputs (epoch s): a worker serving several schedulers
+    # launches the most urgent first (workers/ready.py, decision 76). None: no deadline.
+    deadline: float | None = None
 
 
 @dataclass

@@ -8,9 +8,11 @@ goes away the worker exits: it never runs work that nobody will persist.
 
 A scheduler may send the next batch before the current one's result is back
 (decision 0012). A thread per scheduler reads its batches into one queue; the main
-thread launches them in arrival order (``Model.launch``: a GPU model packs a batch
-and enqueues its work behind the running one); a finisher thread waits for each
-launched batch in turn (``Model.finish``) and sends its result. So the device
+thread launches them (``Model.launch``: a GPU model packs a batch and enqueues its
+work behind the running one), most urgent first: the earliest deadline, each
+scheduler's in the order it sent them (workers/ready.py, decision 76); a finisher
+thread waits for each launched batch in turn (``Model.finish``) and sends its result.
+So the device
 computes one batch at a time, in order, while the host prepares the next ones and
 ships the last one's result; at most ``worker_max_launched`` (3) batches are launched
 and unfinished, the rest wait in the queue (and go back unrun on a stop). A batch
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 import queue
 import signal
@@ -62,6 +65,7 @@ from workers.holder import Holder
 from workers.metrics import DeviceSampler
 from workers.models.base import Launched, Model, ModelUnavailable
 from workers.models.loader import boot_records, load_record
+from workers.ready import ReadyQueue
 
 REDIAL_S = 0.5  # how often a worker looks for a scheduler that went away
 log = logging.getLogger(__name__)
@@ -352,8 +356,9 @@ def _serve_batches(
     # The finisher must get the GIL as soon as the device is done, even while this
     # thread packs the next batch (Python's default switch interval is 5 ms).
     sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
-    # (scheduler, batch, what the batch's Model.prepare started as it arrived)
-    incoming: queue.Queue[tuple[Connection, WorkBatch | GenStep | None, Any]] = queue.Queue()
+    # Per scheduler: (batch, what the batch's Model.prepare started as it arrived), the
+    # most urgent scheduler's next first (workers/ready.py).
+    incoming: ReadyQueue[Connection] = ReadyQueue()
     launched: queue.Queue[_Started | None] = queue.Queue()
     # Batches launched and not yet finished: the running one and those queued behind it.
     # One scheduler sends at most two at a time (decision 0012); a worker serving several
@@ -378,7 +383,12 @@ def _serve_batches(
             batch: WorkBatch | GenStep | None = msg
             # Tokenizing starts now, while the batches queued ahead of this one compute.
             ahead = prepare_batch(holder, batch) if isinstance(batch, WorkBatch) else None
-            incoming.put((conn, batch, ahead))  # None: that scheduler went away or stops us
+            # None: that scheduler went away or stops us (seen at once: no deadline is
+            # earlier). A step of generation is due as it comes.
+            due = batch.deadline if isinstance(batch, WorkBatch) else -math.inf
+            if isinstance(batch, GenStep):
+                due = time.time()
+            incoming.put(conn, (batch, ahead), due)
             if batch is None:
                 holder.forget(conn)
                 again = redial(conn) if redial is not None else None
@@ -424,13 +434,13 @@ def _serve_batches(
         threading.Thread(target=reader, args=(c,), name=f"read-{i}", daemon=True).start()
     try:
         while True:
-            try:
-                conn, batch, ahead = incoming.get(timeout=0.2)
-            except queue.Empty:
+            got = incoming.get(0.2)
+            if got is None:
                 if shutdown.requested and not shutdown.busy:
                     log.info("worker %s finished its batches and exits on request", wid)
                     return
                 continue
+            conn, (batch, ahead) = got
             with sent:
                 if batch is None:
                     serving.discard(conn)

@@ -36,12 +36,16 @@ def work_batch(batch: Batch) -> WorkBatch:
     (the text stays here, for the rows)."""
     first = batch.items[0].msg
     inputs = [p.msg.input for p in batch.items]
+    deadline = min(p.deadline for p in batch.items)
+    key = batch.key
     if all(is_tokenized(x) for x in inputs):
         ids = [x["ids"] for x in inputs]
         return WorkBatch(
-            batch.batch_id, batch.key.model, batch.key.version, first.params, ids, True
+            batch.batch_id, key.model, key.version, first.params, ids, True, deadline=deadline
         )
-    return WorkBatch(batch.batch_id, batch.key.model, batch.key.version, first.params, inputs)
+    return WorkBatch(
+        batch.batch_id, key.model, key.version, first.params, inputs, deadline=deadline
+    )
 
 
 class WorkerThreads:
