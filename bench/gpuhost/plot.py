@@ -218,6 +218,44 @@ def notify_chart(runs: list[tuple[str, dict[str, Any]]], out: Path, plt: Any) ->
     plt.close(fig)
 
 
+def mixed_chart(runs: list[tuple[str, dict[str, Any]]], out: Path, plt: Any) -> None:
+    """Sync requests beside a job, second by second: the median of each stage in the
+    request log (where a late answer's time went) and the requests that ended 504, with
+    the second the job's first item was consumed marked."""
+    stages = ("queue", "batch_wait", "dispatch", "compute", "persist")
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 3.2 * len(runs)), squeeze=False)
+    for ax, (name, res) in zip(axes[:, 0], runs, strict=True):
+        job = res["mixed"]["job"]
+        beside = job["beside"]
+        rows = [r for r in beside.get("stages_by_s", []) if r["requests"]]
+        secs = [r["s"] for r in rows]
+        bottom = [0.0] * len(rows)
+        for stage in stages:
+            vals = [(r.get(stage) or [0.0])[0] for r in rows]
+            ax.bar(secs, vals, bottom=bottom, width=1.0, label=stage)
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        ax.axvline(job["first_consumed_s"], color="black", ls="--", lw=0.8)
+        ax.text(job["first_consumed_s"], max(bottom or [1]), " job items flow", fontsize=7)
+        twin = ax.twinx()
+        # The load generator counts from its first request, which came a few seconds
+        # after the job's submission began (its processes start first): align them.
+        failed = beside.get("failed_by_s") or []
+        start = secs[0] if secs else 0
+        twin.plot([start + i for i in range(len(failed))], failed, color="red", lw=1.0)
+        twin.set_ylabel("504 a second", color="red")
+        ax.set(xlabel="seconds since the job's submission began", ylabel="median ms a stage")
+        ax.set_title(
+            f"{name}: p95 {beside['p95_ms']:.0f} ms beside the job, "
+            f"{res['mixed']['alone']['p95_ms']:.0f} ms alone",
+            fontsize=9,
+        )
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle(_title(runs[0][1], "sync /v1/infer at 2,000/s beside a 1,000,000-item job"))
+    fig.tight_layout()
+    fig.savefig(out / "mixed-stages.png", dpi=110)
+    plt.close(fig)
+
+
 def _title(res: dict[str, Any], what: str) -> str:
     gpus = ", ".join(res.get("machine", {}).get("gpus", [])) or "no GPU"
     return f"{what}\n{gpus.split(',')[0]}, {res.get('machine', {}).get('cores')} cores"
@@ -238,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
         runs = [(p.stem, json.loads(p.read_text())) for p in args.result]
         if any(r.get("job") for _, r in runs):
             jobs_chart([(n, r) for n, r in runs if r.get("job")], args.out, plt)
+        mixed = [(n, r) for n, r in runs if r.get("mixed", {}).get("job", {}).get("beside")]
+        if mixed:
+            mixed_chart(mixed, args.out, plt)
         if any(r.get("sync") for _, r in runs):
             syncs = [(n, r) for n, r in runs if r.get("sync")]
             syncs_chart(syncs, args.out, plt)
