@@ -361,7 +361,8 @@ def _serve_batches(
     incoming: ReadyQueue[Connection] = ReadyQueue()
     launched: queue.Queue[_Started | None] = queue.Queue()
     # Batches launched and not yet finished: the running one and those queued behind it.
-    # One scheduler sends at most two at a time (decision 0012); a worker serving several
+    # One scheduler sends at most two at a time (decision 0012; a third of sync requests
+    # when both are job batches, decision 76); a worker serving several
     # (decision 0014) keeps one more on the device by default, so that a late launch (its
     # threads share one GIL) does not leave the GPU idle.
     slots = threading.Semaphore(max_launched)

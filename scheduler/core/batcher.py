@@ -278,7 +278,11 @@ class Batcher:
         return out
 
     def take(
-        self, now: float, serves: Callable[[ModelRef], bool], sizing: Sizing | None = None
+        self,
+        now: float,
+        serves: Callable[[ModelRef], bool],
+        sizing: Sizing | None = None,
+        max_rank: int | None = None,
     ) -> Batch | None:
         """The batch a free worker should run now, or None if no queue is ready.
 
@@ -286,12 +290,15 @@ class Batcher:
         work while a more urgent queue it serves is still lingering: it flushes that
         queue early instead (reason ``priority``), since the lower-ranked batch would
         hold the worker for a whole batch time while the urgent one waits.
+        ``max_rank``: only queues holding a request of that rank or a more urgent one.
         """
         s = sizing or self.sizing
         ready: tuple[int, float, BatchKey] | None = None
         urgent: tuple[int, float, BatchKey] | None = None  # lingering, best rank
         for key, q in self._queues.items():
             if q.count == 0 or not serves(key.ref):
+                continue
+            if max_rank is not None and q.best_rank() > max_rank:
                 continue
             at = self._flush_time(key, q, s)
             cand = (q.best_rank(), at, key)
@@ -322,14 +329,20 @@ class Batcher:
         s.cost.took(key.ref, len(items), now, left)
         return Batch(key=key, items=items, formed_at=now, reason=reason, backlog=q.backlog(items))
 
-    def wake_at(self, serves: Callable[[ModelRef], bool], sizing: Sizing | None = None) -> float:
-        """The earliest time some queue this worker serves becomes ready (inf if none)."""
+    def wake_at(
+        self,
+        serves: Callable[[ModelRef], bool],
+        sizing: Sizing | None = None,
+        max_rank: int | None = None,
+    ) -> float:
+        """The earliest time some queue this worker serves becomes ready (inf if none);
+        ``max_rank`` as ``take``'s."""
         s = sizing or self.sizing
         return min(
             (
                 self._flush_time(k, q, s)
                 for k, q in self._queues.items()
-                if q.count and serves(k.ref)
+                if q.count and serves(k.ref) and (max_rank is None or q.best_rank() <= max_rank)
             ),
             default=math.inf,
         )

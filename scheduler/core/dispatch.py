@@ -208,13 +208,24 @@ class DispatchCore:
         while True:
             if not self.dispatching or not w.alive:
                 return Step(stop=True, writes=writes)
-            if w.queue and (len(w.queue) >= self.max_in_flight or not self.may_queue(w)):
+            full = bool(w.queue) and (len(w.queue) >= self.max_in_flight or not self.may_queue(w))
+            if full and not self._may_pass_jobs(w):
                 return Step(writes=writes)  # busy: its next result changes that
             expired = self.batcher.drop_expired(now, sizing)
             if expired:
                 self.stats["expired"] += len(expired)
                 writes.append(record(expired, RequestStatus.EXPIRED, EXPIRED_ERROR))
             writes.extend(self._shed(now))
+            if full:
+                # Its slots hold job batches only: one more, of sync requests, may go
+                # (a worker shared by several schedulers launches it before the job
+                # batches of the others, decision 76) instead of waiting for a slot.
+                urgent = BACKGROUND_RANK - 1
+                batch = self.batcher.take(now, w.serves, sizing, max_rank=urgent)
+                if batch is None:
+                    wake = self.batcher.wake_at(w.serves, sizing, max_rank=urgent)
+                    return Step(wait_until=wake, writes=writes)
+                return Step(start=self._start(w, batch, now), writes=writes)
             for r in self.retries:
                 if r.not_before <= now and w.serves(r.batch.key.ref):
                     self.retries.remove(r)
@@ -245,6 +256,16 @@ class DispatchCore:
                         continue
             return Step(start=self._start(w, batch, now), writes=writes)
 
+    def _may_pass_jobs(self, w: Worker) -> bool:
+        """Whether a batch of sync requests may join a worker whose slots are full: they
+        all hold job items only, it takes short batches (``may_queue``), and no such
+        extra batch is on it already."""
+        return (
+            len(w.queue) == self.max_in_flight
+            and all(e.background for e in w.queue)
+            and self.may_queue(w)
+        )
+
     def _shed(self, now: float) -> list[Write]:
         """Sync requests the queue says will start too late, dropped now rather than at
         their deadline (scheduler/core/shedding.py); at most every ``SHED_PERIOD_S``,
@@ -269,7 +290,8 @@ class DispatchCore:
         w.used_at[batch.key.ref] = now
         if not w.queue:
             w.running = Running(now, predicted)
-        entry = InFlight(batch, predicted)
+        background = all(p.rank >= BACKGROUND_RANK for p in batch.items)
+        entry = InFlight(batch, predicted, background=background)
         w.queue.append(entry)
         self.stats["batches"] += 1
         return entry

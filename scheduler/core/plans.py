@@ -51,6 +51,7 @@ class InFlight:
     batch: Batch
     predicted_s: float
     sent: bool = False  # the bytes went out: its result may be awaited
+    background: bool = False  # job items only (they may be passed: DispatchCore.schedule)
 
 
 @dataclass(eq=False)

@@ -277,6 +277,46 @@ def test_short_batches_queue_one_more_never_two() -> None:
     assert core.schedule(w, 0.005).start is not None
 
 
+def test_a_sync_batch_joins_a_worker_whose_slots_hold_job_batches_only() -> None:
+    """Decision 76: a worker shared by several schedulers launches it before their job
+    batches, so it need not wait for one of this scheduler's job batches to finish."""
+    core = make_core()
+    w = add_worker(core, ms=5.0)
+    queue(core, *[item(JOBS) for _ in range(8)])
+    first, second = started(core, w, 0.0), started(core, w, 0.0)
+    assert first.background and second.background
+    queue(core, item(at=0.0), item(at=0.0))
+    lingering = core.schedule(w, 0.001)  # two sync items lingering: woken when they flush
+    assert lingering.start is None and 0.001 < lingering.wait_until < math.inf
+    third = started(core, w, lingering.wait_until)
+    assert not third.background and [p.rank for p in third.batch.items] == [SYNC, SYNC]
+    assert list(w.queue) == [first, second, third]
+    queue(core, *[item(at=0.1) for _ in range(4)])  # a full sync batch: one extra only
+    assert core.schedule(w, 0.1).start is None
+    # Once a job batch is back, the slots are no longer all job batches': as before.
+    core.on_result(w, first, ok(first), 0.2)
+    assert core.schedule(w, 0.2).start is None
+    core.on_result(w, second, ok(second), 0.3)
+    assert started(core, w, 0.3).batch.items[0].rank == SYNC
+
+
+def test_a_job_batch_never_takes_an_extra_slot() -> None:
+    core = make_core()
+    w = add_worker(core, ms=5.0)
+    queue(core, *[item(JOBS) for _ in range(12)])
+    started(core, w, 0.0), started(core, w, 0.0)
+    assert core.schedule(w, 0.0).start is None
+
+
+def test_long_job_batches_run_one_at_a_time_sync_too() -> None:
+    core = make_core()
+    w = add_worker(core, ms=100.0)
+    queue(core, *[item(JOBS) for _ in range(8)])
+    started(core, w, 0.0)
+    queue(core, *[item() for _ in range(4)])
+    assert core.schedule(w, 0.0).start is None  # no second batch may wait: no extra either
+
+
 def test_long_batches_run_one_at_a_time() -> None:
     core = make_core()
     w = add_worker(core, ms=100.0)
