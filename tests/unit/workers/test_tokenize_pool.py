@@ -135,6 +135,15 @@ def _stopped(pid: int) -> bool:
     return _state(pid) in ("gone", "Z", "X")
 
 
+def _assert_all_stopped(procs: list[Any]) -> None:
+    """Stopped, as the system sees it: gone, or dead and waiting for its parent (the
+    executor's thread) to collect it."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(_stopped(p.pid) for p in procs):
+        time.sleep(0.05)
+    assert all(_stopped(p.pid) for p in procs), [_state(p.pid) for p in procs]
+
+
 def _ignores_sigterm(pid: int) -> bool:
     with open(f"/proc/{pid}/status") as f:
         ign = next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
@@ -158,12 +167,7 @@ def test_pool_processes_can_be_stopped_when_their_worker_ignores_sigterm(model: 
         assert procs and not any(_ignores_sigterm(p.pid) for p in procs)
     finally:
         pool.close()
-    # Stopped, as the system sees it: gone, or dead and waiting for its parent (the
-    # executor's thread) to collect it.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not all(_stopped(p.pid) for p in procs):
-        time.sleep(0.05)
-    assert all(_stopped(p.pid) for p in procs), [_state(p.pid) for p in procs]
+    _assert_all_stopped(procs)
 
 
 def test_pooled_texts_embed_as_in_process_and_survive_a_dead_process(model: Any) -> None:
@@ -238,10 +242,7 @@ def test_a_pool_that_holds_the_launch_grows_and_keeps_its_ids(
         procs = [*old_procs, *pool._pool._processes.values()]
     finally:
         pool.close()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not all(_stopped(p.pid) for p in procs):
-        time.sleep(0.05)
-    assert all(_stopped(p.pid) for p in procs), [_state(p.pid) for p in procs]
+    _assert_all_stopped(procs)
 
 
 def test_a_pool_of_a_fixed_size_does_not_grow(model: Any, monkeypatch: pytest.MonkeyPatch) -> None:

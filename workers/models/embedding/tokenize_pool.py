@@ -187,8 +187,9 @@ class TokenizerPool:
         n = len(texts)
         parts = min(self.processes, max(1, n // MIN_CHUNK))
         step = max(1, -(-n // parts))
-        pool = self._pool
-        futures = [pool.submit(_tokenize, list(texts[i : i + step])) for i in range(0, n, step)]
+        chunks = [list(texts[i : i + step]) for i in range(0, n, step)]
+        with self._lock:  # not into an executor that a growth is retiring
+            futures = [self._pool.submit(_tokenize, chunk) for chunk in chunks]
         self._maybe_grow()
 
         def ids() -> tuple[Any, Any, Any]:
