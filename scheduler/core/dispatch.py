@@ -209,43 +209,40 @@ class DispatchCore:
             if not self.dispatching or not w.alive:
                 return Step(stop=True, writes=writes)
             full = bool(w.queue) and (len(w.queue) >= self.max_in_flight or not self.may_queue(w))
-            if full and not self._may_pass_jobs(w):
+            # Slots full of job batches only: one more, of sync requests, may go (a worker
+            # shared by several schedulers launches it before their job batches, decision 76).
+            extra = full and w.full_of_jobs(self.max_in_flight) and self.may_queue(w)
+            if full and not extra:
                 return Step(writes=writes)  # busy: its next result changes that
             expired = self.batcher.drop_expired(now, sizing)
             if expired:
                 self.stats["expired"] += len(expired)
                 writes.append(record(expired, RequestStatus.EXPIRED, EXPIRED_ERROR))
             writes.extend(self._shed(now))
-            if full:
-                # Its slots hold job batches only: one more, of sync requests, may go
-                # (a worker shared by several schedulers launches it before the job
-                # batches of the others, decision 76) instead of waiting for a slot.
-                urgent = BACKGROUND_RANK - 1
-                batch = self.batcher.take(now, w.serves, sizing, max_rank=urgent)
+            if extra:
+                rank = BACKGROUND_RANK - 1
+                batch = self.batcher.take(now, w.serves, sizing, max_rank=rank)
                 if batch is None:
-                    wake = self.batcher.wake_at(w.serves, sizing, max_rank=urgent)
+                    wake = self.batcher.wake_at(w.serves, sizing, max_rank=rank)
                     return Step(wait_until=wake, writes=writes)
-                return Step(start=self._start(w, batch, now), writes=writes)
-            for r in self.retries:
-                if r.not_before <= now and w.serves(r.batch.key.ref):
-                    self.retries.remove(r)
-                    return Step(start=self._start(w, r.batch, now), writes=writes)
-            hold = self._background_hold(w, now)
-            if hold > now and self.batcher.urgent_may_wait(BACKGROUND_RANK, w.serves, hold, sizing):
-                # The batch would be filled with job items, or the workers are saturated:
-                # spread this worker's start from the others', so a sync arrival never
-                # waits more than a batch time over the worker count (one that cannot
-                # wait ends the hold: urgent_may_wait says no).
-                return Step(wait_until=hold, writes=writes)
-            batch = self.batcher.take(now, w.serves, sizing)
-            if batch is None:
-                wake = min(
-                    [
-                        self.batcher.wake_at(w.serves, sizing),
-                        *[r.not_before for r in self.retries if w.serves(r.batch.key.ref)],
-                    ]
-                )
-                return Step(wait_until=wake, writes=writes)
+            else:
+                for r in self.retries:
+                    if r.not_before <= now and w.serves(r.batch.key.ref):
+                        self.retries.remove(r)
+                        return Step(start=self._start(w, r.batch, now), writes=writes)
+                hold = self._background_hold(w, now)
+                if hold > now and self.batcher.urgent_may_wait(
+                    BACKGROUND_RANK, w.serves, hold, sizing
+                ):
+                    # Job items would fill the batch, or the workers are saturated: its
+                    # start is spread from the others' (stagger.py), so a sync arrival
+                    # waits at most a batch time over the worker count.
+                    return Step(wait_until=hold, writes=writes)
+                batch = self.batcher.take(now, w.serves, sizing)
+                if batch is None:
+                    retries = [r.not_before for r in self.retries if w.serves(r.batch.key.ref)]
+                    wake = min([self.batcher.wake_at(w.serves, sizing), *retries])
+                    return Step(wait_until=wake, writes=writes)
             if self.cancelled_jobs:
                 gone = [p for p in batch.items if self._cancelled(p)]
                 if gone:
@@ -255,16 +252,6 @@ class DispatchCore:
                     if not batch.items:
                         continue
             return Step(start=self._start(w, batch, now), writes=writes)
-
-    def _may_pass_jobs(self, w: Worker) -> bool:
-        """Whether a batch of sync requests may join a worker whose slots are full: they
-        all hold job items only, it takes short batches (``may_queue``), and no such
-        extra batch is on it already."""
-        return (
-            len(w.queue) == self.max_in_flight
-            and all(e.background for e in w.queue)
-            and self.may_queue(w)
-        )
 
     def _shed(self, now: float) -> list[Write]:
         """Sync requests the queue says will start too late, dropped now rather than at
@@ -483,16 +470,9 @@ class DispatchCore:
     def make_stats(self, now: float) -> CoreStats:
         """A snapshot for metrics and logs (walks what is in flight and retrying: for a
         scrape or a report, not the hot path)."""
-        retrying = [r.batch for r in self.retries]
-        return snapshot(
-            now,
-            self.stats,
-            self.batcher,
-            self.workers,
-            retrying,
-            self.max_batch,
-            self.shares.snapshot(),
-        )
+        held = [r.batch for r in self.retries]
+        shares = self.shares.snapshot()
+        return snapshot(now, self.stats, self.batcher, self.workers, held, self.max_batch, shares)
 
     def worker_stats(self, w: Worker) -> WorkerStats:
         return worker_stats(w)

@@ -73,6 +73,10 @@ class Worker:
     def serves(self, ref: ModelRef) -> bool:
         return ref in self.refs
 
+    def full_of_jobs(self, slots: int) -> bool:
+        """All ``slots`` taken, by batches of job items only (decision 76)."""
+        return len(self.queue) == slots and all(e.background for e in self.queue)
+
 
 @dataclass(frozen=True, slots=True)
 class Write:
