@@ -12,11 +12,10 @@ thread launches them (``Model.launch``: a GPU model packs a batch and enqueues i
 work behind the running one), most urgent first: the earliest deadline, each
 scheduler's in the order it sent them (workers/ready.py, decision 76); a finisher
 thread waits for each launched batch in turn (``Model.finish``) and sends its result.
-So the device
-computes one batch at a time, in order, while the host prepares the next ones and
-ships the last one's result; at most ``worker_max_launched`` (3) batches are launched
-and unfinished, the rest wait in the queue (and go back unrun on a stop). A batch
-that a model computed outright in ``launch`` (CPU models, sim) has its result sent
+So the device computes one batch at a time, in order, while the host prepares the next
+ones and ships the last one's result; at most ``worker_max_launched`` (3) batches are
+launched and unfinished, the rest wait in the queue (and go back unrun on a stop). A
+batch that a model computed outright in ``launch`` (CPU models, sim) has its result sent
 before the next batch is launched: if the next one kills the process, the scheduler
 blames that one, not a batch that had already finished.
 
