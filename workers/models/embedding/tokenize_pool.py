@@ -239,9 +239,14 @@ class TokenizerPool:
                 self._growing = False
             return
         with self._lock:
-            old, self._pool, self.processes = self._pool, bigger, processes
             self._growing = False
-            self._retired.append(old)
+            closed = self._sizing is None  # closed while the new processes started
+            if not closed:
+                old, self._pool, self.processes = self._pool, bigger, processes
+                self._retired.append(old)
+        if closed:
+            _stop(bigger)
+            return
         old.shutdown(wait=False)  # what it was given still completes
 
     def close(self) -> None:
@@ -254,12 +259,17 @@ class TokenizerPool:
             pools = [self._pool, *self._retired]
             self._sizing = None  # no growing after this
         for pool in pools:
-            procs = dict(getattr(pool, "_processes", None) or {})
-            pool.shutdown(wait=False, cancel_futures=True)
-            procs.update(getattr(pool, "_processes", None) or {})
-            for proc in procs.values():
-                with contextlib.suppress(OSError, ValueError):  # gone already, or closed
-                    proc.kill()
+            _stop(pool)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """An executor's processes stopped now, whatever they hold (``TokenizerPool.close``)."""
+    procs = dict(getattr(pool, "_processes", None) or {})
+    pool.shutdown(wait=False, cancel_futures=True)
+    procs.update(getattr(pool, "_processes", None) or {})
+    for proc in procs.values():
+        with contextlib.suppress(OSError, ValueError):  # gone already, or closed
+            proc.kill()
 
 
 @dataclass
