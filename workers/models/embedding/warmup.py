@@ -46,20 +46,8 @@ def warmup(model: EmbeddingModel) -> dict[int, float]:
     profile = cost_curve(model)
     hi = min(128, model.spec.max_tokens)
     texts = synthetic_texts(model.tokenizer, 2048, min(8, hi), hi, seed=3)
-    n = tokenizer_processes(model, profile, texts)
-    # A pool of the warm-up's size grows if a loaded host makes it too small; an
-    # operator's count stays.
-    auto = n > 0 and model.tokenize_processes < 0
-    model.start_tokenizers(n, ceiling_and_cores(model, profile) if auto else None)
+    model.start_tokenizers(tokenizer_processes(model, profile, texts))
     return profile
-
-
-def ceiling_and_cores(model: EmbeddingModel, profile: dict[int, float]) -> tuple[float, int]:
-    """The GPU's items/s at its best batch size (the curve's fastest), and the cores this
-    worker's tokenizer pool may use: its share of the host, less its own core."""
-    ceiling = max(n / (ms / 1e3) for n, ms in profile.items() if ms > 0)
-    gpus = max(1, torch.cuda.device_count())
-    return ceiling, host_cores() // gpus - 1
 
 
 def tokenizer_processes(model: EmbeddingModel, profile: dict[int, float], texts: list[str]) -> int:
@@ -70,7 +58,7 @@ def tokenizer_processes(model: EmbeddingModel, profile: dict[int, float], texts:
         return model.tokenize_processes
     if not model.cuda or not profile:
         return 0
-    ceiling, cores = ceiling_and_cores(model, profile)
+    ceiling = max(n / (ms / 1e3) for n, ms in profile.items() if ms > 0)
     encode = make_encoder(str(model.model_dir), model.spec.max_tokens)
     for t in texts:  # the first pass learns the words (a corpus repeats its words)
         encode(t)
@@ -78,6 +66,8 @@ def tokenizer_processes(model: EmbeddingModel, profile: dict[int, float], texts:
     for t in texts:
         encode(t)
     cost = (time.perf_counter() - t0) / len(texts)
+    gpus = max(1, torch.cuda.device_count())
+    cores = host_cores() // gpus - 1  # this worker's share, less its own core
     n = processes_for(ceiling, cost, cores)
     log.info(
         "tokenizer pool: %d process(es) for %.0f items/s at %.1f us an item", n, ceiling, cost * 1e6
