@@ -192,6 +192,8 @@ class SchedulerService:
         # Start-up is done: fewer, cheaper collections from here (core/gc_tuning.py:
         # 26 rather than 40 us of scheduler CPU a persisted row).
         tune_gc()
+        # Each persist thread's connection, opened before the first result needs it.
+        self.writer.connect_ahead(self.settings.persist_threads)
         for lane in self.lanes:
             lane.start(self.stopping, self.supervisor)
         log.info("scheduler running")
