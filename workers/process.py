@@ -103,7 +103,7 @@ def prepare_batch(holder: Holder, batch: WorkBatch) -> Any:
     if model is None:
         return None
     try:
-        return model.prepare(batch.inputs, token_ids=batch.token_ids)
+        return model.prepare(batch.inputs, token_ids=batch.token_ids, deadline=batch.deadline)
     except Exception:  # launch does the work itself, and reports what fails there
         log.exception("preparing batch %s failed", batch.batch_id)
         return None

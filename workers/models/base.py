@@ -57,10 +57,14 @@ class Model(ABC):
         A list, or a numpy array whose rows are the outputs (results/store.py writes
         a row as the same JSON as the list of its values)."""
 
-    def prepare(self, inputs: Sequence[Any], *, token_ids: bool = False) -> Any:
+    def prepare(
+        self, inputs: Sequence[Any], *, token_ids: bool = False, deadline: float | None = None
+    ) -> Any:
         """Start the host-side work of a batch that will be launched later (tokenizing its
         texts), so that it overlaps the batches ahead of it; ``launch`` takes what this
-        returns as ``ahead``. None: nothing to start (this default)."""
+        returns as ``ahead``. ``deadline``: the batch's earliest (epoch s), so that host
+        work shared by batches goes to the most urgent first. None: nothing to start
+        (this default)."""
         return None
 
     def launch(

@@ -135,6 +135,11 @@ def test_pool_processes_can_be_stopped_when_their_worker_ignores_sigterm(model: 
         signal.signal(signal.SIGTERM, before)
     procs = list(pool._pool._processes.values())
     try:
+        # The warm-up's tasks may all go to the process that started first: the other
+        # may still be starting (its initializer not yet run) when the pool returns.
+        until = time.monotonic() + 10
+        while time.monotonic() < until and any(_ignores_sigterm(p.pid) for p in procs):
+            time.sleep(0.05)
         assert procs and not any(_ignores_sigterm(p.pid) for p in procs)
     finally:
         pool.close()
@@ -189,3 +194,61 @@ def test_a_cpu_worker_sizes_no_pool_unless_asked(model: Any) -> None:
         assert tokenizer_processes(model, {64: 100.0}, TEXTS) == 0  # CPU: the forward binds
     finally:
         model.tokenize_processes = 0
+
+
+def test_the_most_urgent_texts_are_tokenized_first(model: Any) -> None:
+    """Work waiting for a process goes earliest deadline first: a sync batch's texts
+    that arrive behind a job's batches are tokenized before those (r18: first come,
+    first served, they waited 110-270 ms for the job's), and equal deadlines keep their
+    order."""
+    import threading
+
+    from workers.models.embedding.tokenize_pool import TokenizerPool
+
+    pool = TokenizerPool(str(model.model_dir), SPEC.max_tokens, 1)
+    done: dict[str, float] = {}
+
+    def wait(name: str, ids: Any) -> None:
+        ids()
+        done[name] = time.monotonic()
+
+    # Each job batch costs its process about 0.1 s: far more than a thread's wake-up.
+    bulk = ["The quick brown fox jumps over the lazy dog near the riverbank. " * 4] * 4000
+    try:
+        waits = [(f"job{i}", pool.start(bulk)) for i in range(4)]  # one runs, three wait
+        waits.append(("sync", pool.start(TEXTS[:8], time.time() + 1)))
+        threads = [threading.Thread(target=wait, args=w) for w in waits]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        order = sorted(done, key=done.__getitem__)
+        assert order[:2] == ["job0", "sync"] or order[0] == "sync", order
+        assert [n for n in order if n != "sync"] == ["job0", "job1", "job2", "job3"], order
+    finally:
+        pool.close()
+
+
+def test_a_closed_pool_answers_what_waited_and_refuses_more(model: Any) -> None:
+    import contextlib
+    import threading
+
+    from workers.models.embedding.tokenize_pool import TokenizerPool
+
+    pool = TokenizerPool(str(model.model_dir), SPEC.max_tokens, 1)
+    bulk = ["ok " * 60] * 2000
+    running, waiting = pool.start(bulk), pool.start(bulk)
+    pool.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        waiting()  # never handed to a process: told at once, not left to hang
+    ended = threading.Event()
+
+    def wait_running() -> None:
+        with contextlib.suppress(Exception):  # done, or broken by the stop: either ends
+            running()
+        ended.set()
+
+    threading.Thread(target=wait_running, daemon=True).start()
+    assert ended.wait(30)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.start(TEXTS)

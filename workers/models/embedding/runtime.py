@@ -21,6 +21,7 @@ Design (numbers in docs/bench/gpu.md):
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -155,10 +156,12 @@ class EmbeddingModel(Model):
         assert isinstance(out, np.ndarray)
         return out
 
-    def prepare(self, inputs: Sequence[Any], *, token_ids: bool = False) -> Any:
+    def prepare(
+        self, inputs: Sequence[Any], *, token_ids: bool = False, deadline: float | None = None
+    ) -> Any:
         """A batch's texts handed to the tokenizer pool as soon as the batch arrives, so
-        they are tokenized while the batches ahead of it compute (None: no pool, or
-        nothing to tokenize)."""
+        they are tokenized while the batches ahead of it compute, the earliest
+        ``deadline`` first (None: no pool, or nothing to tokenize)."""
         pool = self.tokenizers
         if pool is None or token_ids:
             return None
@@ -166,7 +169,8 @@ class EmbeddingModel(Model):
         if not texts:
             return None
         try:
-            return _Ahead(texts, pool.start([inputs[i] for i in texts]))
+            urgency = math.inf if deadline is None else deadline
+            return _Ahead(texts, pool.start([inputs[i] for i in texts], urgency))
         except (BrokenProcessPool, RuntimeError) as exc:  # broken or closed: launch tokenizes
             self._stop_tokenizers(pool, exc)
             return None

@@ -16,18 +16,30 @@ not forked, because the worker has initialized CUDA.
 
 How many: ``processes_for`` (pure) sizes the pool so it tokenizes at the GPU's measured
 ceiling with room to spare, from two measurements the warm-up takes.
+
+Which first: a batch's texts are handed over as the batch reaches the worker, and a
+worker holds a dozen job batches from its schedulers at once. A batch of sync requests
+is topped up with job items, whose texts need tokenizing; launched ahead of the job's
+batches (decision 76), first come, first served it still waited for all their texts
+before its own - the likeliest part of r18's 110-270 ms between a batch and its compute
+beside a job (not yet measured on the GPU host). So the processes are given one chunk
+each at a time, and the chunks waiting for them go
+earliest deadline first (``start``'s ``deadline``, the batch's).
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
 import logging
 import math
 import multiprocessing
 import signal
+import threading
 from array import array
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -127,20 +139,66 @@ class TokenizerPool:
         )
         # Start every process now (each loads the tokenizer), not on the first batch.
         list(self._pool.map(_tokenize, [["warm"]] * processes))
+        # Chunks not yet given to a process, most urgent first: (deadline, seq, texts,
+        # the future its ids go to). Reentrant: a callback may run in the submitting
+        # thread when its task is already done.
+        self._lock = threading.RLock()
+        self._waiting: list[tuple[float, int, list[str], Future[tuple[bytes, bytes]]]] = []
+        self._seq = 0
+        self._running = 0  # chunks handed to the executor, not yet done
+        self._closed = False
 
     def packed(self, texts: Sequence[str]) -> tuple[Any, Any, Any]:
         return self.start(texts)()
 
-    def start(self, texts: Sequence[str]) -> Callable[[], tuple[Any, Any, Any]]:
-        """Hand ``texts`` to the processes now; the returned call waits for their ids
-        (raising BrokenProcessPool if a process died meanwhile)."""
+    def start(
+        self, texts: Sequence[str], deadline: float = math.inf
+    ) -> Callable[[], tuple[Any, Any, Any]]:
+        """Hand ``texts`` to the processes; the returned call waits for their ids (raising
+        BrokenProcessPool if a process died meanwhile). ``deadline`` (epoch s, inf: none)
+        orders the work waiting for a process: the earliest first, then the first come."""
         n = len(texts)
         parts = min(self.processes, max(1, n // MIN_CHUNK))
         step = max(1, -(-n // parts))
-        futures = [
-            self._pool.submit(_tokenize, list(texts[i : i + step])) for i in range(0, n, step)
-        ]
-        return lambda: _joined([f.result() for f in futures], n)
+        outs: list[Future[tuple[bytes, bytes]]] = []
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the tokenizer pool is closed")
+            for i in range(0, n, step):
+                out: Future[tuple[bytes, bytes]] = Future()
+                self._seq += 1
+                heapq.heappush(self._waiting, (deadline, self._seq, list(texts[i : i + step]), out))
+                outs.append(out)
+            self._feed()
+        return lambda: _joined([f.result() for f in outs], n)
+
+    def _feed(self) -> None:
+        """Under the lock: the most urgent waiting chunks to the processes, one each. The
+        executor's own queue is first come, first served, so it is given no more than its
+        processes can start: a sync batch's texts arriving behind a job's thousands would
+        otherwise wait for all of them (r18: 110-270 ms between a batch and its compute)."""
+        while self._running < self.processes and self._waiting:
+            _, _, texts, out = heapq.heappop(self._waiting)
+            try:
+                inner = self._pool.submit(_tokenize, texts)
+            except Exception as exc:  # broken or shut down: the launch tokenizes instead
+                out.set_exception(exc)
+                continue
+            self._running += 1
+            inner.add_done_callback(partial(self._done, out=out))
+
+    def _done(
+        self, inner: Future[tuple[bytes, bytes]], *, out: Future[tuple[bytes, bytes]]
+    ) -> None:
+        with self._lock:
+            self._running -= 1
+            self._feed()
+        if inner.cancelled():
+            out.set_exception(RuntimeError("the tokenizer pool is closed"))
+        elif (exc := inner.exception()) is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(inner.result())
 
     def close(self) -> None:
         """Stop the processes now. A pool broken by a dead process may hold one that never
@@ -148,6 +206,11 @@ class TokenizerPool:
         worker, or a test run, then never exits): what is left is terminated. Its
         processes hold nothing but a tokenizer. (``_processes`` is the executor's own map;
         there is no public one.)"""
+        with self._lock:
+            self._closed = True
+            waiting, self._waiting = self._waiting, []
+        for *_, out in waiting:
+            out.set_exception(RuntimeError("the tokenizer pool is closed"))
         procs = dict(getattr(self._pool, "_processes", None) or {})
         self._pool.shutdown(wait=False, cancel_futures=True)
         procs.update(getattr(self._pool, "_processes", None) or {})
