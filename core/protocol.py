@@ -173,4 +173,9 @@ class WorkResult:
     # counted, and the scheduler sends that model's batches elsewhere until the worker
     # reports it ready again.
     unavailable: bool = False
+    # When the worker read the batch off its pipe and when it began launching it (epoch
+    # s): the batch row splits the wait between forming and computing into the way to
+    # the worker, the worker's queue, and the device's (docs/bench/gpu-host.md, r18).
+    received_at: float | None = None
+    launched_at: float | None = None
     retry_after_s: float | None = None

@@ -183,6 +183,10 @@ batches = Table(
     Column("status", Text, nullable=False),
     Column("error", Text),
     Column("formed_at", DateTime(timezone=True), nullable=False),
+    # When its worker read it and began launching it (migration 0030): formed_at to
+    # compute_start_at is the way to the worker, its queue, then the device's.
+    Column("worker_received_at", DateTime(timezone=True)),
+    Column("launched_at", DateTime(timezone=True)),
     Column("compute_start_at", DateTime(timezone=True)),
     Column("compute_end_at", DateTime(timezone=True)),
     Column("compute_ms", Float),

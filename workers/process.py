@@ -79,6 +79,7 @@ class _Started:
     to: Connection  # the scheduler that sent it, which gets the result
     unavailable: ModelUnavailable | None = None  # not run, through no fault of its inputs
     step: GenStepResult | None = None  # a generation step, computed when it was launched
+    received_at: float | None = None  # epoch s: read off the scheduler's pipe
 
 
 def _describe(exc: BaseException) -> str:
@@ -388,7 +389,7 @@ def _serve_batches(
             due = batch.deadline if isinstance(batch, WorkBatch) else -math.inf
             if isinstance(batch, GenStep):
                 due = time.time()
-            incoming.put(conn, (batch, ahead), due)
+            incoming.put(conn, (batch, ahead, time.time()), due)
             if batch is None:
                 holder.forget(conn)
                 again = redial(conn) if redial is not None else None
@@ -411,6 +412,8 @@ def _serve_batches(
                 )
             prev_end = result.compute_end
             result.device = gpu.sample() if gpu is not None else None
+            if isinstance(result, WorkResult):
+                result.received_at, result.launched_at = started.received_at, started.launched_at
             if isinstance(started.batch, WorkBatch) and isinstance(result, WorkResult):
                 worker_tracing.computed(started.batch, result)
             slots.release()
@@ -440,7 +443,7 @@ def _serve_batches(
                     log.info("worker %s finished its batches and exits on request", wid)
                     return
                 continue
-            conn, (batch, ahead) = got
+            conn, (batch, ahead, received_at) = got
             with sent:
                 if batch is None:
                     serving.discard(conn)
@@ -458,6 +461,7 @@ def _serve_batches(
                 started = run_step(holder.models, batch, conn)
             else:
                 started = launch_batch(holder, batch, conn, ahead)
+                started.received_at = received_at
             launched.put(started)
             if started.job is None or not started.job.computing():
                 with sent:  # computed already: its result goes out before the next starts

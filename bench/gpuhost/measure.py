@@ -387,12 +387,20 @@ def tokenizer_costs(texts: dict[str, list[str]], model_dir: str) -> dict[str, An
 # A sync request's stages in the request log, as bench/stages.py names them, and the
 # whole of its way through the service (accepted until its row was committed).
 SYNC_SPANS = {
-    "queue": "consumed_at - received_at",
-    "batch_wait": "batched_at - consumed_at",
-    "dispatch": "compute_start_at - batched_at",
-    "compute": "compute_end_at - compute_start_at",
-    "persist": "persisted_at - compute_end_at",
-    "server": "persisted_at - received_at",
+    "queue": "r.consumed_at - r.received_at",
+    "batch_wait": "r.batched_at - r.consumed_at",
+    "dispatch": "r.compute_start_at - r.batched_at",
+    "compute": "r.compute_end_at - r.compute_start_at",
+    "persist": "r.persisted_at - r.compute_end_at",
+    "server": "r.persisted_at - r.received_at",
+}
+# ``dispatch`` in three (the batch's row, migration 0030): to the worker (the
+# scheduler's wait for a slot, the pipe), the worker's queue (batches ahead of it, the
+# launching thread busy), the device's (the batches launched before it still running).
+DISPATCH_PARTS = {
+    "to_worker": "b.worker_received_at - r.batched_at",
+    "worker_queue": "b.launched_at - b.worker_received_at",
+    "device_queue": "r.compute_start_at - b.launched_at",
 }
 
 
@@ -400,23 +408,26 @@ def sync_stages_by_second(conn: Any, t0: float, t1: float) -> list[dict[str, Any
     """Per second of a sync load (by when the API received each request): how many
     requests the log holds, how many have their row committed, and each stage's p50 and
     p99 (ms). A second where answers came late shows which stage took the time: the
-    trip through Kafka (``queue``), the batcher, the worker, or the commit."""
+    trip through Kafka (``queue``), the batcher, the worker (``dispatch``, and its
+    parts: ``DISPATCH_PARTS``), or the commit."""
+    all_spans = {**SYNC_SPANS, **DISPATCH_PARTS}
     cols = ", ".join(
         f"percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP "
         f"(ORDER BY extract(epoch FROM {span}) * 1000) FILTER (WHERE {span} IS NOT NULL)"
-        for span in SYNC_SPANS.values()
+        for span in all_spans.values()
     )
     rows = conn.execute(
-        "SELECT floor(extract(epoch FROM received_at) - %s)::int AS s, count(*), "
-        f"count(persisted_at), {cols} FROM requests WHERE job_id IS NULL "
-        "AND received_at >= to_timestamp(%s) AND received_at < to_timestamp(%s) "
+        "SELECT floor(extract(epoch FROM r.received_at) - %s)::int AS s, count(*), "
+        f"count(r.persisted_at), {cols} FROM requests r "
+        "LEFT JOIN batches b ON b.batch_id = r.batch_id WHERE r.job_id IS NULL "
+        "AND r.received_at >= to_timestamp(%s) AND r.received_at < to_timestamp(%s) "
         "GROUP BY 1 ORDER BY 1",
         (t0, t0, t1),
     ).fetchall()
     out = []
     for s, n, persisted, *spans in rows:
         entry: dict[str, Any] = {"s": s, "requests": n, "persisted": persisted}
-        for name, pcts in zip(SYNC_SPANS, spans, strict=True):
+        for name, pcts in zip(all_spans, spans, strict=True):
             entry[name] = [round(float(x), 1) for x in pcts] if pcts else None
         out.append(entry)
     return out

@@ -291,6 +291,10 @@ def batch_stages(conn: Any, t0: float) -> dict[str, list[float]]:
     GPU)."""
     spans = {
         "formed_to_start": "compute_start_at - formed_at",
+        # its three parts (migration 0030), as measure.DISPATCH_PARTS splits a request's
+        "to_worker": "worker_received_at - formed_at",
+        "worker_queue": "launched_at - worker_received_at",
+        "device_queue": "compute_start_at - launched_at",
         "computing": "compute_end_at - compute_start_at",
         "end_to_persisted": "persisted_at - compute_end_at",
         "worker_idle": "greatest(next_start - compute_end_at, interval '0')",

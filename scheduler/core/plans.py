@@ -89,6 +89,8 @@ class Write:
     batch: Batch | None = None  # the batch the items ran in
     outputs: Sequence[Any] | np.ndarray | None = None  # succeeded: one per item, in order
     compute: tuple[float, float] | None = None  # the worker's compute start, end (epoch s)
+    # When the worker read the batch and began launching it (epoch s; None: not told).
+    worker_times: tuple[float | None, float | None] = (None, None)
     worker_id: str | None = None
     batch_row: bool = False  # the batch's own row goes in this transaction
     dead_letter: bool = False  # copy each message to the dead-letter topic first
@@ -145,6 +147,7 @@ def result_writes(batch: Batch, result: WorkResult, worker_id: str) -> list[Writ
             batch=batch,
             outputs=outputs if part is None else [outputs[i] for i in part],
             compute=compute,
+            worker_times=(result.received_at, result.launched_at),
             worker_id=worker_id,
             batch_row=batch_row,
             then=then,

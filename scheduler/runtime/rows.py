@@ -55,6 +55,7 @@ def write_rows(w: Write) -> tuple[list[RequestRow], dict[str, Any] | None]:
         error=None,
         compute_start=start,
         compute_end=end,
+        worker_times=w.worker_times,
     )
     return rows, brow
 
@@ -171,7 +172,9 @@ def batch_row(
     error: str | None,
     compute_start: float | None,
     compute_end: float | None,
+    worker_times: tuple[float | None, float | None] = (None, None),
 ) -> dict[str, Any]:
+    received, launched = worker_times
     return {
         "batch_id": batch.batch_id,
         "model": batch.key.model,
@@ -183,6 +186,8 @@ def batch_row(
         "status": status,
         "error": error,
         "formed_at": ts(batch.formed_at),
+        "worker_received_at": ts(received),
+        "launched_at": ts(launched),
         "compute_start_at": ts(compute_start),
         "compute_end_at": ts(compute_end),
         "compute_ms": (compute_end - compute_start) * 1000

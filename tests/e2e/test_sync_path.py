@@ -65,6 +65,8 @@ def test_request_log_row_has_every_stage_timestamp(system: System) -> None:
     assert row.compute_start_at < row.compute_end_at <= row.persisted_at
     assert row.status == "succeeded" and row.tenant_id == system.tenant_ids["paid"]
     assert b.size == row.batch_size and b.model == "sim" and b.worker_id
+    # The batch's way from the scheduler to the device, each step recorded.
+    assert b.formed_at <= b.worker_received_at <= b.launched_at <= b.compute_start_at
 
 
 def test_500_concurrent_requests_share_few_batches_and_each_gets_its_own(system: System) -> None:
@@ -237,3 +239,24 @@ def test_models_listing_shows_live_models(system: System) -> None:
     r = httpx.get(f"{system.url}/v1/models")
     live = {(m["model"], m["version"]) for m in r.json()["models"] if m["live"]}
     assert ("sim", "1") in live
+
+
+def test_the_gpu_host_bench_splits_a_requests_dispatch_in_three(system: System) -> None:
+    """bench/gpuhost/measure.py reads the request log joined to the batch rows: the wait
+    between a batch's forming and its compute, in its three parts, adds up."""
+    import psycopg
+
+    from bench.gpuhost.measure import sync_stages_by_second
+    from results.db import libpq_url
+
+    t0 = time.time() - 1
+    for i in range(3):
+        assert infer(system, {"model": "sim", "input": f"split {i}"}).status_code == 200
+    with psycopg.connect(libpq_url(system.settings.database_url)) as conn:
+        seconds = sync_stages_by_second(conn, t0, time.time() + 1)
+    assert seconds and sum(s["requests"] for s in seconds) >= 3
+    for s in seconds:
+        parts = [s[k][0] for k in ("to_worker", "worker_queue", "device_queue")]
+        assert all(p is not None and p >= 0 for p in parts), s
+        if s["requests"] == 1:  # one request: its parts are its own, and add up
+            assert abs(sum(parts) - s["dispatch"][0]) < 0.5, s
