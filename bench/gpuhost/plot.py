@@ -221,13 +221,17 @@ def notify_chart(runs: list[tuple[str, dict[str, Any]]], out: Path, plt: Any) ->
 def mixed_chart(runs: list[tuple[str, dict[str, Any]]], out: Path, plt: Any) -> None:
     """Sync requests beside a job, second by second: the median of each stage in the
     request log (where a late answer's time went) and the requests that ended 504, with
-    the second the job's first item was consumed marked."""
-    stages = ("queue", "batch_wait", "dispatch", "compute", "persist")
+    the second the job's first item was consumed marked. Runs that recorded the batch's
+    worker times (migration 0030) show ``dispatch`` in its three parts."""
+    parts = ("to_worker", "worker_queue", "device_queue")
     fig, axes = plt.subplots(len(runs), 1, figsize=(9, 3.2 * len(runs)), squeeze=False)
     for ax, (name, res) in zip(axes[:, 0], runs, strict=True):
         job = res["mixed"]["job"]
         beside = job["beside"]
         rows = [r for r in beside.get("stages_by_s", []) if r["requests"]]
+        split = any(r.get(parts[0]) for r in rows)
+        middle = parts if split else ("dispatch",)
+        stages = ("queue", "batch_wait", *middle, "compute", "persist")
         secs = [r["s"] for r in rows]
         bottom = [0.0] * len(rows)
         for stage in stages:
