@@ -378,6 +378,7 @@ def _serve_batches(
                 msg = conn.recv()
             except (EOFError, OSError):
                 msg = None
+            received_at = time.time()  # before its texts are handed to the tokenizer
             if isinstance(msg, ModelCommand):
                 holder.command(conn, msg)  # the loader thread carries it out
                 continue
@@ -389,7 +390,7 @@ def _serve_batches(
             due = batch.deadline if isinstance(batch, WorkBatch) else -math.inf
             if isinstance(batch, GenStep):
                 due = time.time()
-            incoming.put(conn, (batch, ahead, time.time()), due)
+            incoming.put(conn, (batch, ahead, received_at), due)
             if batch is None:
                 holder.forget(conn)
                 again = redial(conn) if redial is not None else None

@@ -176,7 +176,7 @@ class TokenizerPool:
         """Under the lock: the most urgent waiting chunks to the processes, one each. The
         executor's own queue is first come, first served, so it is given no more than its
         processes can start: a sync batch's texts arriving behind a job's thousands would
-        otherwise wait for all of them (r18: 110-270 ms between a batch and its compute)."""
+        otherwise wait for all of them."""
         while self._running < self.processes and self._waiting:
             _, _, texts, out = heapq.heappop(self._waiting)
             try:
