@@ -269,9 +269,8 @@ class ResultWriter:
         take: on a fresh system every thread of every scheduler otherwise connected at its
         first write, all in the same second, and the first results waited for that
         (r17, r18 on the GPU host: in two fresh starts of six, the first commits took
-        630-680 ms). Best effort: a
-        database not reachable yet is connected to at the first write, as before.
-        Returns how many opened."""
+        630-680 ms). Best effort: a database not reachable yet is connected to at the
+        first write, as before. Returns how many opened."""
         opened = 0
         for _ in range(n):
             try:
