@@ -164,9 +164,16 @@ def test_retries_across_a_canary_start_and_a_rollback_under_load(rt: RT) -> None
     assert not reused, reused[:5]
     # A retry answers what its first attempt was answered (an expired request's 504
     # included), or its answer when the first attempt's wait ran out; the only other
-    # outcome is this 2-core machine shedding load before the key is looked at (503,
-    # "retry shortly"), which must stay rare.
-    shed = [i for i in range(n) if retries[i][0] == 503 and "overload" in str(retries[i][2])]
+    # outcome is this 2-core machine refusing before the key is looked at (503, "retry
+    # shortly"), which must stay rare: its API shedding load, or admission refusing while
+    # a commit of the API's own has stalled past what a deadline leaves (decision 39; one
+    # CI run saw a 2.2 s stall refuse two retries).
+    before_key = ("overload", "database takes")
+    shed = [
+        i
+        for i in range(n)
+        if retries[i][0] == 503 and any(w in str(retries[i][2]) for w in before_key)
+    ]
     differ = [
         (i, firsts[i], retries[i])
         for i in range(n)
