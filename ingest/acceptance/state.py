@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -16,6 +16,7 @@ from ingest.acceptance.ports import IdempotencyKeys, JobQueue, RequestProducer, 
 from ingest.admission.load_watch import LoadWatch
 from ingest.admission.overload import Overload
 from ingest.admission.ratelimit import InflightLimiter, TenantLimiter
+from ingest.admission.served import ServedHistory
 from ingest.admission.shared_slots import SharedSlots
 from ingest.edge.auth import Authenticator
 from ingest.edge.readiness import Readiness
@@ -50,6 +51,8 @@ class AppState:
     # None: the shared engine.
     bulk_engine: AsyncEngine | None = None
     quote_flex: FlexQuote | None = None  # services.py wires jobs' (decision 69)
+    # Per model ref: the job items its backlog reads saw served (quotes, decision 69).
+    served: dict[str, ServedHistory] = field(default_factory=dict)
 
 
 def get_state(request: Request) -> AppState:

@@ -19,6 +19,7 @@ from core.models.spec import ModelSpec
 from core.vocab import PRIORITY_CLASSES, JobStatus, PriorityClass
 from ingest.acceptance.state import AppState
 from ingest.admission.capacity import LONG_RATE_WINDOW_S
+from ingest.admission.served import ServedHistory, blended_rate
 from ingest.jobs.quote import (
     JobPlace,
     Pending,
@@ -62,11 +63,32 @@ def jobs_rate(st: AppState, ref: str, horizon_s: float = 0.0) -> float:
     return job_rate(capacity.items_s, taken * max(1, load.limiter.instances))
 
 
-def _pending(rows: Sequence[Any]) -> list[Pending]:
-    return [
+def _pending(st: AppState, ref: str, rows: Sequence[Any]) -> list[Pending]:
+    """The backlog read's rows, each read also a sample of what jobs were served."""
+    pending = [
         Pending(str(r.job_id), str(r.tenant_id), r.created_at, float(r.remaining), r.weight)
         for r in rows
     ]
+    view = st.load.view
+    capacity = view.capacity.get(ref) if view is not None else None
+    history = st.served.setdefault(ref, ServedHistory())
+    history.record(
+        time.monotonic(),
+        {p.job_id: p.remaining for p in pending},
+        capacity.items_s if capacity is not None else 0.0,
+    )
+    return pending
+
+
+def rate_over(st: AppState, ref: str, horizon_s: float) -> float:
+    """The rate jobs of ``ref`` get over the next ``horizon_s`` (decision 69): the
+    prediction (``jobs_rate``), and for as much of the horizon as it covers, what they
+    were seen to get over as long a past. Now (0): the prediction alone."""
+    predicted = jobs_rate(st, ref, horizon_s)
+    history = st.served.get(ref)
+    if horizon_s <= 0 or history is None:
+        return predicted
+    return blended_rate(predicted, history.rate(horizon_s), horizon_s)
 
 
 def _seconds(at: float | None) -> int | None:
@@ -88,20 +110,13 @@ async def job_estimates(
         ref = f"{model}@{version}"
         if jobs_rate(st, ref) <= 0:
             continue
-        pending = _pending(await job_backlog.pending_jobs(st.engine, model, version, now))
+        rows = await job_backlog.pending_jobs(st.engine, model, version, now)
+        pending = _pending(st, ref, rows)
         for j in js:
             ahead, others = place_in_queue(str(j.tenant_id), str(j.job_id), j.created_at, pending)
-            done = max(0, int(j.succeeded) + int(j.failed) - int(j.reused))
-            running_s = (now - j.started_at).total_seconds() if j.started_at else 0.0
-            place = JobPlace(
-                ahead,
-                float(j.total_items - finished_count(j)),
-                weight,
-                done=done,
-                running_s=running_s,
-            )
+            place = JobPlace(ahead, float(j.total_items - finished_count(j)), weight)
             out[str(j.job_id)] = _seconds(
-                completion_at(now.timestamp(), partial(jobs_rate, st, ref), place, others)
+                completion_at(now.timestamp(), partial(rate_over, st, ref), place, others)
             )
     return out
 
@@ -118,9 +133,10 @@ async def new_job_quote(
     request's 202 is quoted so too (its unanswered inputs: ``flex_quote``)."""
     if jobs_rate(st, spec.ref) <= 0:
         return None
-    pending = _pending(await job_backlog.pending_jobs(st.engine, spec.name, spec.version, now))
+    rows = await job_backlog.pending_jobs(st.engine, spec.name, spec.version, now)
+    pending = _pending(st, spec.ref, rows)
     place, others = queued_now(tenant.id, float(items), tenant.weight, pending)
-    rate = partial(jobs_rate, st, spec.ref)
+    rate = partial(rate_over, st, spec.ref)
     return _seconds(completion_at(now.timestamp(), rate, place, others))
 
 

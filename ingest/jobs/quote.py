@@ -11,8 +11,12 @@ is passed in.
    gets ``rate * w / sum(w)`` until the smallest backlog empties, then the rest share
    its part, and so on (water-filling). A tenant's own jobs run in the order they were
    submitted, so its items ahead of the job count wholly before it.
-3. Once the job runs, its own observed rate: the estimate from what was seen is
-   weighted by the fraction done, so a quote at half way leans half on it.
+3. What jobs of the model were seen to get: the items the backlog lost over as long a
+   past as the quote looks ahead (ingest/admission/served.py), in place of the
+   predicted rate for as much of the horizon as it covers. Not the job's own rate over
+   its life: that mixes times of other sharing (a second tenant's job halves it, and
+   the scheduler reads a job queued behind another's only once what is ahead of it in
+   Kafka is read), and at 50% it made the quote a third early (docs/bench/quotes.md).
 
 No workers serving the model (a rate of zero) gives no quote rather than a wrong one.
 """
@@ -38,14 +42,12 @@ class Flow:
 
 @dataclass(frozen=True)
 class JobPlace:
-    """Where one job stands: its tenant's items ahead of it (earlier jobs), its own
-    items left, and what it has done so far (for the observed rate)."""
+    """Where one job stands: its tenant's items ahead of it (earlier jobs) and its own
+    items left."""
 
     ahead: float
     remaining: float
     weight: float
-    done: float = 0.0  # items of this attempt computed (reused ones excluded)
-    running_s: float = 0.0  # since its first result
 
 
 @dataclass(frozen=True)
@@ -124,13 +126,7 @@ def remaining_s(rate: float, place: JobPlace, others: Iterable[Flow]) -> float |
         return None
     if place.remaining <= 0:
         return 0.0
-    predicted = shared_drain_s(rate, place.ahead + place.remaining, place.weight, others)
-    if place.done <= 0 or place.running_s <= 0:
-        return predicted
-    # What the job was seen to do, weighted by how much of it that covers.
-    observed = place.remaining * place.running_s / place.done
-    f = place.done / (place.done + place.remaining)
-    return (1 - f) * predicted + f * observed
+    return shared_drain_s(rate, place.ahead + place.remaining, place.weight, others)
 
 
 def completion_at(
@@ -138,7 +134,8 @@ def completion_at(
 ) -> float | None:
     """The expected completion time (unix seconds), or None without a quote.
 
-    ``rate_over(h)``: the rate jobs get over the next ``h`` seconds (0: now). The sync
+    ``rate_over(h)``: the rate jobs get over the next ``h`` seconds (0: now; the
+    caller blends in what jobs were seen to get over the last ``h``, rule 3). The sync
     classes' take is forecast by its mean over the quote's own horizon: first the
     time left at the rate jobs get now, then at the rate the mean of as long a past
     leaves them. Short of knowing the sync traffic's pattern, its mean over the next H

@@ -132,20 +132,6 @@ def test_items_of_the_tenant_ahead_count_wholly_before_the_job() -> None:
     assert remaining_s(100.0, JobPlace(500, 500, 1.0), []) == pytest.approx(10.0)
 
 
-def test_a_running_job_leans_on_its_observed_rate_by_the_fraction_done() -> None:
-    # Predicted 500 left at 100/s = 5 s; observed 500 done in 20 s = 25/s -> 20 s left.
-    # Half done: half of each.
-    place = JobPlace(0, 500, 1.0, done=500, running_s=20.0)
-    assert remaining_s(100.0, place, []) == pytest.approx(0.5 * 5 + 0.5 * 20)
-    # Nine tenths done: the observation weighs 0.9.
-    place = JobPlace(0, 100, 1.0, done=900, running_s=90.0)
-    assert remaining_s(100.0, place, []) == pytest.approx(0.1 * 1 + 0.9 * 10)
-
-
-def test_a_running_job_without_workers_has_no_quote_even_with_an_observed_rate() -> None:
-    assert remaining_s(0.0, JobPlace(0, 500, 1.0, done=500, running_s=20.0), []) is None
-
-
 def _pending(job: str, tenant: str, minutes: int, remaining: float, weight: float) -> Pending:
     return Pending(job, tenant, T0 + timedelta(minutes=minutes), remaining, weight)
 
