@@ -20,14 +20,7 @@ from core.vocab import PRIORITY_CLASSES, JobStatus, PriorityClass
 from ingest.acceptance.state import AppState
 from ingest.admission.capacity import LONG_RATE_WINDOW_S
 from ingest.admission.served import ServedHistory, blended_rate
-from ingest.jobs.quote import (
-    JobPlace,
-    Pending,
-    completion_at,
-    job_rate,
-    place_in_queue,
-    queued_now,
-)
+from ingest.jobs.quote import Pending, completion_at, finishes, in_place, job_rate, queued_now
 from ingest.jobs.submit import Submission
 from results import job_backlog
 from results.jobs import finished_count, job_status
@@ -80,6 +73,15 @@ def _pending(st: AppState, ref: str, rows: Sequence[Any]) -> list[Pending]:
     return pending
 
 
+def read_window(st: AppState, ref: str) -> float:
+    """Job items of ``ref`` the schedulers hold read (their load reports): what weighted
+    sharing divides; the rest waits in Kafka in submission order (decision 9's limit).
+    None reported (nothing read yet, or no report): every item counts as read."""
+    view = st.load.view
+    held = view.backlog.get(ref, {}).get(PriorityClass.JOBS.value, 0) if view else 0
+    return float(held) if held > 0 else math.inf
+
+
 def rate_over(st: AppState, ref: str, horizon_s: float) -> float:
     """The rate jobs of ``ref`` get over the next ``horizon_s`` (decision 69): the
     prediction (``jobs_rate``), and for as much of the horizon as it covers, what they
@@ -110,14 +112,23 @@ async def job_estimates(
         ref = f"{model}@{version}"
         if jobs_rate(st, ref) <= 0:
             continue
-        rows = await job_backlog.pending_jobs(st.engine, model, version, now)
-        pending = _pending(st, ref, rows)
-        for j in js:
-            ahead, others = place_in_queue(str(j.tenant_id), str(j.job_id), j.created_at, pending)
-            place = JobPlace(ahead, float(j.total_items - finished_count(j)), weight)
-            out[str(j.job_id)] = _seconds(
-                completion_at(now.timestamp(), partial(rate_over, st, ref), place, others)
+        backlog = await job_backlog.pending_jobs(st.engine, model, version, now)
+        own = [  # each with its own count, read a moment after the backlog
+            Pending(
+                str(j.job_id),
+                str(j.tenant_id),
+                j.created_at,
+                float(j.total_items - finished_count(j)),
+                weight,
             )
+            for j in js
+        ]
+        stream = in_place(_pending(st, ref, backlog), own)
+        work = finishes(stream, read_window(st, ref))  # one pass for every job listed
+        at = {p.job_id: w for p, w in zip(stream, work, strict=True)}
+        rate = partial(rate_over, st, ref)
+        for p in own:
+            out[p.job_id] = _seconds(completion_at(now.timestamp(), rate, at[p.job_id]))
     return out
 
 
@@ -135,9 +146,9 @@ async def new_job_quote(
         return None
     rows = await job_backlog.pending_jobs(st.engine, spec.name, spec.version, now)
     pending = _pending(st, spec.ref, rows)
-    place, others = queued_now(tenant.id, float(items), tenant.weight, pending)
-    rate = partial(rate_over, st, spec.ref)
-    return _seconds(completion_at(now.timestamp(), rate, place, others))
+    stream, k = queued_now(tenant.id, float(items), tenant.weight, now, pending)
+    work = finishes(stream, read_window(st, spec.ref))[k]
+    return _seconds(completion_at(now.timestamp(), partial(rate_over, st, spec.ref), work))
 
 
 async def flex_quote(st: AppState, tenant: Tenant, spec: ModelSpec, items: int) -> int | None:

@@ -1,5 +1,5 @@
 """Completion-time quotes (ingest/jobs/quote.py, decision 69): the rate left to jobs,
-weighted sharing among tenants' backlogs, the blend with a running job's own rate."""
+weighted sharing among tenants' backlogs, what the schedulers have read of them."""
 
 from __future__ import annotations
 
@@ -12,15 +12,12 @@ from hypothesis import strategies as st
 from core.errors import Conflict
 from ingest.jobs.estimates import refuse_unmeetable
 from ingest.jobs.quote import (
-    Flow,
-    JobPlace,
     Pending,
     completion_at,
+    finishes,
+    in_place,
     job_rate,
-    place_in_queue,
     queued_now,
-    remaining_s,
-    shared_drain_s,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -47,31 +44,51 @@ def drr_finish_s(rate: float, own: int, weight: int, others: list[tuple[int, int
     return served / rate
 
 
+INF = float("inf")
+
+
+def jobs(*flows: tuple[str, float] | tuple[str, float, float]) -> list[Pending]:
+    """Jobs in submission order: (tenant, items left[, weight])."""
+    out = []
+    for k, f in enumerate(flows):
+        weight = f[2] if len(f) == 3 else 1.0
+        out.append(Pending(f"j{k}", f[0], T0 + timedelta(minutes=k), f[1], weight))
+    return out
+
+
+def drain_s(rate: float, stream: list[Pending], target: int, window: float) -> float:
+    """Seconds until every item of ``stream[target]`` is served, at ``rate`` items/s."""
+    return finishes(stream, window)[target] / rate
+
+
+def last(stream: list[Pending], rate: float, window: float = INF) -> float:
+    return drain_s(rate, stream, len(stream) - 1, window)
+
+
 def test_one_tenant_alone_gets_the_whole_rate() -> None:
-    assert shared_drain_s(100.0, 1000, 1.0, []) == pytest.approx(10.0)
+    assert last(jobs(("A", 1000)), 100.0) == pytest.approx(10.0)
 
 
 def test_equal_tenants_split_the_rate_until_one_finishes() -> None:
     # Both at 50/s until the other's 200 are done at 4 s; the 800 left at 100/s.
-    assert shared_drain_s(100.0, 1000, 1.0, [Flow(200, 1.0)]) == pytest.approx(12.0)
-    assert shared_drain_s(100.0, 1000, 1.0, [Flow(1000, 1.0)]) == pytest.approx(20.0)
+    assert last(jobs(("B", 200), ("A", 1000)), 100.0) == pytest.approx(12.0)
+    assert last(jobs(("B", 1000), ("A", 1000)), 100.0) == pytest.approx(20.0)
 
 
 def test_unequal_weights_share_in_proportion() -> None:
     # Weight 3 against 1: 75/s while the other lasts past the job.
-    assert shared_drain_s(100.0, 900, 3.0, [Flow(10_000, 1.0)]) == pytest.approx(12.0)
+    assert last(jobs(("B", 10_000, 1.0), ("A", 900, 3.0)), 100.0) == pytest.approx(12.0)
     # Weight 1 against 3 and 1: 20/s until the weight-3 backlog (300, at 60/s) ends at
     # 5 s (100 done), then 50/s beside the weight-1 other for the 300 left.
-    assert shared_drain_s(100.0, 400, 1.0, [Flow(300, 3.0), Flow(10_000, 1.0)]) == pytest.approx(
-        5.0 + 300 / 50
-    )
+    stream = jobs(("B", 300, 3.0), ("C", 10_000, 1.0), ("A", 400, 1.0))
+    assert last(stream, 100.0) == pytest.approx(5.0 + 300 / 50)
 
 
 def test_many_tenants_water_fill() -> None:
-    others = [Flow(100, 1.0), Flow(200, 1.0), Flow(5_000, 2.0)]
-    # W=5: 20/s each share unit. Flow 100 ends at 5 s (own: 100 done); W=4, 25/s: flow
-    # 200 (100 left) ends 4 s later (own: 200); W=3: own 33.3/s for its 300 left -> 9 s.
-    assert shared_drain_s(100.0, 500, 1.0, others) == pytest.approx(5 + 4 + 9)
+    stream = jobs(("B", 100), ("C", 200), ("D", 5_000, 2.0), ("A", 500))
+    # W=5: 20/s each share unit. B ends at 5 s (own: 100 done); W=4, 25/s: C (100 left)
+    # ends 4 s later (own: 200); W=3: own 33.3/s for its 300 left -> 9 s.
+    assert last(stream, 100.0) == pytest.approx(5 + 4 + 9)
 
 
 @settings(max_examples=60, deadline=None)
@@ -84,11 +101,58 @@ def test_many_tenants_water_fill() -> None:
 def test_sharing_matches_an_item_level_deficit_round_robin(
     own: int, weight: int, others: list[tuple[int, int]], rate: float
 ) -> None:
-    fluid = shared_drain_s(rate, own, weight, [Flow(n, w) for n, w in others])
+    stream = jobs(*[(f"t{i}", n, w) for i, (n, w) in enumerate(others)], ("own", own, weight))
+    fluid = last(stream, rate)
     items = drr_finish_s(rate, own, weight, others)
     # The round robin serves whole items a turn: it is off by at most a round.
     round_s = (weight + sum(w for _, w in others)) / rate
     assert abs(fluid - items) <= round_s + 1e-9
+
+
+def test_a_job_behind_another_tenants_waits_for_what_is_not_read() -> None:
+    """Decision 9's limit: B's 1,000 items were published first; the schedulers hold 600
+    read. A's 500 are read only once B's unread 400 are served (4 s at 100/s); then the
+    two share: A's 500 at 50/s, 10 s."""
+    stream = jobs(("B", 1000), ("A", 500))
+    assert last(stream, 100.0, window=600) == pytest.approx(14.0)
+    assert last(stream, 100.0) == pytest.approx(10.0)  # all read: shared from the start
+    assert last(stream, 100.0, window=0) == pytest.approx(15.0)  # nothing read: in order
+    # And B, ahead, has the rate to itself until A's items are read: still 15 s in all.
+    assert drain_s(100.0, stream, 0, 600) == pytest.approx(15.0)
+    assert drain_s(100.0, stream, 0, 0) == pytest.approx(10.0)
+
+
+def test_a_second_tenants_job_as_measured_on_the_development_box() -> None:
+    """docs/bench/quotes.md: a 12,500-item job had 9,281 left when another tenant's
+    6,250 came, and the second moved once the first had served 2,745 more (so 6,536
+    were read). The second then shares: 55/s each, its 6,250 before the first's 6,536."""
+    stream = jobs(("first", 9_281), ("second", 6_250))
+    got = last(stream, 110.0, window=6_536)
+    assert got == pytest.approx(2_745 / 110 + 6_250 / 55)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    flows=st.lists(
+        st.tuples(st.sampled_from("ABC"), st.integers(1, 500), st.integers(1, 3)),
+        max_size=6,
+    ),
+    own=st.integers(1, 500),
+    window=st.integers(0, 1500),
+    rate=st.floats(10.0, 1000.0),
+)
+def test_a_new_tenants_job_waits_for_what_is_unread_and_never_past_all_of_it(
+    flows: list[tuple[str, int, int]], own: int, window: int, rate: float
+) -> None:
+    """A new tenant's job published last: nothing read, it comes after everything; all
+    read, it shares from the start; in between, no earlier than sharing from the start
+    (what it waits for is served before it) and no later than everything."""
+    weight = {t: w for t, _, w in flows}  # a tenant's weight is its own, whichever job
+    stream = jobs(*[(t, n, weight[t]) for t, n, _ in flows], ("new", own))
+    total_s = (sum(n for _, n, _ in flows) + own) / rate
+    assert last(stream, rate, window=0) == pytest.approx(total_s)
+    got = last(stream, rate, window=window)
+    assert last(stream, rate) - 1e-6 <= got <= total_s + 1e-6
 
 
 def test_the_rate_left_to_jobs_is_capacity_less_the_sync_take() -> None:
@@ -97,13 +161,12 @@ def test_the_rate_left_to_jobs_is_capacity_less_the_sync_take() -> None:
 
 
 def test_no_capacity_gives_no_quote() -> None:
-    place = JobPlace(0, 1000, 1.0)
-    assert remaining_s(0.0, place, []) is None
-    assert completion_at(1_000.0, lambda h: 0.0, place, [Flow(10, 1.0)]) is None
+    assert completion_at(1_000.0, lambda h: 0.0, 1010.0) is None
 
 
 def test_a_job_with_nothing_left_is_due_now() -> None:
-    assert completion_at(1_000.0, lambda h: 50.0, JobPlace(0, 0, 1.0), []) == 1_000.0
+    assert finishes(jobs(("A", 0)), INF) == [0.0]
+    assert completion_at(1_000.0, lambda h: 50.0, 0.0) == 1_000.0
 
 
 def test_the_sync_take_is_forecast_by_its_mean_over_the_quotes_horizon() -> None:
@@ -115,57 +178,60 @@ def test_the_sync_take_is_forecast_by_its_mean_over_the_quotes_horizon() -> None
         asked.append(h)
         return 20.0 if h == 0 else 100.0
 
-    got = completion_at(0.0, rate_over, JobPlace(0, 10_000, 1.0), [])
+    got = completion_at(0.0, rate_over, 10_000.0)
     assert asked == [0.0, 500.0]  # the horizon: what the moment's rate says is left
     assert got == pytest.approx(100.0)
 
 
-def test_a_steady_take_quotes_as_before() -> None:
-    place, others = JobPlace(200, 1_000, 1.0), [Flow(600, 2.0)]
-    assert completion_at(50.0, lambda h: 80.0, place, others) == pytest.approx(
-        50.0 + remaining_s(80.0, place, others)  # type: ignore[operator]
+def test_a_steady_take_quotes_the_work_at_that_rate() -> None:
+    stream = jobs(("A", 200), ("B", 600, 2.0), ("A", 1_000))
+    work = finishes(stream, 700)[2]
+    assert completion_at(50.0, lambda h: 80.0, work) == pytest.approx(
+        50.0 + drain_s(80.0, stream, 2, 700)
     )
+
+
+def test_every_time_scales_as_one_over_the_rate() -> None:
+    stream = jobs(("B", 1000), ("A", 500), ("C", 300, 2.0), ("A", 50))
+    for k in range(len(stream)):
+        assert drain_s(40.0, stream, k, 600) == pytest.approx(finishes(stream, 600)[k] / 40)
 
 
 def test_items_of_the_tenant_ahead_count_wholly_before_the_job() -> None:
     # 500 of its own ahead and 500 of the job alone at 100/s: 10 s.
-    assert remaining_s(100.0, JobPlace(500, 500, 1.0), []) == pytest.approx(10.0)
+    assert last(jobs(("A", 500), ("A", 500)), 100.0) == pytest.approx(10.0)
 
 
 def _pending(job: str, tenant: str, minutes: int, remaining: float, weight: float) -> Pending:
     return Pending(job, tenant, T0 + timedelta(minutes=minutes), remaining, weight)
 
 
-def test_the_place_in_queue_separates_own_earlier_jobs_from_other_tenants() -> None:
+def test_jobs_take_their_place_in_submission_order_with_their_own_count() -> None:
     pending = [
-        _pending("a1", "A", 0, 300, 2.0),
-        _pending("a2", "A", 5, 400, 2.0),
         _pending("a3", "A", 9, 700, 2.0),
+        _pending("a1", "A", 0, 300, 2.0),
         _pending("b1", "B", 1, 100, 1.0),
-        _pending("b2", "B", 6, 50, 1.0),
-        _pending("c1", "C", 2, 1000, 3.0),
+        _pending("a2", "A", 5, 400, 2.0),
     ]
-    ahead, others = place_in_queue("A", "a2", T0 + timedelta(minutes=5), pending)
-    assert ahead == 300  # a1 only: a3 came later, a2 is the job itself
-    assert sorted((f.remaining, f.weight) for f in others) == [(150, 1.0), (1000, 3.0)]
-    # A job not yet submitted is behind all of its tenant's.
-    ahead, _ = place_in_queue("A", None, None, pending)
-    assert ahead == 1400
-    # A tenant with nothing pending: nothing ahead, every other tenant a flow.
-    ahead, others = place_in_queue("D", None, None, pending)
-    assert ahead == 0 and len(others) == 3
+    job = _pending("a2", "A", 5, 350, 2.0)  # its own row, read a moment later
+    stream = in_place(pending, [job])
+    assert [p.job_id for p in stream] == ["a1", "b1", "a2", "a3"] and stream[2] == job
+    # A job the backlog read missed (it ended meanwhile) still has a place.
+    stream = in_place(pending[:2], [job])
+    assert [p.job_id for p in stream] == ["a1", "a2", "a3"]
 
 
 def test_a_flex_request_is_quoted_as_a_job_of_its_inputs_behind_its_tenants_jobs() -> None:
     """Decision 66 queues flex with job items: its place is a new job's of its size."""
     pending = [_pending("a1", "A", 0, 1000, 1.0), _pending("b1", "B", 1, 3000, 1.0)]
-    place, others = queued_now("A", 1, 1.0, pending)
-    assert place == JobPlace(1000, 1, 1.0) and others == [Flow(3000, 1.0)]
+    now = T0 + timedelta(minutes=2)
+    stream, k = queued_now("A", 1, 1.0, now, pending)
+    assert k == 2 and stream[k].remaining == 1 and stream[k].created_at == now
     # A's 1,001 items at half of 100/s while B's backlog lasts: 20.02 s.
-    assert remaining_s(100.0, place, others) == pytest.approx(20.02)
+    assert drain_s(100.0, stream, k, INF) == pytest.approx(20.02)
     # A tenant with no job of the model: its own share of what the others leave.
-    place, others = queued_now("C", 2, 1.0, pending)
-    assert place.ahead == 0 and remaining_s(100.0, place, others) == pytest.approx(2 * 3 / 100)
+    stream, k = queued_now("C", 2, 1.0, now, pending)
+    assert drain_s(100.0, stream, k, INF) == pytest.approx(2 * 3 / 100)
 
 
 def test_an_unmeetable_window_is_a_409_naming_the_field_and_the_earliest() -> None:
