@@ -20,6 +20,7 @@ from core.vocab import PRIORITY_CLASSES, JobStatus, PriorityClass
 from ingest.acceptance.state import AppState
 from ingest.admission.capacity import LONG_RATE_WINDOW_S
 from ingest.admission.served import ServedHistory, blended_rate
+from ingest.jobs import quote
 from ingest.jobs.quote import Pending, completion_at, finishes, in_place, job_rate, queued_now
 from ingest.jobs.submit import Submission
 from results import job_backlog
@@ -73,13 +74,17 @@ def _pending(st: AppState, ref: str, rows: Sequence[Any]) -> list[Pending]:
     return pending
 
 
-def read_window(st: AppState, ref: str) -> float:
-    """Job items of ``ref`` the schedulers hold read (their load reports): what weighted
-    sharing divides; the rest waits in Kafka in submission order (decision 9's limit).
-    None reported (nothing read yet, or no report): every item counts as read."""
+def read_window(st: AppState, ref: str, stream: Sequence[Pending]) -> float:
+    """How much of ``stream`` the schedulers hold read, from their load reports: what
+    weighted sharing divides; the rest waits in Kafka in submission order (decision 9's
+    limit, ``quote.read_window``)."""
     view = st.load.view
-    held = view.backlog.get(ref, {}).get(PriorityClass.JOBS.value, 0) if view else 0
-    return float(held) if held > 0 else math.inf
+    if view is None:
+        return math.inf
+    jobs = PriorityClass.JOBS.value
+    held = view.backlog.get(ref, {}).get(jobs, 0)
+    by_tenant = view.tenants.get(ref, {}).get(jobs) or {}
+    return quote.read_window(stream, held, {t: q for t, (q, _) in by_tenant.items()})
 
 
 def rate_over(st: AppState, ref: str, horizon_s: float) -> float:
@@ -124,7 +129,7 @@ async def job_estimates(
             for j in js
         ]
         stream = in_place(_pending(st, ref, backlog), own)
-        work = finishes(stream, read_window(st, ref))  # one pass for every job listed
+        work = finishes(stream, read_window(st, ref, stream))  # one pass for every job listed
         at = {p.job_id: w for p, w in zip(stream, work, strict=True)}
         rate = partial(rate_over, st, ref)
         for p in own:
@@ -147,7 +152,7 @@ async def new_job_quote(
     rows = await job_backlog.pending_jobs(st.engine, spec.name, spec.version, now)
     pending = _pending(st, spec.ref, rows)
     stream, k = queued_now(tenant.id, float(items), tenant.weight, now, pending)
-    work = finishes(stream, read_window(st, spec.ref))[k]
+    work = finishes(stream, read_window(st, spec.ref, stream))[k]
     return _seconds(completion_at(now.timestamp(), partial(rate_over, st, spec.ref), work))
 
 

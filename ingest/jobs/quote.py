@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -73,6 +73,24 @@ def queued_now(
     new = Pending("", tenant_id, now, items, weight)
     stream = in_place(pending, [new])
     return stream, stream.index(new)
+
+
+def read_window(stream: Sequence[Pending], held: float, held_by: Mapping[str, float]) -> float:
+    """How much of ``stream`` (in submission order) the schedulers have read, from what
+    their load reports hold queued: ``held`` job items in all, ``held_by`` tenant (the
+    largest ones). A tenant with items held has its first job read: every job before it
+    is read whole, so the window is at least those plus what the tenant holds; the held
+    total alone, read between two reports at the low point of a buffer's refill, said
+    less than that. Nothing held (nothing read yet, or no report): all of it."""
+    if held <= 0:
+        return math.inf
+    before, first = 0.0, dict[str, float]()
+    for p in stream:
+        if p.remaining > EPS:
+            first.setdefault(p.tenant_id, before)
+            before += p.remaining
+    seen = (first[t] + n for t, n in held_by.items() if t in first and n > 0)
+    return max([held, *seen])
 
 
 def job_rate(capacity_items_s: float, sync_items_s: float) -> float:

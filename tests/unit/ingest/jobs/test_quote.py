@@ -18,6 +18,7 @@ from ingest.jobs.quote import (
     in_place,
     job_rate,
     queued_now,
+    read_window,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -244,3 +245,13 @@ def test_an_unmeetable_window_is_a_409_naming_the_field_and_the_earliest() -> No
     assert caught.value.field == "completion_window_s"
     assert "completion_window_s >= 3601" in caught.value.message
     assert "earliest" in caught.value.message and str(start + 3_601) in caught.value.message
+
+
+def test_the_read_window_is_what_the_schedulers_hold_or_more_where_tenants_show_it() -> None:
+    stream = jobs(("first", 6_250), ("second", 6_000), ("third", 500))
+    assert read_window(stream, 0, {}) == INF  # nothing held, or no report: all read
+    assert read_window(stream, 5_000, {"first": 5_000}) == 5_000
+    # The second tenant holds items: the first's 6,250 are read whole, and 800 of its.
+    assert read_window(stream, 5_000, {"first": 4_200, "second": 800}) == 6_250 + 800
+    # The many small tenants summed ("*") and tenants with no job here say nothing.
+    assert read_window(stream, 5_000, {"*": 900, "other": 40}) == 5_000
